@@ -1,0 +1,33 @@
+# Two entry points for users: `make demo` and `make test` (README.md).
+# The environment lives in .venv at the repo root and is rebuilt when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+ABPS := $(VENV)/bin/abps
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= demo_out
+
+.PHONY: install test demo bench clean ui
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+demo: $(STAMP)
+	bash scripts/demo.sh $(DEMO_DIR)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db --port 5000
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR)

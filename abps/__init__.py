@@ -1,0 +1,1 @@
+"""ABPS: Adaptive Bayesian Partner Selection (Seidi, Roy, Das 2026)."""

@@ -1,0 +1,1 @@
+"""The `abps` command line (typer). Thin: parses, validates, calls etl / federation / abps."""

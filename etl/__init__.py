@@ -1,0 +1,1 @@
+"""Data in: MIMIC-IV cohort ETL, synthetic MIMIC-format data, partitions into centers, reports."""

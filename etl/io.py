@@ -1,0 +1,61 @@
+"""Crash-safe output: everything is written to a temporary sibling, then renamed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``out`` only if the block succeeds.
+
+    The temporary directory is created beside ``out`` (same file system, so the final
+    ``os.replace`` is atomic for the directory entry). On any exception the temporary
+    directory is removed and an existing ``out`` is left untouched.
+
+    Files already present in ``out`` that the block does not write are kept: the new
+    files are moved over the old ones one by one after success.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    for src in sorted(tmp.rglob("*")):
+        if src.is_dir():
+            continue
+        dst = out / src.relative_to(tmp)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,1 @@
+"""The federation runtime: stacked multi-center training, mixing, ledger, metrics, methods, tracking."""
