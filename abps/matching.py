@@ -1,0 +1,201 @@
+"""Propose-reject topology with intentional rest (ABPS paper Sec. 4.3; Algorithm 1 lines 9-21).
+
+One round of matching, given every center's UCB scores (eq. 7) and candidate sets ``C_i``
+(goal-aware filter, eq. 3):
+
+1. **Order.** Centers propose one after another in a uniformly random permutation drawn from the
+   round's generator (the paper's "for each center i" leaves the order open; a fixed order would
+   favour low center ids round after round).
+2. **Ranking.** Center ``i`` sorts ``C_i`` by descending ``ucb[i, j]``; ties (e.g. every belief at the
+   prior in round 1) are broken by a uniform random key. With probability ``epsilon`` the top-ranked
+   candidate is swapped with a uniformly random member of ``C_i`` (Algorithm 1 line 12).
+3. **Proposals.** ``P_i`` starts empty for everybody at the start of the round (Algorithm 1 line 13 is
+   read as a round-level initialisation; resetting it inside the loop would break symmetry). A center
+   that already holds ``kappa`` partners, because it accepted earlier proposers, does not propose
+   (line 15 breaks at once). Otherwise ``i`` proposes down its ranking, skipping centers already in
+   ``P_i``, until it holds ``kappa`` partners or the list is exhausted.
+4. **Acceptance.** Receiver ``j`` accepts ``i`` iff ``ucb[j, i] >= tau_acc`` (the paper's
+   ``UCB_{i->j}``: ``j``'s own belief about ``i``) and ``|P_j| < kappa`` (line 17). Partnerships are
+   symmetric (line 18).
+5. **Proposer-side threshold** (``proposer_check``, default True): ``i`` proposes only to candidates
+   whose own score ``ucb[i, j] >= tau_acc``, except the candidate placed on top by the epsilon swap,
+   which is proposed to "regardless of UCB ranking" (Sec. 4.3). This implements the paper's rest rule
+   "abstain ... when all posterior UCB scores fall below tau_acc" (Sec. 2.2, Sec. 5.3, Lemma 1): a
+   partnership needs both sides to expect a gain. ``proposer_check=False`` is the literal Algorithm 1,
+   where only the receiver checks.
+6. **Rest.** A center that ends the round with ``P_i`` empty rests: it sends and receives nothing.
+
+Because one proposer's acceptances only change the degrees of the receivers it acquired, the
+sequential scan of ``i``'s ranked list equals taking the first ``kappa - |P_i|`` acceptable entries of
+that list at once; so the loop runs over proposers (``n`` iterations of vectorized numpy work over
+``|C_i|`` entries), not over individual proposals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Matching", "propose_reject", "fedavg_mixing"]
+
+
+@dataclass
+class Matching:
+    """Result of one propose-reject round.
+
+    Attributes:
+        partners: ``[n, n]`` bool, symmetric, False diagonal; ``partners[i, j]`` iff ``j`` in ``P_i``.
+        proposals: ``[n]`` int64, proposals sent by each center this round.
+        accepted: ``[n]`` int64, of those, how many were accepted.
+        order: ``[n]`` int64, the order in which centers proposed.
+        explored: ``[n]`` bool, whether the epsilon swap fired for the center.
+    """
+
+    partners: Tensor
+    proposals: Tensor
+    accepted: Tensor
+    order: Tensor
+    explored: Tensor
+
+    @property
+    def degree(self) -> Tensor:
+        """``|P_i|`` per center, ``[n]`` int64."""
+        return self.partners.sum(dim=1)
+
+    @property
+    def resting(self) -> Tensor:
+        """``[n]`` bool, True where ``P_i`` is empty (intentional isolation, Lemma 1)."""
+        return self.degree == 0
+
+    def isolation_rate(self) -> float:
+        """Share of centers with ``P_i`` empty."""
+        return float(self.resting.to(torch.float64).mean())
+
+    def acceptance_rate(self) -> float:
+        """Accepted proposals / proposals sent (NaN when no proposal was sent)."""
+        p = int(self.proposals.sum())
+        return float(self.accepted.sum()) / p if p else float("nan")
+
+
+def propose_reject(
+    ucb: Tensor,
+    candidates: Tensor,
+    kappa: int,
+    tau_acc: float,
+    epsilon: float,
+    rng: np.random.Generator,
+    proposer_check: bool = True,
+) -> Matching:
+    """Build this round's partner graph by propose-reject with rest (Sec. 4.3, Algorithm 1 lines 9-21).
+
+    Args:
+        ucb: ``[n, n]`` UCB scores, ``ucb[i, j]`` = center ``i``'s score of peer ``j`` (eq. 7).
+        candidates: ``[n, n]`` bool candidate sets ``C_i`` (diagonal ignored).
+        kappa: maximum partners per center (active-set cardinality), ``>= 1``.
+        tau_acc: acceptance threshold on the receiver's UCB.
+        epsilon: probability of the epsilon-greedy swap, in [0, 1].
+        rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
+        proposer_check: see step 5 of the module docstring.
+    Returns:
+        :class:`Matching`.
+    Raises:
+        ValueError: bad shapes, ``kappa < 1`` or ``epsilon`` outside [0, 1].
+    """
+    n = ucb.shape[0]
+    if tuple(ucb.shape) != (n, n) or tuple(candidates.shape) != (n, n):
+        raise ValueError(f"ucb and candidates must be [n, n], got {tuple(ucb.shape)}, {tuple(candidates.shape)}")
+    if kappa < 1:
+        raise ValueError(f"kappa must be >= 1, got {kappa}")
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+    u = ucb.detach().to(torch.float64).cpu().numpy()
+    cand = candidates.detach().cpu().numpy().astype(bool).copy()
+    np.fill_diagonal(cand, False)
+
+    # All random draws up front, in a fixed order, so the stream does not depend on branches.
+    order = rng.permutation(n)
+    tie = rng.random((n, n))
+    explore = rng.random(n) < epsilon
+    swap_u = rng.random(n)
+
+    size = cand.sum(axis=1)
+    neg = np.where(cand, -u, np.inf)
+    ranked = np.lexsort((tie, neg), axis=-1)  # per row: candidates by descending UCB, random ties, then the rest
+
+    receiver_ok = (u >= tau_acc).T  # receiver_ok[i, j]: j's score of i clears tau_acc
+    proposer_ok = u >= tau_acc if proposer_check else np.ones((n, n), dtype=bool)
+
+    partners = np.zeros((n, n), dtype=bool)
+    deg = np.zeros(n, dtype=np.int64)
+    n_prop = np.zeros(n, dtype=np.int64)
+    n_acc = np.zeros(n, dtype=np.int64)
+    explored = np.zeros(n, dtype=bool)
+
+    for i in order:
+        need = kappa - deg[i]
+        c = size[i]
+        if need <= 0 or c == 0:
+            continue
+        lst = ranked[i, :c].copy()
+        if explore[i]:
+            r = min(int(swap_u[i] * c), c - 1)
+            lst[0], lst[r] = lst[r], lst[0]
+            explored[i] = True
+        send = proposer_ok[i, lst]
+        if explore[i]:
+            send[0] = True
+        send &= ~partners[i, lst]
+        lst = lst[send]
+        if lst.size == 0:
+            continue
+        ok = receiver_ok[i, lst] & (deg[lst] < kappa)
+        hits = np.flatnonzero(ok)[:need]
+        if hits.size == need:
+            n_prop[i] += int(hits[-1]) + 1
+        else:
+            n_prop[i] += lst.size
+        if hits.size:
+            js = lst[hits]
+            partners[i, js] = True
+            partners[js, i] = True
+            deg[i] += hits.size
+            deg[js] += 1
+            n_acc[i] += hits.size
+
+    return Matching(
+        partners=torch.from_numpy(partners),
+        proposals=torch.from_numpy(n_prop),
+        accepted=torch.from_numpy(n_acc),
+        order=torch.from_numpy(order.astype(np.int64)),
+        explored=torch.from_numpy(explored),
+    )
+
+
+def fedavg_mixing(partners: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Row-stochastic mixing matrix of the ABPS exchange (Algorithm 1 line 23).
+
+    Row ``i`` is the FedAvg of ``{i} U P_i``: ``W[i, j] = w_j / sum_{k in {i} U P_i} w_k`` for ``j`` in
+    that set, 0 elsewhere. ``weights`` are the centers' training-set sizes for sample-weighted FedAvg
+    (McMahan et al. 2017), or None for a uniform average. A resting center gets the identity row.
+
+    Args:
+        partners: ``[n, n]`` bool partner graph.
+        weights: ``[n]`` positive weights, or None.
+    Returns:
+        ``[n, n]`` float64, rows sum to 1.
+    Raises:
+        ValueError: shape mismatch or a non-positive weight.
+    """
+    n = partners.shape[0]
+    members = partners.to(torch.bool) | torch.eye(n, dtype=torch.bool)
+    if weights is None:
+        w = torch.ones(n, dtype=torch.float64)
+    else:
+        w = weights.to(torch.float64).reshape(-1)
+        if w.numel() != n or not bool((w > 0).all()):
+            raise ValueError(f"weights must be [{n}] and positive")
+    m = members.to(torch.float64) * w[None, :]
+    return m / m.sum(dim=1, keepdim=True)

@@ -1,0 +1,148 @@
+"""Partitions of a cohort into federated centers, and the grouped, stratified split.
+
+Partitions (ABPS paper Sec. 6.1):
+
+* ``careunit-year`` (default): care unit x consecutive ``window_years``-year windows of the shifted
+  year of ``intime``, windows aligned on ``window_origin`` (2100, so 2-year windows are
+  2110-2111, 2112-2113, ... as in the paper's Figure 1).
+* ``careunit-era``: care unit x published ``anchor_year_group`` (the paper's 40-center check).
+* ``dirichlet``: label skew; for each label, the stays are split over ``n_centers`` by a
+  Dirichlet(alpha) proportion vector (Hsu et al. 2019).
+* ``iid``: stays spread uniformly at random over ``n_centers``.
+
+The split is drawn after the partition: train / val / test, stratified by label and grouped by
+subject_id, so that all stays of a patient share a split.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import polars as pl
+
+from etl.errors import InputError
+
+Partition = Literal["careunit-year", "careunit-era", "dirichlet", "iid"]
+PARTITIONS: tuple[str, ...] = ("careunit-year", "careunit-era", "dirichlet", "iid")
+
+
+def assign_centers(
+    stays: pl.DataFrame,
+    partition: str,
+    *,
+    window_years: int = 2,
+    window_origin: int = 2100,
+    n_centers: int = 20,
+    alpha: float = 0.5,
+    seed: int = 0,
+) -> pl.DataFrame:
+    """Add ``center_id``, ``window_start`` and ``window_end`` columns to ``stays``.
+
+    Args:
+        stays: one row per stay with columns care_unit, admit_year (Int), anchor_year_group, label.
+        partition: one of :data:`PARTITIONS`.
+        window_years: window width in shifted years (careunit-year), >= 1.
+        window_origin: a year on a window boundary (careunit-year).
+        n_centers, alpha: dirichlet / iid parameters.
+        seed: random seed (dirichlet / iid).
+
+    Returns:
+        ``stays`` with the three columns added (windows null for era / dirichlet / iid).
+
+    Raises:
+        InputError: unknown partition or bad parameter.
+    """
+    if partition == "careunit-year":
+        if window_years < 1:
+            raise InputError(f"--window-years must be >= 1, got {window_years}")
+        start = ((pl.col("admit_year") - window_origin) // window_years) * window_years + window_origin
+        return stays.with_columns(
+            window_start=start.cast(pl.Int32),
+            window_end=(start + window_years - 1).cast(pl.Int32),
+        ).with_columns(
+            center_id=pl.concat_str(
+                [pl.col("care_unit"), pl.lit("|"), pl.col("window_start").cast(pl.Utf8),
+                 pl.lit("-"), pl.col("window_end").cast(pl.Utf8)]
+            )
+        )
+    if partition == "careunit-era":
+        return stays.with_columns(
+            window_start=pl.lit(None, dtype=pl.Int32),
+            window_end=pl.lit(None, dtype=pl.Int32),
+            center_id=pl.concat_str([pl.col("care_unit"), pl.lit("|"), pl.col("anchor_year_group")]),
+        )
+    if partition in ("dirichlet", "iid"):
+        if n_centers < 1:
+            raise InputError(f"--n-centers must be >= 1, got {n_centers}")
+        if partition == "dirichlet" and not alpha > 0:
+            raise InputError(f"--alpha must be > 0, got {alpha}")
+        rng = np.random.default_rng(seed)
+        n = stays.height
+        center = np.empty(n, dtype=np.int64)
+        if partition == "iid":
+            center[rng.permutation(n)] = np.arange(n) % n_centers
+        else:
+            labels = stays["label"].to_numpy()
+            for lab in np.unique(labels):
+                idx = rng.permutation(np.flatnonzero(labels == lab))
+                p = rng.dirichlet(np.full(n_centers, alpha))
+                cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+                for k, part in enumerate(np.split(idx, cuts)):
+                    center[part] = k
+        width = len(str(n_centers - 1))
+        prefix = "dir" if partition == "dirichlet" else "iid"
+        return stays.with_columns(
+            window_start=pl.lit(None, dtype=pl.Int32),
+            window_end=pl.lit(None, dtype=pl.Int32),
+            center_id=pl.Series([f"{prefix}-{c:0{width}d}" for c in center], dtype=pl.Utf8),
+        )
+    raise InputError(f"unknown --partition '{partition}' (choose from {', '.join(PARTITIONS)})")
+
+
+def grouped_stratified_split(
+    stays: pl.DataFrame,
+    fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
+    seed: int = 0,
+) -> pl.Series:
+    """Assign every stay to train / val / test, grouped by subject and stratified by label.
+
+    Each subject is one unit. Subjects are stratified by (center of their first stay, whether any
+    of their stays has label 1); within a stratum of m subjects in random order, the subject at
+    rank r gets the position ``u = ((r + o) mod m + 0.5) / m`` for a random offset o, and goes to
+    train if u < f_train, val if u < f_train + f_val, else test. This gives each center and label
+    the requested proportions up to one subject, without a patient crossing splits.
+
+    Args:
+        stays: columns subject_id, center_id, label, intime (for "first stay").
+        fractions: (train, val, test), positive, summing to 1.
+        seed: random seed.
+
+    Returns:
+        Utf8 series aligned with ``stays`` holding "train" / "val" / "test".
+
+    Raises:
+        InputError: fractions not positive or not summing to 1.
+    """
+    f = np.asarray(fractions, dtype=float)
+    if f.shape != (3,) or (f <= 0).any() or abs(f.sum() - 1.0) > 1e-6:
+        raise InputError(f"--split fractions must be three positive numbers summing to 1, got {fractions}")
+    subj = (
+        stays.sort(["subject_id", "intime"])
+        .group_by("subject_id", maintain_order=True)
+        .agg(pl.col("center_id").first().alias("stratum_center"), pl.col("label").max().alias("any_pos"))
+        .sort("subject_id")
+    )
+    rng = np.random.default_rng(seed)
+    subj = subj.with_columns(_r=pl.Series(rng.random(subj.height)))
+    subj = subj.sort(["stratum_center", "any_pos", "_r"])
+    key = subj.select(pl.struct("stratum_center", "any_pos").rank("dense")).to_series().to_numpy() - 1
+    n_strata = int(key.max()) + 1 if len(key) else 0
+    size = np.bincount(key, minlength=n_strata)
+    first = np.concatenate([[0], np.cumsum(size)[:-1]])
+    rank = np.arange(len(key)) - first[key]
+    offset = np.floor(rng.random(n_strata) * size).astype(np.int64)
+    u = (((rank + offset[key]) % size[key]) + 0.5) / size[key]
+    split = np.where(u < f[0], "train", np.where(u < f[0] + f[1], "val", "test"))
+    mapping = pl.DataFrame({"subject_id": subj["subject_id"], "split": split})
+    return stays.select("subject_id").join(mapping, on="subject_id", how="left", maintain_order="left")["split"]

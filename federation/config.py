@@ -1,0 +1,127 @@
+"""Run configuration (pydantic): engine, exchange transforms, early stopping, method params.
+
+A run config is assembled from three layers, later ones overriding earlier ones:
+the defaults below, the method class's ``default_config`` (e.g. FedAvg-X turns on a 2-layer
+head, bf16 and momentum), and a YAML file (``configs/<method>.yaml`` or ``--config``); the
+CLI's ``--rounds`` overrides last. Unknown keys are errors (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from etl.errors import InputError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """Local model and optimizer (ABPS paper Sec. 6.3 defaults)."""
+
+    hidden: tuple[int, int] = (128, 64)
+    dropout: float = Field(0.2, ge=0.0, lt=1.0)
+    lr: float = Field(1e-3, gt=0.0)
+    weight_decay: float = Field(1e-5, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
+    batch_size: int = Field(128, ge=1)
+    local_epochs: int = Field(2, ge=1)
+    reset_optimizer_each_round: bool = False
+
+
+class ExchangeConfig(_Strict):
+    """Transforms around the mixing product (ABPS paper Sec. 6.4).
+
+    ``head_layers``: 0 = exchange every layer; 1 = last layer personalized (kept local);
+    2 = last two layers personalized. ``bf16_wire``: values received from peers are rounded
+    to bfloat16. ``server_momentum``: EMA momentum beta on the exchanged block (0 = off;
+    see :func:`federation.mixing.apply_momentum`).
+    """
+
+    head_layers: Literal[0, 1, 2] = 0
+    bf16_wire: bool = False
+    server_momentum: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class EarlyStoppingConfig(_Strict):
+    """Validation-AUROC early stopping: stop after ``patience`` rounds without a new best
+    mean val AUROC, at most ``max_rounds`` rounds, restore the best round's parameters."""
+
+    enabled: bool = False
+    patience: int = Field(10, ge=1)
+    max_rounds: int = Field(100, ge=1)
+
+
+class RunConfig(_Strict):
+    """Everything one ``abps train`` run needs besides the cohort and the seed."""
+
+    method: str
+    rounds: int = Field(50, ge=1)
+    reference_rounds: int = Field(50, ge=1, description="FedAvg rounds in the bandwidth denominator")
+    engine: EngineConfig = EngineConfig()
+    exchange: ExchangeConfig = ExchangeConfig()
+    early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
+    params: dict[str, Any] = Field(default_factory=dict, description="method-specific, validated by the method")
+    min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
+
+    @field_validator("method")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.strip().lower()
+
+    @model_validator(mode="after")
+    def _rounds(self) -> "RunConfig":
+        return self
+
+    @property
+    def max_rounds(self) -> int:
+        """Rounds the runner may run: early_stopping.max_rounds when enabled, else rounds."""
+        return self.early_stopping.max_rounds if self.early_stopping.enabled else self.rounds
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; values of ``over`` win, nested dicts merge."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping. Raises InputError for a missing file or a non-mapping document."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: config file not found")
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{p}: top level must be a mapping")
+    return doc
+
+
+def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[str, Any] | None,
+                 rounds: int | None = None) -> RunConfig:
+    """Layer defaults < method defaults < file < CLI ``rounds`` into a validated RunConfig.
+
+    Raises pydantic.ValidationError on a bad value or unknown key; InputError when the file
+    names another method than ``method``.
+    """
+    raw: dict[str, Any] = deep_merge({"method": method}, method_defaults)
+    if file_cfg:
+        fm = str(file_cfg.get("method", method)).lower()
+        if fm != method.lower():
+            raise InputError(f"config names method {fm!r} but --method is {method!r}")
+        raw = deep_merge(raw, file_cfg)
+    if rounds is not None:
+        raw["rounds"] = rounds
+        if raw.get("early_stopping", {}).get("enabled"):
+            raw["early_stopping"] = {**raw["early_stopping"], "max_rounds": rounds}
+    return RunConfig.model_validate(raw)

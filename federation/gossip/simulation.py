@@ -1,0 +1,419 @@
+"""Tick-based gossip-learning simulation, all nodes stacked (Tian et al., arXiv 2404.04616, Sec. III-A).
+
+Per tick t (a unit of virtual time):
+
+1. **Train.** Every node whose next acquisition time is t draws a fresh batch of 64 samples from
+   its own partition and does one SGD step (LeNet-5, Caffe hyper-parameters, per-node "inv" lr).
+   The next acquisition is ``T_acquisition`` ticks later: fixed (10 in the baseline, so the
+   network runs synchronously) or drawn uniformly from ``lo..hi`` (1..19) per node and per
+   acquisition (asynchronous, Sec. VI-B). The first acquisition of a node happens at tick
+   ``d - 1`` with d its first interval. Nodes that do not train are untouched (their parameters,
+   momentum and iteration counter stay as they are): the training nodes are gathered, stepped as
+   one stacked computation and scattered back.
+2. **Send.** Every node that trained sends its new model to all its current peers (the Sample and
+   selectPeer steps of Algorithm 2 are bypassed, Sec. III-A). Optionally only a random share
+   ``compression_ratio`` of the weights is sent (Sec. III-C2). Sending is one sparse matmul
+   ``A_t [N, n_train] @ theta_train [n_train, P]`` that adds into the receivers' buffers.
+3. **Average.** The buffer of node i is full when it holds ``R * deg_i`` models (R = interval ratio
+   T_averaging / T_training; deg_i = k on Regular(N, k)). A full buffer is averaged and merged by
+   eq. (1), ``theta_new = beta * theta_old + (1 - beta) * mean(buffer)``, with the mean optionally
+   variance-corrected by Algorithm 3 first; then the buffer is emptied. Messages arriving in
+   the same tick all count towards the buffer (a buffer may exceed its capacity by the models
+   that arrived together).
+
+The buffer is kept as running sums (sum of received parameters ``[N, P]``, sum of their per-layer
+variances ``[N, L]``, count ``[N]``), which is all Algorithm 3 needs (lines 2 and 5-8), so memory
+does not grow with the buffer size. Evaluation every ``eval_every`` ticks computes every node's
+accuracy on one fixed test subset in one batched forward pass.
+
+Variants (Sec. III-C): ``topology: star`` (Star(N): node 0 is the hub, the federated-learning
+variant III-C1); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
+transfer-learning variant III-C3: nodes start unconnected, the base graph's peers form a waiting
+list, and at each evaluation a node whose accuracy on its own data is >= the threshold (0.8 in the
+paper) connects to one more peer; buffer sizes follow the current degree so R stays constant).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import networkx as nx
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from etl.errors import InputError
+from etl.images import ImageDataset, dirichlet_partition, iid_partition
+from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
+from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accuracy_own, accuracy_stacked,
+                                     init_stacked, inv_lr, sgd_step, stacked_gradients)
+from federation.gossip.variance import correct_flat, flat_layer_variance
+
+
+class GossipConfig(BaseModel):
+    """One gossip-learning simulation (defaults: the paper's baseline network, Sec. III-A).
+
+    Attributes:
+        n_nodes: N. degree: k of Regular(N, k) (ignored for the star).
+        topology: "regular" (networkx.random_regular_graph, seeded) or "star" (hub = node 0).
+        ticks: simulated ticks.
+        t_acquisition: fixed interval (int, 10) or ``[lo, hi]`` uniform (1..19, asynchronous).
+        interval_ratio: R = T_averaging / T_training; buffer capacity R * deg_i.
+        beta: weight of the old model in eq. (1) (0.5 baseline; 0 = model replacement).
+        averaging: "plain" (eq. (1)) or "variance_corrected" (Algorithm 3 then eq. (1)).
+        compression_ratio: share of weights sent per message (Sec. III-C2; 1 = whole model).
+        transfer_threshold: own-data accuracy that lets a node add a peer (Sec. III-C3; None = off).
+        batch_size: samples per acquisition (64).
+        lr, momentum, weight_decay, lr_gamma, lr_power: SGD and Caffe "inv" policy.
+        partition: "iid" or "dirichlet"; alpha: Dirichlet concentration (0.5).
+        eval_every: E, ticks between evaluations; test_subset: test images per evaluation;
+        own_subset: own-data samples per node for the transfer-learning rule.
+        target_accuracy: reaching target (0.9 is the paper's on MNIST; 0.8 default for
+            Fashion-MNIST, docs/gossip.md). most_fraction: share of nodes that counts as "most".
+        plateau_smooth: moving-average width for eq. (2) on the noisy mean accuracy.
+        engine: "grouped" or "vmap" (federation.gossip.model).
+        variance_node: node whose layer variances are reported (Fig. 7 used node 49; None = last).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_nodes: int = Field(50, ge=2)
+    degree: int = Field(8, ge=1)
+    topology: Literal["regular", "star"] = "regular"
+    ticks: int = Field(1000, ge=1)
+    t_acquisition: int | tuple[int, int] = 10
+    interval_ratio: int = Field(1, ge=1)
+    beta: float = Field(0.5, ge=0.0, le=1.0)
+    averaging: Literal["plain", "variance_corrected"] = "plain"
+    compression_ratio: float = Field(1.0, gt=0.0, le=1.0)
+    transfer_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.01, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(5e-4, ge=0.0)
+    lr_gamma: float = Field(1e-4, ge=0.0)
+    lr_power: float = Field(0.75, ge=0.0)
+    partition: Literal["iid", "dirichlet"] = "iid"
+    alpha: float = Field(0.5, gt=0.0)
+    eval_every: int = Field(50, ge=1)
+    test_subset: int = Field(1000, ge=10)
+    own_subset: int = Field(128, ge=8)
+    target_accuracy: float = Field(0.8, gt=0.0, le=1.0)
+    most_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    plateau_smooth: int = Field(3, ge=1)
+    engine: Literal["grouped", "vmap"] = "grouped"
+    variance_node: int | None = None
+
+    @field_validator("t_acquisition")
+    @classmethod
+    def _check_tacq(cls, v):
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError("t_acquisition must be >= 1")
+        elif not (1 <= v[0] <= v[1]):
+            raise ValueError("t_acquisition range must satisfy 1 <= lo <= hi")
+        return v
+
+    @model_validator(mode="after")
+    def _check_graph(self):
+        if self.topology == "regular" and (self.degree >= self.n_nodes or (self.n_nodes * self.degree) % 2):
+            raise ValueError(f"Regular(N={self.n_nodes}, k={self.degree}) needs k < N and N*k even")
+        if self.plateau_smooth % 2 == 0:
+            raise ValueError("plateau_smooth must be odd")
+        if self.variance_node is not None and not 0 <= self.variance_node < self.n_nodes:
+            raise ValueError("variance_node must be a node index")
+        return self
+
+
+@dataclass
+class GossipResult:
+    """Curves and summary numbers of one simulation.
+
+    Attributes:
+        eval_ticks: ``[T]`` ticks of the evaluations (state after all events of earlier ticks).
+        accuracy: ``[T, N]`` per-node test-subset accuracy.
+        layer_variance_mean: ``[T, 4]`` mean over nodes of each layer's weight variance (conv1,
+            conv2, ip1, ip2; Fig. 7). layer_variance_node: ``[T, 4]`` the same for one node.
+        weight_diff: ``[T, 4]`` model weight difference per layer (Sec. III-A).
+        degree_mean: ``[T]`` mean current degree (changes only in the transfer-learning variant).
+        t_first_average: first tick with an averaging anywhere (None: never).
+        plateau_delay: eq. (2) in ticks (None: undefined). first_reach / most_reach: ticks.
+        n_train_steps, n_averages, n_messages: totals. params_sent: parameters sent in messages.
+        wall_s: seconds; train_s: seconds in stacked training steps.
+    """
+
+    eval_ticks: np.ndarray
+    accuracy: np.ndarray
+    layer_variance_mean: np.ndarray
+    layer_variance_node: np.ndarray
+    weight_diff: np.ndarray
+    degree_mean: np.ndarray
+    t_first_average: int | None
+    plateau_delay: float | None
+    first_reach: float | None
+    most_reach: float | None
+    n_train_steps: int
+    n_averages: int
+    n_messages: int
+    params_sent: float
+    wall_s: float
+    train_s: float
+    variance_node: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        """JSON-ready scalar summary."""
+        return {"t_first_average": self.t_first_average, "plateau_delay": self.plateau_delay,
+                "first_reach": self.first_reach, "most_reach": self.most_reach,
+                "final_mean_accuracy": float(self.accuracy[-1].mean()),
+                "max_mean_accuracy": float(self.accuracy.mean(1).max()),
+                "n_train_steps": self.n_train_steps, "n_averages": self.n_averages,
+                "n_messages": self.n_messages, "params_sent": self.params_sent,
+                "wall_s": self.wall_s, "train_s": self.train_s}
+
+    def curves(self) -> dict:
+        """JSON-ready curves (lists)."""
+        return {"eval_ticks": self.eval_ticks.tolist(), "accuracy": self.accuracy.round(4).tolist(),
+                "layers": list(LAYERS),
+                "layer_variance_mean": self.layer_variance_mean.tolist(),
+                "layer_variance_node": self.layer_variance_node.tolist(), "variance_node": self.variance_node,
+                "weight_diff": self.weight_diff.tolist(), "degree_mean": self.degree_mean.tolist()}
+
+
+def build_graph(cfg: GossipConfig, seed: int) -> nx.Graph:
+    """Regular(N, k) (``networkx.random_regular_graph(k, N, seed)``) or Star(N) with hub 0."""
+    if cfg.topology == "star":
+        return nx.star_graph(cfg.n_nodes - 1)
+    return nx.random_regular_graph(cfg.degree, cfg.n_nodes, seed=seed)
+
+
+def partition_table(labels: np.ndarray, cfg: GossipConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each node's training indices as a padded table.
+
+    Returns:
+        (table int64 ``[N, max_len]`` padded with the row's first index, lengths int64 ``[N]``).
+    """
+    if cfg.partition == "iid":
+        parts = iid_partition(len(labels), cfg.n_nodes, seed)
+    else:
+        parts = dirichlet_partition(labels, cfg.n_nodes, cfg.alpha, seed, min_size=cfg.batch_size)
+    lengths = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+    table = torch.zeros(cfg.n_nodes, int(lengths.max()), dtype=torch.int64)
+    for i, p in enumerate(parts):  # setup only, not the hot path
+        table[i, :len(p)] = torch.from_numpy(p)
+        table[i, len(p):] = int(p[0])
+    return table, lengths
+
+
+class _Sampler:
+    """Draws each node's fresh batch uniformly (with replacement) from its own partition."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor,
+                 gen: torch.Generator):
+        self.x, self.y, self.table, self.lengths, self.gen = x, y, table, lengths, gen
+
+    def draw(self, nodes: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        u = torch.rand(len(nodes), size, generator=self.gen, dtype=torch.float64)
+        pos = (u * self.lengths[nodes].unsqueeze(1)).long().clamp_max_(self.lengths[nodes].unsqueeze(1) - 1)
+        idx = self.table[nodes.unsqueeze(1), pos]
+        return self.x[idx].float().mul_(PIXEL_SCALE), self.y[idx]
+
+
+def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
+             on_eval: Callable[[int, dict], None] | None = None) -> GossipResult:
+    """Run one gossip-learning simulation (module docstring) with stacked nodes.
+
+    Args:
+        cfg: the configuration.
+        data: an image data set of 1x28x28 images (Fashion-MNIST / MNIST).
+        seed: seeds the graph, partition, initialization, acquisition times and batches.
+        on_eval: optional callback ``(tick, metrics)`` after each evaluation (for MLflow).
+    Returns:
+        :class:`GossipResult`.
+    Raises:
+        InputError: images are not 1x28x28, or the test subset is larger than the test set.
+    """
+    if tuple(data.x_train.shape[1:]) != (1, 28, 28):
+        raise InputError(f"gossip: LeNet-5 needs 1x28x28 images, data set {data.name} has {data.x_train.shape[1:]}")
+    if cfg.test_subset > len(data.y_test):
+        raise InputError(f"gossip: test_subset {cfg.test_subset} exceeds the {len(data.y_test)} test images")
+    t0 = time.perf_counter()
+    layout = LENET5_LAYOUT
+    n = cfg.n_nodes
+    gen = torch.Generator().manual_seed(seed)
+
+    # ---- graph: directed edge list (src -> dst) of the base topology
+    g = build_graph(cfg, seed)
+    und = np.array(sorted(g.edges()), dtype=np.int64).reshape(-1, 2)
+    src = torch.from_numpy(np.concatenate([und[:, 0], und[:, 1]]))
+    dst = torch.from_numpy(np.concatenate([und[:, 1], und[:, 0]]))
+    transfer = cfg.transfer_threshold is not None
+    edge_on = torch.zeros(len(src), dtype=torch.bool) if transfer else torch.ones(len(src), dtype=torch.bool)
+    base_deg = torch.bincount(dst, minlength=n)
+    # waiting list of the transfer-learning variant: each node's base peers in a random order
+    max_deg = int(base_deg.max())
+    waiting = torch.full((n, max_deg), -1, dtype=torch.int64)
+    for i in range(n):  # setup only
+        nb = torch.tensor(sorted(g.neighbors(i)), dtype=torch.int64)
+        waiting[i, :len(nb)] = nb[torch.randperm(len(nb), generator=gen)]
+    wait_ptr = torch.zeros(n, dtype=torch.int64)
+    edge_index = {(int(s), int(d)): e for e, (s, d) in enumerate(zip(src.tolist(), dst.tolist()))}
+
+    # ---- data
+    xtr = torch.from_numpy(data.x_train)
+    ytr = torch.from_numpy(data.y_train)
+    table, lengths = partition_table(data.y_train, cfg, seed)
+    sampler = _Sampler(xtr, ytr, table, lengths, gen)
+    test_idx = torch.randperm(len(data.y_test), generator=torch.Generator().manual_seed(seed + 7919))[:cfg.test_subset]
+    x_test = torch.from_numpy(data.x_test)[test_idx].float().mul_(PIXEL_SCALE)
+    y_test = torch.from_numpy(data.y_test)[test_idx]
+
+    # ---- state
+    flat = init_stacked(n, gen, layout)
+    mom = torch.zeros_like(flat)
+    iters = torch.zeros(n, dtype=torch.int64)
+    n_layers = len(layout.names)
+    buf_sum = torch.zeros_like(flat)
+    buf_cnt = torch.zeros(n, dtype=torch.float32)
+    buf_var = torch.zeros(n, n_layers, dtype=torch.float64)
+    compress = cfg.compression_ratio < 1.0
+    buf_pcnt = torch.zeros_like(flat) if compress else None
+    fixed = isinstance(cfg.t_acquisition, int)
+    lo, hi = (cfg.t_acquisition, cfg.t_acquisition) if fixed else cfg.t_acquisition
+
+    def draw_interval(k: int) -> torch.Tensor:
+        return torch.randint(lo, hi + 1, (k,), generator=gen, dtype=torch.int64)
+
+    next_train = draw_interval(n) - 1
+    var_node = n - 1 if cfg.variance_node is None else cfg.variance_node
+    weight_cols = [layout.names.index(f"{name}.weight") for name in LAYERS]
+
+    ev_ticks, ev_acc, ev_var_mean, ev_var_node, ev_diff, ev_deg = [], [], [], [], [], []
+    t_first_avg: int | None = None
+    n_steps = n_avg = n_msg = 0
+    params_sent = 0.0
+    train_s = 0.0
+
+    for t in range(cfg.ticks + 1):
+        if t % cfg.eval_every == 0 or t == cfg.ticks:
+            acc = accuracy_stacked(flat, x_test, y_test, layout)
+            lv = flat_layer_variance(flat, layout)[:, weight_cols]
+            diff = weight_difference(flat, layout)
+            deg_now = torch.bincount(dst[edge_on], minlength=n).float()
+            ev_ticks.append(t)
+            ev_acc.append(acc.numpy())
+            ev_var_mean.append(lv.mean(0).numpy())
+            ev_var_node.append(lv[var_node].numpy())
+            ev_diff.append(np.array([diff[name] for name in LAYERS]))
+            ev_deg.append(float(deg_now.mean()))
+            if on_eval is not None:
+                m = {"acc_mean": float(acc.mean()), "acc_min": float(acc.min()), "acc_max": float(acc.max()),
+                     "frac_at_target": float((acc >= cfg.target_accuracy).float().mean()),
+                     "degree_mean": float(deg_now.mean())}
+                for j, name in enumerate(LAYERS):
+                    m[f"var_{name}"] = float(lv[:, j].mean())
+                    m[f"var_{name}_node{var_node}"] = float(lv[var_node, j])
+                    m[f"diff_{name}"] = float(diff[name])
+                on_eval(t, m)
+            if transfer and t < cfg.ticks:
+                own_x, own_y = sampler.draw(torch.arange(n), cfg.own_subset)
+                own_acc = accuracy_own(flat, own_x, own_y, layout)
+                _connect_next_peer(own_acc >= cfg.transfer_threshold, waiting, wait_ptr, base_deg, edge_on, edge_index)
+        if t == cfg.ticks:
+            break
+
+        active = torch.nonzero(next_train == t).flatten()
+        if active.numel() == 0:
+            continue
+        # ---- 1. train the active nodes as one stacked step
+        ts = time.perf_counter()
+        xb, yb = sampler.draw(active, cfg.batch_size)
+        p_act = flat.index_select(0, active)
+        m_act = mom.index_select(0, active)
+        grads, _ = stacked_gradients(p_act, xb, yb, cfg.engine, layout)
+        lr = inv_lr(cfg.lr, iters[active], cfg.lr_gamma, cfg.lr_power)
+        sgd_step(p_act, m_act, grads, lr, cfg.momentum, cfg.weight_decay)
+        flat.index_copy_(0, active, p_act)
+        mom.index_copy_(0, active, m_act)
+        iters[active] += 1
+        next_train[active] += draw_interval(active.numel())
+        n_steps += int(active.numel())
+        train_s += time.perf_counter() - ts
+
+        # ---- 2. send to current peers: A_t [N, n_active] sparse
+        is_active = torch.zeros(n, dtype=torch.bool)
+        is_active[active] = True
+        sel = edge_on & is_active[src]
+        if not bool(sel.any()):
+            continue
+        pos_in_active = torch.full((n,), -1, dtype=torch.int64)
+        pos_in_active[active] = torch.arange(active.numel())
+        e_src, e_dst = pos_in_active[src[sel]], dst[sel]
+        A = torch.sparse_coo_tensor(torch.stack([e_dst, e_src]), torch.ones(len(e_dst)),
+                                    (n, active.numel())).coalesce()
+        n_msg += len(e_dst)
+        if compress:
+            mask = (torch.rand(p_act.shape, generator=gen) < cfg.compression_ratio).float()
+            buf_sum += torch.sparse.mm(A, p_act * mask)
+            buf_pcnt += torch.sparse.mm(A, mask)
+            params_sent += float((mask.sum(1)[e_src]).sum())
+        else:
+            buf_sum += torch.sparse.mm(A, p_act)
+            params_sent += float(len(e_dst) * layout.total)
+        buf_cnt += torch.sparse.mm(A, torch.ones(active.numel(), 1)).squeeze(1)
+        if cfg.averaging == "variance_corrected":
+            buf_var += torch.sparse.mm(A.double(), flat_layer_variance(p_act, layout))
+
+        # ---- 3. average the full buffers, eq. (1) (+ Algorithm 3)
+        cur_deg = torch.bincount(dst[edge_on], minlength=n).float()
+        cap = cfg.interval_ratio * cur_deg
+        full = torch.nonzero((cap > 0) & (buf_cnt >= cap)).flatten()
+        if full.numel() == 0:
+            continue
+        old = flat.index_select(0, full)
+        if compress:
+            pc = buf_pcnt.index_select(0, full)
+            avg = torch.where(pc > 0, buf_sum.index_select(0, full) / pc.clamp_min(1.0), old)
+            buf_pcnt.index_fill_(0, full, 0.0)
+        else:
+            avg = buf_sum.index_select(0, full) / buf_cnt[full].unsqueeze(1)
+        if cfg.averaging == "variance_corrected":
+            target = buf_var.index_select(0, full) / buf_cnt[full].double().unsqueeze(1)
+            correct_flat(avg, target, layout)
+            buf_var.index_fill_(0, full, 0.0)
+        flat.index_copy_(0, full, old.mul_(cfg.beta).add_(avg, alpha=1.0 - cfg.beta))
+        buf_sum.index_fill_(0, full, 0.0)
+        buf_cnt[full] = 0.0
+        n_avg += int(full.numel())
+        if t_first_avg is None:
+            t_first_avg = t
+
+    ticks_arr = np.asarray(ev_ticks, dtype=np.int64)
+    acc_arr = np.stack(ev_acc)
+    pd_ = (plateau_delay(ticks_arr, acc_arr.mean(1), t_first_avg, cfg.plateau_smooth)
+           if t_first_avg is not None and len(ticks_arr) > 1 else None)
+    reach = reaching_times(ticks_arr, acc_arr, cfg.target_accuracy, cfg.most_fraction)
+    return GossipResult(ticks_arr, acc_arr, np.stack(ev_var_mean), np.stack(ev_var_node), np.stack(ev_diff),
+                        np.asarray(ev_deg), t_first_avg, pd_, reach["first"], reach["most"], n_steps, n_avg,
+                        n_msg, params_sent, time.perf_counter() - t0, train_s, var_node)
+
+
+def _connect_next_peer(eligible: torch.Tensor, waiting: torch.Tensor, wait_ptr: torch.Tensor,
+                       base_deg: torch.Tensor, edge_on: torch.Tensor, edge_index: dict) -> None:
+    """Transfer-learning variant (Sec. III-C3): each eligible node connects to its next waiting peer.
+
+    Peers already connected (by the other side) are skipped. Connections are mutual: both
+    directed edges are switched on. Runs only at evaluation ticks.
+    """
+    todo = torch.nonzero(eligible & (wait_ptr < base_deg)).flatten().tolist()
+    for i in todo:  # at most N per evaluation; not the per-tick hot path
+        while wait_ptr[i] < base_deg[i]:
+            j = int(waiting[i, wait_ptr[i]])
+            wait_ptr[i] += 1
+            e = edge_index[(i, j)]
+            if not bool(edge_on[e]):
+                edge_on[e] = True
+                edge_on[edge_index[(j, i)]] = True
+                break

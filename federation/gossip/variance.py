@@ -1,0 +1,144 @@
+"""Variance-corrected model averaging (Tian et al., arXiv 2404.04616, Sec. V, Algorithm 3).
+
+Averaging N uncorrelated models shrinks each layer's weight variance by about 1/N (eq. (3):
+Var(mean X) = (1/N^2) sum_i sigma_i^2), which undoes the Xavier variance and delays convergence
+("plateau delay"). Algorithm 3 rescales every layer of the averaged model so its variance equals
+the mean variance of the input models' layer, around the averaged layer's own mean:
+
+* line 2: ``Model_avg <- Average(B)``;
+* lines 5-8: ``sigma_l^2 = (1/N) sum_i Var(l_i)`` over the models i in the buffer;
+* line 9: ``sigma_lavg^2 <- Var(l_avg)``;
+* line 11: ``v <- (v - mean(l_avg)) * sigma_l / sigma_lavg + mean(l_avg)`` for every weight v.
+
+"Layer" here is each parameter tensor (a layer's weight and its bias are corrected separately);
+``Var`` is the population variance (divide by the element count) over the tensor's elements.
+A layer whose averaged variance is 0 (e.g. all-zero initial biases) is left unchanged, since the
+rescale factor is undefined there.
+
+Two entry points:
+
+* :func:`variance_corrected_average` is Algorithm 3 on one buffer of models;
+* :func:`variance_corrected_mix` applies a row-stochastic mixing matrix ``W [n, n]`` to stacked
+  parameters (each row is one receiver's weighted average) and then the same per-layer correction,
+  with the W-weighted mean of the inputs' variances as target (equal to line 8 when a row
+  averages its inputs uniformly). This is the aggregation transform the runtime can offer to any
+  method whose exchange is a mixing matrix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from etl.errors import InputError
+
+#: Averaged-layer variances at or below this are treated as 0 (layer left unchanged).
+VAR_EPS = 1e-30
+
+
+def layer_variance(stacked: torch.Tensor) -> torch.Tensor:
+    """Population variance of each model's tensor: ``[n, ...]`` -> ``[n]`` (float64).
+
+    This is ``Var(l_i)`` of Algorithm 3, line 6, computed for all n models at once.
+    """
+    flat = stacked.reshape(stacked.shape[0], -1).to(torch.float64)
+    return flat.var(dim=1, unbiased=False)
+
+
+def rescale_to_variance(avg: torch.Tensor, target_var: torch.Tensor) -> torch.Tensor:
+    """Rescale each row's tensor around its mean to a target variance (Algorithm 3, lines 9-11).
+
+    Args:
+        avg: ``[n, ...]`` averaged tensors, one per receiver.
+        target_var: ``[n]`` target variance sigma_l^2 of each row (line 8).
+    Returns:
+        tensor like ``avg``: ``(v - mean) * sigma_l / sigma_lavg + mean`` per row; rows whose
+        variance is <= ``VAR_EPS`` (or whose target is <= 0) are returned unchanged.
+    """
+    n = avg.shape[0]
+    flat = avg.reshape(n, -1)
+    mean = flat.to(torch.float64).mean(dim=1, keepdim=True)
+    var_avg = flat.to(torch.float64).var(dim=1, unbiased=False)
+    ok = (var_avg > VAR_EPS) & (target_var > 0)
+    scale = torch.where(ok, torch.sqrt(target_var.clamp_min(0) / var_avg.clamp_min(VAR_EPS)),
+                        torch.ones_like(var_avg)).unsqueeze(1)
+    out = (flat.to(torch.float64) - mean) * scale + mean
+    return out.to(avg.dtype).view_as(avg)
+
+
+def variance_corrected_average(buffer: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Algorithm 3 on one model buffer B.
+
+    Args:
+        buffer: name -> ``[N, *shape]``, the N received models' tensors (N >= 1).
+    Returns:
+        name -> ``[*shape]``: the average model with each tensor rescaled to the mean input
+        variance (lines 2-11).
+    Raises:
+        InputError: empty buffer or tensors with different N.
+    """
+    sizes = {t.shape[0] for t in buffer.values()}
+    if not buffer or len(sizes) != 1 or 0 in sizes:
+        raise InputError("variance correction: the model buffer must hold N >= 1 models in every tensor")
+    out: dict[str, torch.Tensor] = {}
+    for name, stack in buffer.items():
+        avg = stack.mean(dim=0, keepdim=True)                      # line 2
+        sigma_l2 = layer_variance(stack).mean().reshape(1)          # lines 5-8
+        out[name] = rescale_to_variance(avg, sigma_l2)[0]           # lines 9-11
+    return out
+
+
+def variance_corrected_mix(stacked_params: dict[str, torch.Tensor], W: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Mix stacked parameters with a row-stochastic ``W`` and correct each layer's variance.
+
+    For every receiver i and tensor l: ``avg_i = sum_j W_ij theta_j`` (the mixing product the
+    runtime uses for every method), ``sigma_l^2(i) = sum_j W_ij Var(theta_j,l)`` (the W-weighted
+    form of Algorithm 3 line 8) and ``avg_i`` is rescaled around its mean to that variance
+    (lines 9-11). A row that keeps its own model (``W_ii = 1``) is returned unchanged; rows mixing
+    near-identical models are nearly unchanged (ratio sigma_l / sigma_lavg -> 1, Sec. V).
+
+    Args:
+        stacked_params: name -> ``[n, *shape]`` parameters of n centers/nodes.
+        W: ``[m, n]`` non-negative mixing matrix whose rows sum to 1 (m receivers, usually m = n).
+    Returns:
+        name -> ``[m, *shape]`` mixed and variance-corrected parameters (same dtype as input).
+    Raises:
+        InputError: W is not 2-D with n columns, has negative entries, or rows not summing to 1.
+    """
+    if not stacked_params:
+        return {}
+    n = next(iter(stacked_params.values())).shape[0]
+    if W.dim() != 2 or W.shape[1] != n:
+        raise InputError(f"variance_corrected_mix: W must be [m, {n}], got {list(W.shape)}")
+    Wd = W.to(torch.float64)
+    if bool((Wd < 0).any()) or not torch.allclose(Wd.sum(1), torch.ones(W.shape[0], dtype=torch.float64), atol=1e-6):
+        raise InputError("variance_corrected_mix: W must be non-negative with rows summing to 1")
+    out: dict[str, torch.Tensor] = {}
+    for name, theta in stacked_params.items():
+        if theta.shape[0] != n:
+            raise InputError(f"variance_corrected_mix: {name} has {theta.shape[0]} rows, expected {n}")
+        flat = theta.reshape(n, -1)
+        avg = (W.to(flat.dtype) @ flat)
+        target = Wd @ layer_variance(theta)
+        out[name] = rescale_to_variance(avg, target).view(W.shape[0], *theta.shape[1:])
+    return out
+
+
+def correct_flat(avg_flat: torch.Tensor, target_var: torch.Tensor, layout) -> torch.Tensor:
+    """In-place Algorithm 3 lines 9-11 on flat stacked parameters.
+
+    Args:
+        avg_flat: ``[n, P]`` averaged models (modified in place and returned).
+        target_var: ``[n, L]`` target variance per receiver and parameter tensor, in
+            ``layout.names`` order (the mean of the received models' variances, line 8).
+        layout: :class:`federation.gossip.model.ParamLayout` of the flat tensor.
+    Returns:
+        ``avg_flat``.
+    """
+    for j, view in enumerate(layout.views(avg_flat).values()):
+        view.copy_(rescale_to_variance(view, target_var[:, j]))
+    return avg_flat
+
+
+def flat_layer_variance(flat: torch.Tensor, layout) -> torch.Tensor:
+    """Per-node, per-tensor population variance of flat ``[n, P]`` parameters: ``[n, L]`` float64."""
+    return torch.stack([layer_variance(v) for v in layout.views(flat).values()], dim=1)

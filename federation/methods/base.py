@@ -1,0 +1,185 @@
+"""The method interface the round loop (:mod:`federation.runner`) calls.
+
+A method is a small object holding its own state; the runner holds none of it. Per run:
+
+1. ``method = cls(cls.Params(**config.params))`` then ``method.setup(ctx)`` once.
+2. Each round ``r`` (0-based; MLflow step r + 1):
+
+   a. local training of all centers (stacked). If the class overrides
+      ``local_loss(ctx, params, batch) -> Tensor [a]``, the engine adds it to each active
+      center's batch loss (``params``: the active centers' stacked parameters with
+      gradient; ``batch``: :class:`federation.engine.Batch`, ``batch.centers`` = their
+      indices);
+   b. ``plan = method.plan_round(ctx, r)`` -> :class:`RoundPlan`: ``w`` ``[n, n]``
+      row-stochastic (None = no exchange this round), the peer ``adjacency`` ``[n, n]`` bool
+      (symmetric; edges that carried a model, for the ledger), ``server_links`` (center-server
+      edges that carried a model: FedAvg n), ``probe_bytes``, ``metadata_bytes``;
+   c. exchange: ``mixed = W @ wire(theta)`` over the exchanged block
+      (:mod:`federation.mixing`), then ``method.after_mix(ctx, r, prev, mixed)`` (default
+      identity; FedDyn's server correction), then server momentum when configured;
+   d. ``extras = method.after_exchange(ctx, r, plan)`` -> ``dict[str, float]`` logged with the
+      round's metrics (e.g. isolation rate; ABPS computes Shapley credit here with
+      ``ctx.evaluate_mixtures``);
+   e. metrics (val/test AUROC mean/std, bytes), early stopping.
+
+``ctx`` (:class:`Context`) gives: ``n``, ``data``, ``engine``, ``seed``, ``rng`` (a
+``torch.Generator`` seeded from the run seed, for the method's own draws), ``ledger``,
+``cfg``, ``meta`` ``[n, 15]`` and ``meta_base`` ``[n, 3]`` (centers.parquet metadata vectors),
+``n_train`` ``[n]``, ``params`` (live stacked parameters), ``round_start`` (a copy at the start
+of the round), ``pre_exchange`` (a copy after local training, i.e. the models sent this round),
+``exchanged`` / ``head`` key tuples, ``bf16``, and :meth:`Context.evaluate_mixtures`.
+
+Register a method by name with :func:`federation.methods.registry.register_method`.
+Class attributes: ``name``, ``Params`` (pydantic model of the method's own parameters,
+from the config's ``params:`` mapping), ``default_config`` (a partial run config merged under
+the user's: e.g. FedAvg-X turns on a 2-layer head, bf16, momentum, early stopping) and
+``pooled`` (True only for Centralized: one model trained on the union of train rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from federation.config import RunConfig
+from federation.data import FederatedData
+from federation.engine import Batch, Params, StackedEngine, forward
+from federation.ledger import Ledger
+from federation.metrics import batched_auroc
+from federation.mixing import mix
+
+
+class NoParams(BaseModel):
+    """A method without parameters of its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class RoundPlan:
+    """What a method decides for one round.
+
+    Attributes:
+        w: ``[n, n]`` row-stochastic mixing matrix (float32/float64), or None for no exchange.
+        adjacency: ``[n, n]`` bool symmetric peer edges that carried a model (ledger), or None.
+        server_links: number of center-server edges that carried a model (star topologies).
+        probe_bytes: probe traffic this round (e.g. anchor predictions).
+        metadata_bytes: metadata traffic this round (e.g. ABPS v_i vectors).
+    """
+
+    w: torch.Tensor | None
+    adjacency: torch.Tensor | None = None
+    server_links: int = 0
+    probe_bytes: int = 0
+    metadata_bytes: int = 0
+
+
+@dataclass
+class Context:
+    """Run context handed to every hook (see the module docstring)."""
+
+    cfg: RunConfig
+    data: FederatedData
+    engine: StackedEngine
+    seed: int
+    ledger: Ledger
+    exchanged: tuple[str, ...]
+    head: tuple[str, ...]
+    bf16: bool
+    params: Params = field(default_factory=dict)
+    round_start: Params = field(default_factory=dict)
+    pre_exchange: Params = field(default_factory=dict)
+    rng: torch.Generator = field(default_factory=torch.Generator)
+
+    @property
+    def n(self) -> int:
+        """Number of centers."""
+        return self.data.n_centers
+
+    @property
+    def meta(self) -> torch.Tensor:
+        """``[n, 15]`` metadata vectors (centers.parquet META_COLUMNS)."""
+        return self.data.meta
+
+    @property
+    def meta_base(self) -> torch.Tensor:
+        """``[n, 3]`` base metadata vectors (pos rate, ln n_train, year / 2030)."""
+        return self.data.meta_base
+
+    @property
+    def n_train(self) -> torch.Tensor:
+        """``[n]`` train rows per center."""
+        return self.data.n_train
+
+    @torch.no_grad()
+    def evaluate_mixtures(
+        self, wc: torch.Tensor, tc: torch.Tensor, split: str = "val", params: Params | None = None,
+        chunk: int = 512,
+    ) -> torch.Tensor:
+        """AUROC of many candidate mixtures in one batched computation.
+
+        Row r builds the model whose exchanged block is ``sum_j wc[r, j] wire(theta_j)``
+        (the bf16 wire transform as in the exchange; center tc[r]'s own copy stays fp32)
+        and whose head (if personalized) is center ``tc[r]``'s own, and scores it on
+        ``tc[r]``'s ``split``. ``theta`` defaults to ``ctx.pre_exchange``: the models as
+        sent this round (after local training, before mixing); server momentum and
+        ``after_mix`` are not applied.
+
+        Args:
+            wc: ``[m, n]`` non-negative rows summing to 1.
+            tc: ``[m]`` int64 target centers.
+            split: "val" or "test".
+            chunk: rows evaluated per batched forward (memory bound).
+
+        Returns:
+            ``[m]`` float64 AUROC (NaN where tc[r]'s split holds one class).
+        """
+        theta = params if params is not None else self.pre_exchange
+        s = self.data.splits[split]
+        out = []
+        for lo in range(0, wc.shape[0], chunk):
+            w, t = wc[lo : lo + chunk], tc[lo : lo + chunk]
+            model = {k: (mix(w, theta[k], self.bf16, own=t) if k in self.exchanged else theta[k][t])
+                     for k in theta}
+            logits = forward(model, s.x[t])[0]
+            out.append(batched_auroc(logits, s.y[t], s.mask[t]))
+        return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
+
+
+class Method:
+    """Base class of a federated method (see the module docstring for the protocol)."""
+
+    name: ClassVar[str] = "method"
+    Params: ClassVar[type[BaseModel]] = NoParams
+    default_config: ClassVar[dict[str, Any]] = {}
+    pooled: ClassVar[bool] = False
+
+    def __init__(self, params: BaseModel | None = None) -> None:
+        self.p = params if params is not None else self.Params()
+
+    def setup(self, ctx: Context) -> None:
+        """Called once before round 0."""
+
+    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+        """Extra per-center loss ``[a]`` for the active centers (override to use)."""
+        raise TypeError(f"{self.name} defines no local loss")
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        """Mixing matrix and ledger edges of this round."""
+        raise TypeError(f"{self.name} must define plan_round")
+
+    def after_mix(self, ctx: Context, round_idx: int, prev: Params, mixed: Params) -> Params:
+        """Post-process the mixed exchanged block (default: unchanged)."""
+        return mixed
+
+    def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:
+        """Per-round extra metrics (default: none)."""
+        return {}
+
+    @classmethod
+    def has_local_loss(cls) -> bool:
+        """True when the class overrides :meth:`local_loss`."""
+        return cls.local_loss is not Method.local_loss

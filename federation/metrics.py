@@ -1,0 +1,63 @@
+"""Batched AUROC for all centers at once (rank-based Mann-Whitney U with tie handling).
+
+For one center with P positives and N negatives and mid-ranks r (ties share the average
+rank, 1-based), AUROC = (sum_{positives} r - P (P + 1) / 2) / (P N)
+(Mann & Whitney 1947; Hanley & McNeil 1982, Eq. 2). This equals scikit-learn's
+``roc_auc_score`` (trapezoidal ROC area) including ties. A center whose split holds only
+one class has no AUROC: it is NaN, excluded from the mean and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row AUROC of padded score tensors.
+
+    Args:
+        scores: ``[m, rows]`` real-valued scores (logits or probabilities; any monotone map
+            gives the same AUROC). Values at masked-out positions are ignored.
+        labels: ``[m, rows]`` 0/1 labels.
+        mask: ``[m, rows]`` bool, True on real rows.
+
+    Returns:
+        ``[m]`` float64 AUROC; NaN where a row has no positive or no negative real row.
+    """
+    s = scores.detach().double()
+    big = torch.finfo(torch.float64).max
+    s = torch.where(mask, s, torch.full_like(s, big))  # padding sorts last, ties only with padding
+    s_sorted, order = torch.sort(s, dim=1, stable=True)
+    left = torch.searchsorted(s_sorted, s_sorted, right=False)
+    right = torch.searchsorted(s_sorted, s_sorted, right=True)
+    mid_rank = (left + right + 1).double() / 2.0  # 1-based average rank of each tie group
+    y = labels.double().gather(1, order)
+    valid = mask.gather(1, order)
+    pos = (y > 0.5) & valid
+    neg = (y <= 0.5) & valid
+    n_pos = pos.sum(1).double()
+    n_neg = neg.sum(1).double()
+    rank_sum = (mid_rank * pos.double()).sum(1)
+    auc = (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+
+
+@dataclass(frozen=True)
+class AurocSummary:
+    """Mean and standard deviation (population, ddof=0) of per-center AUROC over the
+    centers that have both classes; ``n_excluded`` counts the one-class centers."""
+
+    mean: float
+    std: float
+    n_excluded: int
+
+
+def summarize(per_center: torch.Tensor) -> AurocSummary:
+    """Summarize a ``[n]`` per-center AUROC tensor with NaN for one-class centers."""
+    ok = ~torch.isnan(per_center)
+    vals = per_center[ok]
+    if vals.numel() == 0:
+        return AurocSummary(float("nan"), float("nan"), int((~ok).sum()))
+    return AurocSummary(float(vals.mean()), float(vals.std(unbiased=False)), int((~ok).sum()))

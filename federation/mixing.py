@@ -1,0 +1,98 @@
+"""Exchange as a row-stochastic mixing matrix and the transforms around it.
+
+Every method's exchange is ``theta_i <- sum_j W[i, j] * wire(theta_j)`` over the exchanged
+block (ARCHITECTURE.md: FedAvg is a rank-one W, gossip ``(1-a) I + a P``, ABPS averages a
+center with its accepted partners). Transforms (ABPS paper Sec. 6.4):
+
+* trunk / head split (head personalization, Arivazhagan et al. 2019): only the keys in
+  :func:`exchanged_keys` are mixed; the head stays local;
+* bfloat16 wire format (Kalamkar et al. 2019; ABPS Sec. 6.4 "Q"): what a center receives
+  from a peer is rounded to bf16; its own copy stays fp32:
+  ``mixed_i = sum_j W[i,j] bf16(theta_j) + W[i,i] (theta_i - bf16(theta_i))``;
+* server-side EMA momentum (:func:`apply_momentum`, FedAvgM, Hsu et al. 2019).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from federation.engine import PARAM_NAMES, Params
+
+_HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
+
+
+def head_keys(head_layers: int) -> tuple[str, ...]:
+    """Parameter names of the personalized head: none (0), last layer (1), last two (2)."""
+    return _HEAD_KEYS[head_layers]
+
+
+def exchanged_keys(head_layers: int) -> tuple[str, ...]:
+    """Parameter names that cross the network: all, or the trunk only."""
+    head = set(head_keys(head_layers))
+    return tuple(k for k in PARAM_NAMES if k not in head)
+
+
+def wire(x: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The value a receiver sees: ``x`` rounded to bfloat16 (round-to-nearest-even) and back
+    to fp32 when ``bf16``, else ``x``."""
+    return x.to(torch.bfloat16).to(x.dtype) if bf16 else x
+
+
+def check_row_stochastic(w: torch.Tensor, atol: float = 1e-6) -> None:
+    """Raise ValueError unless ``w`` is ``[m, n]`` with non-negative entries and rows summing to 1."""
+    if w.dim() != 2:
+        raise ValueError(f"mixing matrix must be 2-D, got shape {tuple(w.shape)}")
+    if bool((w < -atol).any()):
+        raise ValueError("mixing matrix has negative entries")
+    err = float((w.double().sum(1) - 1).abs().max()) if w.numel() else 0.0
+    if err > atol:
+        raise ValueError(f"mixing matrix rows must sum to 1 (max error {err:.2e})")
+
+
+def mix(w: torch.Tensor, theta: torch.Tensor, bf16: bool, own: torch.Tensor | None = None) -> torch.Tensor:
+    """Mix one stacked tensor.
+
+    Args:
+        w: ``[m, n]`` row-stochastic weights.
+        theta: ``[n, ...]`` stacked values of the n senders.
+        bf16: apply the bf16 wire format to received values.
+        own: ``[m]`` index of the receiving center of each row (its own copy stays fp32);
+            default ``arange(n)`` (m = n, row i is center i).
+
+    Returns:
+        ``[m, ...]``: ``sum_j w[r, j] wire(theta_j) + w[r, own_r] (theta_own_r - wire(theta_own_r))``.
+    """
+    wf = w.to(theta.dtype)
+    sent = wire(theta, bf16)
+    out = torch.einsum("mn,n...->m...", wf, sent)
+    if bf16:
+        own = torch.arange(theta.shape[0]) if own is None else own
+        diag = wf.gather(1, own.unsqueeze(1)).squeeze(1)
+        corr = (theta - sent)[own]
+        out = out + diag.view((-1,) + (1,) * (theta.dim() - 1)) * corr
+    return out
+
+
+def mix_params(w: torch.Tensor, params: Params, keys: tuple[str, ...], bf16: bool) -> Params:
+    """Mix the ``keys`` of stacked ``params`` with ``w [n, n]``; returns the new block only."""
+    return {k: mix(w, params[k], bf16) for k in keys}
+
+
+def apply_momentum(prev: Params, mixed: Params, state: Params | None, beta: float) -> tuple[Params, Params]:
+    """Server-side EMA momentum on the exchanged block (FedAvgM, Hsu et al. 2019, Alg. 1).
+
+    With ``d_i = mixed_i - prev_i`` (``prev_i`` = center i's block at the start of the
+    round, i.e. the previous aggregate), the update is
+
+        m_i <- beta * m_i + (1 - beta) * d_i,     theta_i <- prev_i + m_i      (m_i = 0 at start)
+
+    This is FedAvgM's ``v <- beta v + Delta; w <- w - eta v`` with pseudo-gradient
+    ``Delta = prev - mixed`` and server learning rate ``eta = 1 - beta`` (substitute
+    ``m = -eta v``). beta = 0 returns ``mixed`` exactly.
+
+    Returns ``(new_block, new_state)``.
+    """
+    if state is None:
+        state = {k: torch.zeros_like(v) for k, v in mixed.items()}
+    new_state = {k: beta * state[k] + (1.0 - beta) * (mixed[k] - prev[k]) for k in mixed}
+    return {k: prev[k] + new_state[k] for k in mixed}, new_state

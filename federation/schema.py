@@ -1,0 +1,89 @@
+"""Column contract of the cohort files, as the runtime reads them (docs/data_dictionary.md).
+
+These names are schema facts fixed by the ETL contract; the runtime keeps its own copy
+so that it does not depend on a particular ETL source being importable.
+"""
+
+from __future__ import annotations
+
+#: The 12 updated-Charlson condition flags (Quan et al. 2011), in contract order.
+CCI_COLUMNS: tuple[str, ...] = (
+    "cci_chf",
+    "cci_dementia",
+    "cci_chronic_pulmonary",
+    "cci_rheumatic",
+    "cci_mild_liver",
+    "cci_diabetes_complicated",
+    "cci_paraplegia",
+    "cci_renal",
+    "cci_malignancy",
+    "cci_severe_liver",
+    "cci_metastatic",
+    "cci_aids",
+)
+
+#: First-24 h vital signs, in contract order.
+VITALS: tuple[str, ...] = ("heart_rate", "sbp", "dbp", "mbp", "resp_rate", "spo2", "temperature")
+
+#: 21 vital aggregates: heart_rate_mean, heart_rate_min, heart_rate_max, sbp_mean, ...
+VITAL_COLUMNS: tuple[str, ...] = tuple(f"{v}_{a}" for v in VITALS for a in ("mean", "min", "max"))
+
+#: Numeric model features: age + 21 vitals (imputed with the center's train median, standardized).
+NUMERIC_FEATURES: tuple[str, ...] = ("age",) + VITAL_COLUMNS
+
+#: Binary model features (used as 0/1, null -> 0).
+BINARY_FEATURES: tuple[str, ...] = CCI_COLUMNS
+
+#: Categorical model features, one-hot over the categories present in the whole cohort file.
+CATEGORICAL_FEATURES: tuple[str, ...] = (
+    "gender",
+    "race",
+    "admission_type",
+    "admission_location",
+    "insurance",
+)
+
+#: Identifier and bookkeeping columns of cohort.parquet (never model features, never logged).
+COHORT_ID_COLUMNS: tuple[str, ...] = ("stay_id", "subject_id", "hadm_id")
+
+#: All cohort.parquet columns, in contract order.
+COHORT_COLUMNS: tuple[str, ...] = (
+    "stay_id",
+    "subject_id",
+    "hadm_id",
+    "center_id",
+    "care_unit",
+    "split",
+    "label",
+    "admit_year",
+    "anchor_year_group",
+    "age",
+    "gender",
+    "race",
+    "admission_type",
+    "admission_location",
+    "insurance",
+    *CCI_COLUMNS,
+    *VITAL_COLUMNS,
+)
+
+#: The 3-dim base metadata vector v_i (ABPS paper Sec. 4.1 / 6.3).
+META_BASE_COLUMNS: tuple[str, ...] = ("meta_pos_rate", "meta_log_n_train", "meta_year")
+
+#: The 15-dim metadata vector: base + 12 Charlson prevalences over the train split.
+META_COLUMNS: tuple[str, ...] = META_BASE_COLUMNS + tuple(f"meta_{c}" for c in CCI_COLUMNS)
+
+#: All centers.parquet columns, in contract order.
+CENTER_COLUMNS: tuple[str, ...] = (
+    "center_id",
+    "care_unit",
+    "window_start",
+    "window_end",
+    "n_train",
+    "n_val",
+    "n_test",
+    "pos_rate",
+    *META_COLUMNS,
+)
+
+SPLITS: tuple[str, ...] = ("train", "val", "test")

@@ -1,0 +1,224 @@
+"""FedProx-Synthetic(alpha, beta) cohorts in the runtime's cohort contract.
+
+Li et al. 2020 ("Federated optimization in heterogeneous networks", MLSys, Sec. 5.1,
+"Synthetic data") generate device k's data as
+
+    u_k ~ N(0, alpha),  w_k ~ N(u_k, 1),  b_k ~ N(u_k, 1)            (model heterogeneity)
+    B_k ~ N(0, beta),   v_k[j] ~ N(B_k, 1),  x ~ N(v_k, Sigma)       (feature heterogeneity)
+    Sigma = diag(j^-1.2),  j = 1..D
+
+and label each x with the device's model. The ABPS paper (Sec. 6.1) uses such a generator,
+matched to the MIMIC feature schema, for implementation tests. Here the task is binary, so
+the device model is logistic: ``y ~ Bernoulli(sigmoid(w_k . x / sqrt(D) + b_k + intercept))``.
+The ``1/sqrt(D)`` keeps the logit's scale O(1) so AUROC is informative rather than ~1, and
+``intercept`` (default -2.5) lowers the positive rate toward ICU-mortality levels; both are
+documented deviations from the multiclass argmax of the original.
+
+The D = 39 latent coordinates are mapped monotonically to the contract's features
+(docs/data_dictionary.md): 22 numeric (age + 21 vitals, affine to plausible units, 4 % of
+vital values set to null), 12 Charlson flags (latent > 1), 5 categoricals (latent bucketed
+at fixed normal quantiles). Center sizes are lognormal with the requested mean; each
+center's rows are split train/val/test 70/15/15, stratified by label. Identifiers are
+synthetic sequential integers (one stay per subject and admission).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from etl.errors import InputError
+from etl.io import atomic_output_dir
+from federation.schema import (
+    CATEGORICAL_FEATURES,
+    CCI_COLUMNS,
+    COHORT_COLUMNS,
+    CENTER_COLUMNS,
+    VITAL_COLUMNS,
+)
+
+CARE_UNITS: tuple[str, ...] = ("MICU", "MICU/SICU", "CVICU", "SICU", "CCU", "TSICU")
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "gender": ("F", "M"),
+    "race": ("ASIAN", "BLACK", "HISPANIC", "OTHER", "UNKNOWN", "WHITE"),
+    "admission_type": ("DIRECT EMER.", "ELECTIVE", "EU OBSERVATION", "EW EMER.", "URGENT"),
+    "admission_location": ("EMERGENCY ROOM", "PHYSICIAN REFERRAL", "TRANSFER FROM HOSPITAL", "UNKNOWN"),
+    "insurance": ("Medicaid", "Medicare", "Other", "Private", "UNKNOWN"),
+}
+# location and scale of each vital aggregate around its latent coordinate (units of the contract)
+_VITAL_LOC_SCALE: dict[str, tuple[float, float]] = {
+    "heart_rate": (85.0, 15.0),
+    "sbp": (120.0, 18.0),
+    "dbp": (62.0, 11.0),
+    "mbp": (80.0, 12.0),
+    "resp_rate": (19.0, 4.5),
+    "spo2": (96.5, 2.0),
+    "temperature": (36.9, 0.5),
+}
+_AGG_SHIFT = {"mean": 0.0, "min": -1.2, "max": 1.2}
+ANCHOR_YEAR_GROUPS = ("2008 - 2010", "2011 - 2013", "2014 - 2016", "2017 - 2019", "2020 - 2022")
+N_LATENT = 1 + len(VITAL_COLUMNS) + len(CCI_COLUMNS) + len(CATEGORICAL_FEATURES)  # 39
+
+
+def _normal_cuts(k: int) -> np.ndarray:
+    """Cut points splitting N(0,1) into k equiprobable buckets (inverse normal CDF)."""
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    return np.array([nd.inv_cdf(i / k) for i in range(1, k)])
+
+
+def generate_fedprox_cohort(
+    n_centers: int,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    seed: int = 0,
+    mean_size: float = 300.0,
+    size_sigma: float = 0.8,
+    min_size: int = 40,
+    intercept: float = -2.5,
+    missing_rate: float = 0.04,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Draw a FedProx-Synthetic(alpha, beta) cohort (Li et al. 2020, Sec. 5.1; binary logistic).
+
+    Args:
+        n_centers: number of centers n (>= 1).
+        alpha: variance of u_k (how much the centers' logistic models differ).
+        beta: variance of B_k (how much the centers' feature means differ).
+        seed: numpy seed; same arguments -> identical frames.
+        mean_size: mean stays per center; sizes ~ lognormal(log(mean) - sigma^2/2, sigma).
+        size_sigma: lognormal sigma of the center sizes.
+        min_size: smallest center (stays).
+        intercept: constant added to every logit (sets the overall positive rate).
+        missing_rate: probability that one vital aggregate is null.
+
+    Returns:
+        ``(cohort, centers)``: polars frames with exactly the contract's columns
+        (``federation.schema.COHORT_COLUMNS`` / ``CENTER_COLUMNS``).
+
+    Raises:
+        InputError: on a non-positive center count, negative alpha/beta or size parameters.
+    """
+    if n_centers < 1:
+        raise InputError(f"--centers must be >= 1, got {n_centers}")
+    if alpha < 0 or beta < 0:
+        raise InputError(f"--alpha and --beta must be >= 0, got alpha={alpha}, beta={beta}")
+    if mean_size <= 0 or size_sigma < 0 or min_size < 10:
+        raise InputError("mean_size must be > 0, size_sigma >= 0 and min_size >= 10")
+    rng = np.random.default_rng(seed)
+    d = N_LATENT
+    sizes = np.maximum(
+        min_size,
+        np.round(rng.lognormal(math.log(mean_size) - size_sigma**2 / 2, size_sigma, n_centers)),
+    ).astype(np.int64)
+    u = rng.normal(0.0, math.sqrt(alpha), n_centers)
+    w = rng.normal(u[:, None], 1.0, (n_centers, d))
+    b = rng.normal(u, 1.0)
+    big_b = rng.normal(0.0, math.sqrt(beta), n_centers)
+    v = rng.normal(big_b[:, None], 1.0, (n_centers, d))
+    sigma_sd = np.arange(1, d + 1, dtype=np.float64) ** (-1.2 / 2)
+
+    center = np.repeat(np.arange(n_centers), sizes)
+    n_rows = int(sizes.sum())
+    z = v[center] + rng.standard_normal((n_rows, d)) * sigma_sd
+    logit = (w[center] * z).sum(1) / math.sqrt(d) + b[center] + intercept
+    label = (rng.random(n_rows) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int8)
+
+    # stratified 70/15/15 split inside each (center, label) group
+    key = rng.random(n_rows)
+    order = np.lexsort((key, label, center))
+    grp = center[order] * 2 + label[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(grp)) + 1]
+    counts = np.diff(np.r_[starts, n_rows])
+    rank = np.arange(n_rows) - np.repeat(starts, counts)
+    frac = (rank + 0.5) / np.repeat(counts, counts)
+    split_sorted = np.where(frac < 0.7, "train", np.where(frac < 0.85, "val", "test"))
+    split = np.empty(n_rows, dtype=object)
+    split[order] = split_sorted
+
+    window = np.arange(n_centers) // len(CARE_UNITS)
+    unit = np.array(CARE_UNITS)[np.arange(n_centers) % len(CARE_UNITS)]
+    w_start = 2110 + 2 * window
+    center_ids = np.array([f"{unit[k]}|{w_start[k]}-{w_start[k] + 1}" for k in range(n_centers)])
+    if len(set(center_ids)) != n_centers:  # more centers than unit x window cells: suffix
+        center_ids = np.array([f"{c}#{k}" for k, c in enumerate(center_ids)])
+
+    cols: dict[str, object] = {}
+    ids = np.arange(n_rows, dtype=np.int64)
+    cols["stay_id"] = 30_000_000 + ids
+    cols["subject_id"] = 10_000_000 + ids
+    cols["hadm_id"] = 20_000_000 + ids
+    cols["center_id"] = center_ids[center]
+    cols["care_unit"] = unit[center]
+    cols["split"] = split.astype(str)
+    cols["label"] = label
+    cols["admit_year"] = (w_start[center] + rng.integers(0, 2, n_rows)).astype(np.int32)
+    cols["anchor_year_group"] = np.array(ANCHOR_YEAR_GROUPS)[rng.integers(0, len(ANCHOR_YEAR_GROUPS), n_rows)]
+    cols["age"] = np.clip(65.0 + 15.0 * z[:, 0], 18.0, 95.0)
+    j = 1
+    vitals: dict[str, np.ndarray] = {}
+    for name, (loc, scale) in _VITAL_LOC_SCALE.items():
+        for agg in ("mean", "min", "max"):
+            val = loc + scale * (z[:, j] + _AGG_SHIFT[agg])
+            vitals[f"{name}_{agg}"] = np.where(rng.random(n_rows) < missing_rate, np.nan, val)
+            j += 1
+    for c in CCI_COLUMNS:
+        cols[c] = (z[:, j] > 1.0).astype(np.int8)
+        j += 1
+    for c in CATEGORICAL_FEATURES:
+        cats = CATEGORIES[c]
+        cols[c] = np.array(cats)[np.searchsorted(_normal_cuts(len(cats)), z[:, j])]
+        j += 1
+    cols.update(vitals)
+    schema = {
+        "stay_id": pl.Int64, "subject_id": pl.Int64, "hadm_id": pl.Int64, "label": pl.Int8,
+        "admit_year": pl.Int32, "age": pl.Float64,
+        **{c: pl.Int8 for c in CCI_COLUMNS}, **{c: pl.Float64 for c in VITAL_COLUMNS},
+    }
+    cohort = pl.DataFrame({c: cols[c] for c in COHORT_COLUMNS})
+    cohort = cohort.with_columns(
+        [pl.col(c).cast(t) for c, t in schema.items()]
+    ).with_columns([pl.col(c).fill_nan(None) for c in VITAL_COLUMNS])
+    centers = centers_table(cohort, window_start=dict(zip(center_ids.tolist(), w_start.tolist())))
+    return cohort, centers
+
+
+def centers_table(cohort: pl.DataFrame, window_start: dict[str, int] | None = None) -> pl.DataFrame:
+    """Per-center aggregates of a cohort frame (centers.parquet contract; cohort-level only).
+
+    ``meta_year`` is the mean admit_year of the train split / 2030; ``meta_log_n_train`` is
+    ln(n_train); the ``meta_cci_*`` columns are Charlson prevalences over the train split.
+    ``window_start`` maps center_id to its first shifted year (window_end = start + 1); null
+    when not given.
+    """
+    train = pl.col("split") == "train"
+    aggs = [
+        pl.col("care_unit").first(),
+        train.sum().cast(pl.Int64).alias("n_train"),
+        (pl.col("split") == "val").sum().cast(pl.Int64).alias("n_val"),
+        (pl.col("split") == "test").sum().cast(pl.Int64).alias("n_test"),
+        pl.col("label").cast(pl.Float64).mean().alias("pos_rate"),
+        pl.col("label").filter(train).cast(pl.Float64).mean().alias("meta_pos_rate"),
+        train.sum().cast(pl.Float64).log().alias("meta_log_n_train"),
+        (pl.col("admit_year").filter(train).cast(pl.Float64).mean() / 2030.0).alias("meta_year"),
+        *[pl.col(c).filter(train).cast(pl.Float64).mean().alias(f"meta_{c}") for c in CCI_COLUMNS],
+    ]
+    out = cohort.group_by("center_id", maintain_order=True).agg(aggs)
+    ws = window_start or {}
+    out = out.with_columns(
+        pl.col("center_id").replace_strict(ws, default=None, return_dtype=pl.Int32).alias("window_start"),
+    ).with_columns((pl.col("window_start") + 1).alias("window_end"))
+    return out.select(list(CENTER_COLUMNS))
+
+
+def write_fedprox_cohort(out: str | Path, **kwargs: object) -> Path:
+    """Generate with :func:`generate_fedprox_cohort` and write ``cohort.parquet`` + ``centers.parquet``
+    into ``out`` atomically. Returns the directory path."""
+    cohort, centers = generate_fedprox_cohort(**kwargs)  # type: ignore[arg-type]
+    with atomic_output_dir(out) as tmp:
+        cohort.write_parquet(tmp / "cohort.parquet")
+        centers.write_parquet(tmp / "centers.parquet")
+    return Path(out)

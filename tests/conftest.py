@@ -1,0 +1,26 @@
+"""Shared fixtures: paths to the real open data in ../shared/data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("ABPS_SHARED", REPO.parent / "shared"))
+MIMIC_DEMO = SHARED / "data" / "mimic-iv-demo"
+EICU_DEMO = SHARED / "data" / "eicu-demo"
+
+
+@pytest.fixture(scope="session")
+def mimic_demo_dir() -> Path:
+    """The real MIMIC-IV demo v2.2 (CI has ../shared beside the clone)."""
+    assert (MIMIC_DEMO / "icu" / "icustays.csv.gz").is_file(), f"MIMIC-IV demo not found at {MIMIC_DEMO}"
+    return MIMIC_DEMO
+
+
+@pytest.fixture(scope="session")
+def eicu_demo_dir() -> Path:
+    assert (EICU_DEMO / "patient.csv.gz").is_file(), f"eICU demo not found at {EICU_DEMO}"
+    return EICU_DEMO
