@@ -211,8 +211,10 @@ def _vitals_sql(t: dict[str, Table], from_hours: float) -> str:
       AND c.charttime >= w.t0 AND c.charttime <= w.t1
     GROUP BY c.stay_id, m.vital, c.charttime
     """
+    # Rounded to 1e-6 so that the thread-dependent order of floating-point sums cannot change
+    # the output from run to run (same input, same bytes).
     aggs = ", ".join(
-        f"{fn}(v) FILTER (WHERE vital = '{v}') AS {v}_{a}"
+        f"round({fn}(v) FILTER (WHERE vital = '{v}'), 6) AS {v}_{a}"
         for v in VITALS for a, fn in (("mean", "avg"), ("min", "min"), ("max", "max"))
     )
     return f"SELECT stay_id, {aggs} FROM ({per_time}) GROUP BY stay_id"

@@ -1,0 +1,189 @@
+"""Baseline methods of the ABPS paper's Table 1 (Sec. 6.2), as mixing matrices and loss terms."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from federation.engine import Batch, Params, forward
+from federation.methods.base import Context, Method, RoundPlan
+
+
+def fedavg_matrix(n_train: torch.Tensor) -> torch.Tensor:
+    """FedAvg's rank-one mixing matrix ``W = 1 p^T`` with ``p_j = n_j / sum_k n_k``
+    (McMahan et al. 2017, Alg. 1: ``w_{t+1} = sum_k (n_k / n) w^k_{t+1}``). ``[n, n]`` float64."""
+    p = n_train.double() / n_train.double().sum()
+    return p.unsqueeze(0).expand(n_train.shape[0], -1).clone()
+
+
+def _sq_dist(params: Params, ref: Params, keys: tuple[str, ...]) -> torch.Tensor:
+    """``[a]`` squared L2 distance per center over ``keys``."""
+    return sum(((params[k] - ref[k]) ** 2).flatten(1).sum(1) for k in keys)  # type: ignore[return-value]
+
+
+class LocalOnly(Method):
+    """Local-only: each center trains on its own data and never exchanges
+    (Table 1's no-collaboration lower bound). ``W = I``, no edges, zero bytes."""
+
+    name = "local"
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        return RoundPlan(w=None)
+
+
+class Centralized(Method):
+    """Centralized: one MLP trained on the union of all centers' train rows (non-federated
+    upper bound, Table 1 caption); evaluated on every center's own test split. No model
+    crosses the network in this reference, so the ledger stays at zero."""
+
+    name = "centralized"
+    pooled = True
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        return RoundPlan(w=None)
+
+
+class FedAvg(Method):
+    """FedAvg (McMahan et al. 2017, Alg. 1, full participation C = 1): after local training
+    every center receives the sample-weighted mean ``sum_k (n_k / n) theta_k`` of the
+    exchanged block; a star of n center-server edges carries a model each round."""
+
+    name = "fedavg"
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        return RoundPlan(w=fedavg_matrix(ctx.n_train), server_links=ctx.n)
+
+
+class FedAvgPQ(FedAvg):
+    """FedAvg+P+Q (ABPS paper Sec. 6.4, Table 1): FedAvg with the last layer personalized
+    (Arivazhagan et al. 2019) and a bfloat16 wire format; bandwidth 0.5 x trunk share."""
+
+    name = "fedavg-pq"
+    default_config: ClassVar[dict[str, Any]] = {"exchange": {"head_layers": 1, "bf16_wire": True}}
+
+
+class FedAvgX(FedAvg):
+    """FedAvg-X (ABPS paper Sec. 6.4, "fair comparator"): FedAvg with a 2-layer personalized
+    head, bf16 wire, server EMA momentum beta = 0.5 and validation-AUROC early stopping
+    (patience 10, at most 100 rounds)."""
+
+    name = "fedavg-x"
+    default_config: ClassVar[dict[str, Any]] = {
+        "exchange": {"head_layers": 2, "bf16_wire": True, "server_momentum": 0.5},
+        "early_stopping": {"enabled": True, "patience": 10, "max_rounds": 100},
+    }
+
+
+class FedProxParams(BaseModel):
+    """FedProx's proximal weight mu."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mu: float = Field(0.01, ge=0.0)
+
+
+class FedProx(FedAvg):
+    """FedProx (Li et al. 2020, Eq. 2 / Alg. 2): center k minimizes
+    ``h_k(w; w^t) = F_k(w) + (mu / 2) ||w - w^t||^2`` where ``w^t`` is the model it received
+    at the start of the round; aggregation as FedAvg (sample-weighted)."""
+
+    name = "fedprox"
+    Params = FedProxParams
+
+    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+        ref = {k: ctx.round_start[k][batch.centers] for k in ctx.exchanged}
+        return 0.5 * self.p.mu * _sq_dist(params, ref, ctx.exchanged)  # type: ignore[attr-defined]
+
+
+class FedDynParams(BaseModel):
+    """FedDyn's regularization weight alpha."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    alpha: float = Field(0.01, gt=0.0)
+
+
+class FedDyn(Method):
+    """FedDyn (Acar et al. 2021, Alg. 1), full participation (P_t = all n centers).
+
+    Center k minimizes ``L_k(theta) - <g_k, theta> + (alpha/2) ||theta - theta^{t-1}||^2``
+    (Eq. 1 / Alg. 1 line 5), then updates its linear term
+    ``g_k <- g_k - alpha (theta_k^t - theta^{t-1})`` (line 6; g_k = grad L_k(theta_k^t)).
+    The server keeps ``h^t = h^{t-1} - alpha (1/m) sum_k (theta_k^t - theta^{t-1})`` (line 8)
+    and sends ``theta^t = (1/m) sum_k theta_k^t - h^t / alpha`` (line 9): the uniform mixing
+    matrix ``W = 1 1^T / n`` followed by the correction in :meth:`after_mix`. The state h is
+    stored per receiving center (identical rows), so it composes with the wire transform.
+    """
+
+    name = "feddyn"
+    Params = FedDynParams
+
+    def setup(self, ctx: Context) -> None:
+        self.g = {k: torch.zeros_like(ctx.params[k]) for k in ctx.exchanged}
+        self.h = {k: torch.zeros_like(ctx.params[k]) for k in ctx.exchanged}
+
+    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+        a = self.p.alpha  # type: ignore[attr-defined]
+        idx = batch.centers
+        lin = sum((self.g[k][idx] * params[k]).flatten(1).sum(1) for k in ctx.exchanged)
+        ref = {k: ctx.round_start[k][idx] for k in ctx.exchanged}
+        return -lin + 0.5 * a * _sq_dist(params, ref, ctx.exchanged)
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        a = self.p.alpha  # type: ignore[attr-defined]
+        for k in ctx.exchanged:
+            self.g[k] -= a * (ctx.pre_exchange[k] - ctx.round_start[k])
+        w = torch.full((ctx.n, ctx.n), 1.0 / ctx.n, dtype=torch.float64)
+        return RoundPlan(w=w, server_links=ctx.n)
+
+    def after_mix(self, ctx: Context, round_idx: int, prev: Params, mixed: Params) -> Params:
+        a = self.p.alpha  # type: ignore[attr-defined]
+        for k in mixed:
+            self.h[k] = self.h[k] - a * (mixed[k] - prev[k])
+        return {k: mixed[k] - self.h[k] / a for k in mixed}
+
+
+class MoonParams(BaseModel):
+    """MOON's contrastive weight mu and temperature tau."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    mu: float = Field(1.0, ge=0.0)
+    temperature: float = Field(0.5, gt=0.0)
+
+
+class Moon(FedAvg):
+    """MOON (Li, He, Song 2021, Eq. 3-4): center i adds
+    ``mu * l_con`` with ``l_con = -log( exp(sim(z, z_glob)/tau) /
+    (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )``, where z is the representation
+    (trunk output: the second hidden layer, input of the last linear layer) of the model
+    being trained, z_glob that of the model received at the start of the round, z_prev that
+    of the center's own local model after its previous round of training (round 0: the
+    received model), sim = cosine similarity; the frozen models run in eval mode.
+    Aggregation as FedAvg."""
+
+    name = "moon"
+    Params = MoonParams
+
+    def setup(self, ctx: Context) -> None:
+        self.prev_local: Params | None = None
+
+    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+        idx = batch.centers
+        with torch.no_grad():
+            z_glob = forward({k: v[idx] for k, v in ctx.round_start.items()}, batch.x)[1]
+            prev = self.prev_local if self.prev_local is not None else ctx.round_start
+            z_prev = forward({k: v[idx] for k, v in prev.items()}, batch.x)[1]
+        tau = self.p.temperature  # type: ignore[attr-defined]
+        s_g = F.cosine_similarity(batch.rep, z_glob, dim=-1) / tau
+        s_p = F.cosine_similarity(batch.rep, z_prev, dim=-1) / tau
+        l_con = F.softplus(s_p - s_g)  # = -log(e^{s_g} / (e^{s_g} + e^{s_p}))
+        rows = batch.rows.to(l_con.dtype)
+        return self.p.mu * (l_con * rows).sum(1) / rows.sum(1)  # type: ignore[attr-defined]
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        self.prev_local = {k: v.clone() for k, v in ctx.pre_exchange.items()}
+        return super().plan_round(ctx, round_idx)
+
+
+BASELINES: tuple[type[Method], ...] = (Centralized, LocalOnly, FedAvg, FedProx, FedDyn, Moon, FedAvgPQ, FedAvgX)
