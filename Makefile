@@ -11,7 +11,13 @@ DEMO_DIR ?= demo_out
 
 install: $(STAMP)
 
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+
 $(STAMP): pyproject.toml
+	@# Fashion-MNIST (real data for the image benchmarks) comes from Debian's dataset-fashion-mnist.
+	@test -d $(FMNIST_DIR) || { command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null) ; } || \
+	  echo "warning: could not install dataset-fashion-mnist (needs root); image benchmarks need it"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

@@ -1,0 +1,144 @@
+"""Client shards and communication graphs of the SAGE benchmark (Sec. V-A).
+
+A Dirichlet(alpha) label partition (``etl.images.dirichlet_partition``) assigns training images to
+K clients; each client's shard is split 80 / 10 / 10 into local-optimisation, anchor-pool and
+local-evaluation parts, disjoint. The data set's test set stays shared for global accuracy and
+macro-F1. Index tables are padded with -1 along a leading client axis so every later computation
+is stacked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import torch
+from torch import Tensor
+
+from etl.errors import InputError
+from etl.images import ImageDataset, dirichlet_partition
+
+
+@dataclass
+class ClientShards:
+    """Per-client row indices into the training images, padded to a common width.
+
+    Attributes:
+        train_index / anchor_index / eval_index: long [K, N_max_split] rows of ``x_train``
+            (padding 0; use the counts).
+        n_train / n_anchor / n_eval: long [K] valid entries per client.
+        x_train: uint8 [N, C, H, W]; y_train: long [N]; x_test: uint8 [N_test, C, H, W];
+        y_test: long [N_test]; n_classes: int.
+    """
+
+    train_index: Tensor
+    anchor_index: Tensor
+    eval_index: Tensor
+    n_train: Tensor
+    n_anchor: Tensor
+    n_eval: Tensor
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    n_classes: int
+
+    @property
+    def n_clients(self) -> int:
+        return int(self.n_train.shape[0])
+
+
+def _pad(parts: list[np.ndarray]) -> tuple[Tensor, Tensor]:
+    width = max(1, max(len(p) for p in parts))
+    out = np.zeros((len(parts), width), dtype=np.int64)
+    for i, p in enumerate(parts):
+        out[i, :len(p)] = p
+    return torch.from_numpy(out), torch.tensor([len(p) for p in parts], dtype=torch.long)
+
+
+def subsample(ds: ImageDataset, n_train: int | None, n_test: int | None, seed: int) -> ImageDataset:
+    """Uniformly random subsets of the train / test sets (for quick runs and tests)."""
+    rng = np.random.default_rng(seed + 7919)
+    xtr, ytr, xte, yte = ds.x_train, ds.y_train, ds.x_test, ds.y_test
+    if n_train is not None and n_train < len(ytr):
+        i = np.sort(rng.choice(len(ytr), n_train, replace=False))
+        xtr, ytr = xtr[i], ytr[i]
+    if n_test is not None and n_test < len(yte):
+        i = np.sort(rng.choice(len(yte), n_test, replace=False))
+        xte, yte = xte[i], yte[i]
+    return ImageDataset(xtr, ytr, xte, yte, ds.n_classes, ds.name)
+
+
+def make_shards(ds: ImageDataset, n_clients: int, alpha: float, seed: int,
+                split: tuple[float, float, float] = (0.8, 0.1, 0.1), min_size: int = 10) -> ClientShards:
+    """Dirichlet(alpha) partition over K clients, each shard split train / anchor / eval (Sec. V-A).
+
+    Client k's shard of n_k images is shuffled and cut into n_k - a - e training, a anchor-pool and
+    e local-evaluation images with a = round(split[1] n_k), e = round(split[2] n_k).
+
+    Raises:
+        InputError: bad K / alpha, or the partition cannot give every client ``min_size`` images.
+    """
+    if abs(sum(split) - 1.0) > 1e-9 or min(split) < 0:
+        raise InputError(f"sage config: split must be three non-negative fractions summing to 1, got {split}")
+    parts = dirichlet_partition(ds.y_train, n_clients, alpha, seed, min_size=min_size)
+    rng = np.random.default_rng(seed + 104729)
+    tr, an, ev = [], [], []
+    for p in parts:
+        p = rng.permutation(p)
+        a = int(round(split[1] * len(p)))
+        e = int(round(split[2] * len(p)))
+        an.append(p[:a])
+        ev.append(p[a:a + e])
+        tr.append(p[a + e:])
+    ti, tn = _pad(tr)
+    ai, anc = _pad(an)
+    ei, en = _pad(ev)
+    return ClientShards(ti, ai, ei, tn, anc, en, torch.from_numpy(np.ascontiguousarray(ds.x_train)),
+                        torch.from_numpy(ds.y_train.astype(np.int64)),
+                        torch.from_numpy(np.ascontiguousarray(ds.x_test)),
+                        torch.from_numpy(ds.y_test.astype(np.int64)), ds.n_classes)
+
+
+def make_graph(kind: str, n_clients: int, seed: int, er_p: float = 0.15, ba_m: int = 3,
+               max_tries: int = 1000) -> nx.Graph:
+    """The configuration's communication graph (Sec. V-A), shared by every selector.
+
+    ``er``: Erdos-Renyi G(K, p), redrawn with seeds seed, seed+1, ... until connected.
+    ``ba``: Barabasi-Albert with m edges per new node (connected by construction).
+
+    Raises:
+        InputError: unknown kind, bad parameters, or no connected ER draw in ``max_tries``.
+    """
+    if n_clients < 2:
+        raise InputError(f"sage config: n_clients must be >= 2, got {n_clients}")
+    if kind == "er":
+        if not 0 < er_p <= 1:
+            raise InputError(f"sage config: er_p must be in (0, 1], got {er_p}")
+        for i in range(max_tries):
+            g = nx.erdos_renyi_graph(n_clients, er_p, seed=seed + i)
+            if nx.is_connected(g):
+                return g
+        raise InputError(f"sage config: no connected Erdos-Renyi graph with K={n_clients}, p={er_p} "
+                         f"in {max_tries} draws; raise er_p")
+    if kind == "ba":
+        if not 1 <= ba_m < n_clients:
+            raise InputError(f"sage config: ba_m must be in [1, n_clients), got {ba_m}")
+        return nx.barabasi_albert_graph(n_clients, ba_m, seed=seed)
+    raise InputError(f"sage config: graph must be 'er' or 'ba', got {kind!r}")
+
+
+def neighbour_table(g: nx.Graph) -> tuple[Tensor, Tensor, Tensor]:
+    """Sorted neighbour lists padded to the maximum degree.
+
+    Returns:
+        (cand long [K, D] with -1 padding, cand_valid bool [K, D], degree long [K]); D >= 2.
+    """
+    k = g.number_of_nodes()
+    nbrs = [sorted(g.neighbors(i)) for i in range(k)]
+    d = max(2, max(len(n) for n in nbrs))
+    cand = torch.full((k, d), -1, dtype=torch.long)
+    for i, n in enumerate(nbrs):
+        cand[i, :len(n)] = torch.tensor(n, dtype=torch.long)
+    return cand, cand >= 0, torch.tensor([len(n) for n in nbrs], dtype=torch.long)

@@ -1,0 +1,289 @@
+"""The round loop: local training (stacked) -> plan -> exchange -> after_exchange -> metrics.
+
+:func:`run_one` runs one (method, seed) on a :class:`FederatedData`; :func:`run_training`
+runs several seeds with MLflow tracking and writes ``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from etl.io import atomic_write_text
+from federation.config import RunConfig
+from federation.data import FederatedData
+from federation.engine import AdamState, Params, StackedEngine, _mix_int, n_params
+from federation.ledger import Ledger
+from federation.methods import Context, Method, get_method
+from federation.metrics import batched_auroc, summarize
+from federation.mixing import apply_momentum, check_row_stochastic, exchanged_keys, head_keys, mix_params
+
+RoundCallback = Callable[[int, dict[str, float]], None]
+
+
+@dataclass
+class RunResult:
+    """Outcome of one (method, seed) run. AUROC values are test-split means across centers
+    (std across centers) at the final round, or at the best val round with early stopping."""
+
+    method: str
+    seed: int
+    rounds_run: int
+    best_round: int
+    final_auroc_mean: float
+    final_auroc_std: float
+    final_val_auroc_mean: float
+    n_excluded_test: int
+    total_bytes: int
+    model_bytes: int
+    probe_bytes: int
+    metadata_bytes: int
+    rel_bandwidth: float
+    history: list[dict[str, float]] = field(default_factory=list)
+    per_center: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """The results.json entry of this seed (no history, no per-center detail)."""
+        d = asdict(self)
+        d.pop("history")
+        d.pop("per_center")
+        return d
+
+
+def _clone(p: Params) -> Params:
+    return {k: v.clone() for k, v in p.items()}
+
+
+def _evaluate(engine: StackedEngine, params: Params, split: str) -> torch.Tensor:
+    s = engine.data.splits[split]
+    return batched_auroc(engine.predict(params, split), s.y, s.mask)
+
+
+def run_one(cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None) -> RunResult:
+    """Run one method for one seed.
+
+    Args:
+        cfg: validated run config (``cfg.method`` must be registered).
+        data: the federation.
+        seed: run seed (parameters, batch order, dropout, method draws).
+        on_round: called after every round with (round number, metrics dict).
+
+    Returns:
+        :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
+    """
+    cls = get_method(cfg.method)
+    method: Method = cls(cls.Params.model_validate(cfg.params))
+    torch.manual_seed(_mix_int(seed, 0xAB))  # nothing should draw from the global stream; pin it anyway
+    engine = StackedEngine(data, cfg.engine, seed)
+    train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
+    ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
+    sizes = n_params(data.d, engine.hidden)
+    ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
+    ctx = Context(cfg=cfg, data=data, engine=engine, seed=seed, ledger=ledger, exchanged=ex, head=hd,
+                  bf16=cfg.exchange.bf16_wire, rng=torch.Generator().manual_seed(_mix_int(seed, 0x3E7)))
+    train_params = train_engine.init_params()
+    state = AdamState.zeros_like(train_params)
+
+    def eval_params() -> Params:
+        if cls.pooled:
+            return {k: v.expand(data.n_centers, *v.shape[1:]) for k, v in train_params.items()}
+        return train_params
+
+    ctx.params = eval_params()
+    method.setup(ctx)
+    local_loss = (lambda p, b: method.local_loss(ctx, p, b)) if cls.has_local_loss() else None
+    payload = sum(sizes[k] for k in ex)
+    bpp = 2 if cfg.exchange.bf16_wire else 4
+    momentum: Params | None = None
+    es = cfg.early_stopping
+    best = (-math.inf, -1, None)  # (val mean, round, params)
+    history: list[dict[str, float]] = []
+    last_val = last_test = None
+    rounds_run = 0
+    for r in range(cfg.max_rounds):
+        ctx.round_start = _clone(eval_params())
+        if cfg.engine.reset_optimizer_each_round:
+            state = AdamState.zeros_like(train_params)
+        train_engine.train_round(train_params, state, r, local_loss)
+        ctx.params = eval_params()
+        ctx.pre_exchange = _clone(ctx.params)
+        plan = method.plan_round(ctx, r)
+        if plan.w is not None and not cls.pooled:
+            check_row_stochastic(plan.w)
+            mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
+            prev = {k: ctx.round_start[k] for k in ex}
+            mixed = method.after_mix(ctx, r, prev, mixed)
+            if cfg.exchange.server_momentum > 0:
+                mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
+            for k in ex:
+                train_params[k].copy_(mixed[k])
+        rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
+                           payload, bpp, plan.probe_bytes, plan.metadata_bytes)
+        extras = method.after_exchange(ctx, r, plan)
+        params_now = eval_params()
+        last_val, last_test = _evaluate(engine, params_now, "val"), _evaluate(engine, params_now, "test")
+        sv, st = summarize(last_val), summarize(last_test)
+        metrics = {
+            "val_auroc_mean": sv.mean, "val_auroc_std": sv.std, "test_auroc_mean": st.mean,
+            "test_auroc_std": st.std, "val_excluded": float(sv.n_excluded), "test_excluded": float(st.n_excluded),
+            "round_bytes": float(rb.model_bytes), "cum_bytes": float(ledger.model_bytes),
+            "cum_probe_bytes": float(ledger.probe_bytes), "cum_metadata_bytes": float(ledger.metadata_bytes),
+            "rel_bandwidth": ledger.relative_bandwidth, "edges": float(rb.edges),
+            **{k: float(v) for k, v in extras.items()},
+        }
+        history.append({"round": float(r + 1), **metrics})
+        rounds_run = r + 1
+        if on_round is not None:
+            on_round(r + 1, metrics)
+        if es.enabled:
+            if sv.mean > best[0]:
+                best = (sv.mean, r, (_clone(train_params), last_val.clone(), last_test.clone()))
+            elif r - best[1] >= es.patience:
+                break
+    best_round = rounds_run
+    if es.enabled and best[2] is not None:
+        restored, last_val, last_test = best[2]
+        for k in train_params:
+            train_params[k].copy_(restored[k])
+        best_round = best[1] + 1
+    sv, st = summarize(last_val), summarize(last_test)
+    s_tr, s_va, s_te = (data.splits[s].n for s in ("train", "val", "test"))
+    per_center = {
+        cid: {"val_auroc": float(last_val[i]), "test_auroc": float(last_test[i]), "n_train": int(s_tr[i]),
+              "n_val": int(s_va[i]), "n_test": int(s_te[i])}
+        for i, cid in enumerate(data.center_ids)
+    }
+    return RunResult(
+        method=cfg.method, seed=seed, rounds_run=rounds_run, best_round=best_round,
+        final_auroc_mean=st.mean, final_auroc_std=st.std, final_val_auroc_mean=sv.mean,
+        n_excluded_test=st.n_excluded, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
+        probe_bytes=ledger.probe_bytes, metadata_bytes=ledger.metadata_bytes,
+        rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
+    )
+
+
+def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> dict[str, Any]:
+    """results.json content: config, per-seed summaries, and mean / std across seeds."""
+    def agg(key: str) -> dict[str, float]:
+        vals = [getattr(r, key) for r in results]
+        return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0}
+
+    return {
+        "method": cfg.method,
+        "cohort": cohort,
+        "config": cfg.model_dump(mode="json"),
+        "seeds": {str(r.seed): r.summary() for r in results},
+        "summary": {k: agg(k) for k in ("final_auroc_mean", "final_auroc_std", "rel_bandwidth", "total_bytes",
+                                        "rounds_run")},
+    }
+
+
+def run_training(
+    cfg: RunConfig,
+    cohort_dir: str | Path,
+    seeds: list[int],
+    output: str | Path | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = "abps",
+    progress: bool = True,
+    track: bool = True,
+) -> dict[str, Any]:
+    """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
+
+    One MLflow parent run per invocation, one nested child run per (method, seed) with the
+    full config as params, per-round metrics, and the artifacts ``per_center.json`` (final
+    per-center metrics keyed by center_id), ``config.json``; the parent gets
+    ``results.json``. Nothing row-level is logged.
+
+    Raises:
+        InputError: bad cohort directory or unknown method.
+    """
+    from federation.tracking import Tracker
+
+    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
+    results: list[RunResult] = []
+    tracker = Tracker(tracking_uri, experiment) if track else None
+    bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
+    parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
+                     "d_features": data.d}
+    with bar, (tracker.parent(f"{cfg.method}", parent_params) if tracker else _null()):
+        for seed in seeds:
+            bar.start_seed(seed)
+            with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed}, {"method": cfg.method,
+                                                                            "seed": str(seed)})
+                  if tracker else _null()):
+                if tracker:
+                    tracker.log_dict_params(cfg.model_dump(mode="json"))
+
+                def on_round(step: int, m: dict[str, float]) -> None:
+                    if tracker:
+                        tracker.log_metrics(m, step)
+                    bar.advance(m)
+
+                res = run_one(cfg, data, seed, on_round)
+                results.append(res)
+                if tracker:
+                    tracker.log_metrics({"final_auroc_mean": res.final_auroc_mean,
+                                         "final_auroc_std": res.final_auroc_std,
+                                         "rounds_run": float(res.rounds_run),
+                                         "best_round": float(res.best_round)}, res.rounds_run)
+                    tracker.log_json(res.per_center, "per_center.json")
+                    tracker.log_json(cfg.model_dump(mode="json"), "config.json")
+            bar.end_seed()
+        doc = results_document(cfg, str(cohort_dir), results)
+        if tracker:
+            tracker.log_json(doc, "results.json")
+    if output is not None:
+        atomic_write_text(output, json.dumps(doc, indent=2, allow_nan=True) + "\n")
+    return doc
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Progress:
+    """A rich progress display: one bar over seeds, one over the current seed's rounds."""
+
+    def __init__(self, enabled: bool, total_rounds: int, n_seeds: int, label: str) -> None:
+        self.enabled = enabled
+        self.total_rounds, self.n_seeds, self.label = total_rounds, n_seeds, label
+        self._p = None
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
+            self._p.__enter__()
+            self._seeds = self._p.add_task(f"{self.label} seeds", total=self.n_seeds, info="")
+            self._rounds = self._p.add_task("rounds", total=self.total_rounds, info="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._p is not None:
+            self._p.__exit__(None, None, None)
+
+    def start_seed(self, seed: int) -> None:
+        if self._p is not None:
+            self._p.reset(self._rounds, total=self.total_rounds, description=f"seed {seed} rounds", info="")
+
+    def advance(self, m: dict[str, float]) -> None:
+        if self._p is not None:
+            info = f"val AUROC {m['val_auroc_mean']:.3f}  bw {m['rel_bandwidth']:.2f}x"
+            self._p.update(self._rounds, advance=1, info=info)
+
+    def end_seed(self) -> None:
+        if self._p is not None:
+            self._p.update(self._seeds, advance=1)
