@@ -168,11 +168,14 @@ def forward_stacked(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.T
     """
     w1, b1 = params["conv1.weight"], params["conv1.bias"]
     n = w1.shape[0]
+    # channels-last activations: oneDNN convolutions and max-pooling over n*20 channels are
+    # several times faster on CPU in that memory format
+    cl = torch.channels_last
     if x.dim() == 4:  # shared input: one (non-grouped) conv over the n*20 stacked filters
-        h = F.conv2d(x, w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20))
+        h = F.conv2d(x.contiguous(memory_format=cl), w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20))
     else:
         bsz = x.shape[1]
-        xs = x.transpose(0, 1).reshape(bsz, n, 28, 28)
+        xs = x.transpose(0, 1).reshape(bsz, n, 28, 28).contiguous(memory_format=cl)
         h = F.conv2d(xs, w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20), groups=n)
     h = F.max_pool2d(h, 2)
     h = F.conv2d(h, params["conv2.weight"].reshape(n * 50, 20, 5, 5), params["conv2.bias"].reshape(n * 50),
@@ -204,11 +207,13 @@ def stacked_gradients(flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, engi
         InputError: unknown engine.
     """
     if engine == "grouped":
-        leaf = flat.detach().requires_grad_(True)
-        logits = forward_stacked(layout.views(leaf), x)
+        # one leaf per tensor: gradients of slices of a single flat leaf would each allocate and
+        # zero-fill a full [n, P] buffer
+        leaves = {k: v.detach().requires_grad_(True) for k, v in layout.views(flat).items()}
+        logits = forward_stacked(leaves, x)
         per_node = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape).mean(1)
-        (g,) = torch.autograd.grad(per_node.sum(), leaf)
-        return g, per_node.detach()
+        grads = torch.autograd.grad(per_node.sum(), list(leaves.values()))
+        return layout.flatten(dict(zip(leaves, grads))), per_node.detach()
     if engine == "vmap":
         g = _vmapped_grad(layout.views(flat), x, y)
         with torch.no_grad():
