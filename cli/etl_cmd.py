@@ -33,7 +33,7 @@ def etl_command(
     care_units: str = typer.Option("MICU,MICU/SICU,CVICU,SICU,CCU,TSICU", help="Comma-separated short care-unit names."),
     min_age: float = typer.Option(18, help="Minimum age in years (inclusive)."),
     max_age: float = typer.Option(95, help="Maximum age in years (inclusive)."),
-    min_center_stays: int = typer.Option(50, help="Centers with fewer stays are dropped."),
+    min_center_stays: Optional[int] = typer.Option(None, help="Centers with fewer stays are dropped (default 50 for mimic, 10 for eicu)."),
     vitals_from_hours: float = typer.Option(0.0, help="Vital window start relative to intime, hours (0: [intime, +24h]; -6: mimic-code)."),
     comorbidity_source: str = typer.Option("same-admission", help="same-admission | earlier-admissions (leakage-free)."),
     split: str = typer.Option("0.7,0.15,0.15", help="train,val,test fractions."),
@@ -52,7 +52,8 @@ def etl_command(
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,
         care_units=tuple(u.strip() for u in care_units.split(",") if u.strip()),
-        min_age=min_age, max_age=max_age, min_center_stays=min_center_stays,
+        min_age=min_age, max_age=max_age,
+        min_center_stays=min_center_stays if min_center_stays is not None else (10 if source == "eicu" else 50),
         vitals_from_hours=vitals_from_hours, comorbidity_source=comorbidity_source,
         split_fractions=_fractions(split), n_centers=n_centers, alpha=alpha, seed=seed,
         threads=threads, memory_limit=memory_limit,
@@ -60,10 +61,8 @@ def etl_command(
     if source == "mimic":
         rep = run_etl(src_dir, out, opts)
     elif source == "eicu":
-        try:
-            from etl.eicu import run_eicu_etl
-        except ModuleNotFoundError:
-            raise InputError("--source eicu is not available in this build") from None
+        from etl.eicu import run_eicu_etl
+
         rep = run_eicu_etl(src_dir, out, opts)
     else:
         raise InputError(f"unknown --source '{source}' (choose from mimic, eicu)")

@@ -259,20 +259,20 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     try:
         t0 = time.perf_counter()
         con.execute(f"CREATE TEMP TABLE all_stays AS {_stays_sql(tables)}")
-        n_icu = con.execute(f"SELECT count(*) FROM {tables['icustays'].scan_sql(TYPES)}").fetchone()[0]
-        n_join = con.execute("SELECT count(*) FROM all_stays").fetchone()[0]
+        n_icu = con.execute(f"SELECT count(*) FROM {tables['icustays'].scan_sql(TYPES)}").fetchall()[0][0]
+        n_join = con.execute("SELECT count(*) FROM all_stays").fetchall()[0][0]
         att.add("ICU stays with admission and patient records", n_icu, n_join)
-        n_label = con.execute("SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL").fetchone()[0]
+        n_label = con.execute("SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL").fetchall()[0][0]
         att.add("known in-hospital outcome and intime", n_join, n_label)
         n_age = con.execute(
             "SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL AND age BETWEEN ? AND ?",
-            [opts.min_age, opts.max_age]).fetchone()[0]
+            [opts.min_age, opts.max_age]).fetchall()[0][0]
         att.add(f"age {opts.min_age:g} to {opts.max_age:g}", n_label, n_age)
         con.execute(
             "CREATE TEMP TABLE kept AS SELECT * FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL "
             "AND age BETWEEN ? AND ? AND care_unit IN (SELECT unnest(?::VARCHAR[]))",
             [opts.min_age, opts.max_age, units])
-        n_unit = con.execute("SELECT count(*) FROM kept").fetchone()[0]
+        n_unit = con.execute("SELECT count(*) FROM kept").fetchall()[0][0]
         att.add(f"care unit in {', '.join(units)}", n_age, n_unit)
         if n_unit == 0:
             raise InputError("empty cohort after the age and care-unit filters (check --care-units, --min-age, --max-age)")

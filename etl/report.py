@@ -97,6 +97,7 @@ def cohort_report(cohort: pl.DataFrame, centers: pl.DataFrame, attrition: list[d
     sizes = centers["n_train"] + centers["n_val"] + centers["n_test"]
     rep: dict = {
         "options": asdict(opts) if is_dataclass(opts) else dict(opts),
+        "source": "mimic",
         "attrition": attrition,
         "stays": cohort.height,
         "patients": cohort["subject_id"].n_unique(),
