@@ -271,7 +271,9 @@ VITAL_ITEMS: dict[int, tuple[int, float, float, bool, bool]] = {
 TRUTH_WINDOW_HOURS = 24.0  # intime <= charttime <= intime + 24 h, both ends inclusive
 
 # --------------------------------------------------------------------------------------------
-# Mortality model: logit p = b_u(tau) + sum_k w_uk(tau) x_k, tau = (year - 2155) / 45.
+# Mortality model of a stay in unit u, shifted intime year y, tau = (y - 2155) / 45:
+#   logit p = b_u + DRIFT_INTERCEPT tau + sum_k w_uk x_k + tau sum_k d_k w_uk (x_k - mean_k)
+# (b_u calibrated to UNIT_MORTALITY; an admission dies with the noisy-OR of its stays' p).
 # --------------------------------------------------------------------------------------------
 RISK_FEATURES = (
     "age", "hr", "hr_abn", "mbp_low", "spo2_low", "rr", "temp", "temp_abn", *CCI_COLUMNS,
@@ -298,9 +300,10 @@ _UNIT_MULT = {
     "Neuro SICU": dict(age=1.3, vitals=0.8, para=1.8, malig=1.3),
     "Neuro Stepdown": dict(age=1.4, vitals=0.6, para=1.5, dementia=1.5),
 }
-# Drift over the shifted year: vital weights scale by (1 + 0.4 tau), comorbidity and age weights
-# by (1 - 0.3 tau); the intercept moves by -0.3 tau (mortality falls slowly across years).
-DRIFT_VITALS, DRIFT_CHRONIC, DRIFT_INTERCEPT = 0.4, -0.3, -0.3
+# Drift over the shifted year: vital weights scale by (1 + 0.3 tau), comorbidity and age weights
+# by (1 - 0.3 tau), both acting on features centred on the cohort mean; the intercept moves by
+# -0.5 tau (mortality falls slowly across years).
+DRIFT_VITALS, DRIFT_CHRONIC, DRIFT_INTERCEPT = 0.3, -0.3, -0.5
 YEAR_CENTER, YEAR_SCALE = 2155.0, 45.0
 
 
@@ -338,7 +341,11 @@ def unit_weights() -> np.ndarray:
 
 
 def drift_factors() -> np.ndarray:
-    """Per-feature drift coefficients ``d`` with ``w(tau) = w * (1 + d * tau)``; shape ``[n_features]``."""
+    """Per-feature drift coefficients ``d``, shape ``[len(RISK_FEATURES)]``.
+
+    The effective weight of feature k at ``tau`` is ``w_uk (1 + d_k tau)``, applied to the feature
+    centred on the cohort mean (``etl.synth_cohort._features``).
+    """
     d = np.zeros(len(RISK_FEATURES))
     idx = {name: k for k, name in enumerate(RISK_FEATURES)}
     for k in ("hr", "hr_abn", "mbp_low", "spo2_low", "rr", "temp", "temp_abn"):
