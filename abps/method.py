@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from abps.beliefs import BetaBeliefs
 from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
-from abps.shapley import build_coalitions, clip_phi, shapley_from_utilities
+from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
 from federation.methods.base import Context, Method, RoundPlan
 
 __all__ = ["AbpsParams", "AbpsMethod", "PRESETS"]
@@ -119,6 +119,7 @@ class AbpsMethod(Method):
         self.candidates, self.tau_sim = candidate_mask(meta.double(), p.goal, p.keep_fraction, p.normalize_metadata)
         self.weights = ctx.n_train.double() if p.weighting == "samples" else None
         self.last: Matching | None = None
+        self.last_credit: ShapleyResult | None = None
         self.rested = torch.zeros(n, dtype=torch.long)
         self.partner_rounds = torch.zeros(n, dtype=torch.long)
         self.rounds_seen = 0
@@ -152,10 +153,15 @@ class AbpsMethod(Method):
             self._rng(ctx, round_idx, 1),
         )
         if coal.num_rows:
-            util = ctx.evaluate_mixtures(coal.mixing, coal.targets, split="val")
+            # rows ordered by the target's validation size (largest first), so that each evaluation
+            # chunk holds centers of similar size (less padding when the runtime trims per chunk)
+            order = torch.argsort(ctx.data.splits["val"].n[coal.targets], descending=True, stable=True)
+            util = torch.empty(coal.num_rows, dtype=torch.float64)
+            util[order] = ctx.evaluate_mixtures(coal.mixing[order], coal.targets[order], split="val").double()
         else:
             util = torch.zeros(0, dtype=torch.float64)
         res = shapley_from_utilities(coal, util)
+        self.last_credit = res
         phi_bar = clip_phi(res.phi, p.phi_min, p.phi_max)
         self.beliefs.update(phi_bar, res.observed)
 
@@ -206,6 +212,14 @@ class AbpsMethod(Method):
                 "candidates": int(cand[i]),
             })
         return rows
+
+
+    def artifacts(self, ctx: Context) -> dict[str, Any]:
+        """JSON artifacts of the run: ``{"abps_beliefs.json": [per-center rows]}`` (center ids only).
+
+        The runner logs each entry with ``tracker.log_json(obj, name)`` when the method defines this hook.
+        """
+        return {"abps_beliefs.json": self.belief_summary(ctx)}
 
 
 def _preset(name: str, doc: str, config: dict[str, Any]) -> type[AbpsMethod]:

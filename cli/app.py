@@ -28,7 +28,7 @@ def _register() -> None:
     """Import the command modules; each adds its commands to ``app`` / ``synth_app``."""
     import importlib
 
-    for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.train_cmd"):
+    for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:  # a command module not written yet

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
 
@@ -74,10 +74,6 @@ class RunConfig(_Strict):
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
-
-    @model_validator(mode="after")
-    def _rounds(self) -> "RunConfig":
-        return self
 
     @property
     def max_rounds(self) -> int:

@@ -29,7 +29,6 @@ from etl.errors import InputError
 from federation.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
-    CENTER_COLUMNS,
     META_BASE_COLUMNS,
     META_COLUMNS,
     NUMERIC_FEATURES,
@@ -231,4 +230,4 @@ class FederatedData:
         )
 
 
-__all__ = ["FederatedData", "SplitTensors", "CENTER_COLUMNS"]
+__all__ = ["FederatedData", "SplitTensors"]

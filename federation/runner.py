@@ -18,7 +18,7 @@ import torch
 from etl.io import atomic_write_text
 from federation.config import RunConfig
 from federation.data import FederatedData
-from federation.engine import AdamState, Params, StackedEngine, _mix_int, n_params
+from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.metrics import batched_auroc, summarize
@@ -47,13 +47,14 @@ class RunResult:
     rel_bandwidth: float
     history: list[dict[str, float]] = field(default_factory=list)
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
+    params: Params | None = None
+    artifacts: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """The results.json entry of this seed (no history, no per-center detail)."""
-        d = asdict(self)
-        d.pop("history")
-        d.pop("per_center")
-        return d
+        """The results.json entry of this seed (no history, per-center detail, parameters or
+        method artifacts)."""
+        skip = ("history", "per_center", "params", "artifacts")
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
 def _clone(p: Params) -> Params:
@@ -65,7 +66,9 @@ def _evaluate(engine: StackedEngine, params: Params, split: str) -> torch.Tensor
     return batched_auroc(engine.predict(params, split), s.y, s.mask)
 
 
-def run_one(cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None) -> RunResult:
+def run_one(
+    cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None, keep_params: bool = False
+) -> RunResult:
     """Run one method for one seed.
 
     Args:
@@ -73,20 +76,23 @@ def run_one(cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallb
         data: the federation.
         seed: run seed (parameters, batch order, dropout, method draws).
         on_round: called after every round with (round number, metrics dict).
+        keep_params: store the final stacked parameters ``[n, ...]`` in ``result.params``.
 
     Returns:
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
+    standalone = getattr(cls, "run_standalone", None)
+    if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
+        return standalone(cfg, data, seed, on_round)
     method: Method = cls(cls.Params.model_validate(cfg.params))
-    torch.manual_seed(_mix_int(seed, 0xAB))  # nothing should draw from the global stream; pin it anyway
     engine = StackedEngine(data, cfg.engine, seed)
     train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
     sizes = n_params(data.d, engine.hidden)
     ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
     ctx = Context(cfg=cfg, data=data, engine=engine, seed=seed, ledger=ledger, exchanged=ex, head=hd,
-                  bf16=cfg.exchange.bf16_wire, rng=torch.Generator().manual_seed(_mix_int(seed, 0x3E7)))
+                  bf16=cfg.exchange.bf16_wire, rng=torch.Generator().manual_seed(mix_seed(seed, 0x3E7)))
     train_params = train_engine.init_params()
     state = AdamState.zeros_like(train_params)
 
@@ -115,6 +121,9 @@ def run_one(cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallb
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
         if plan.w is not None and not cls.pooled:
+            if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
+                raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{data.n_centers}, "
+                                 f"{data.n_centers}], got {list(plan.w.shape)}")
             check_row_stochastic(plan.w)
             mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
             prev = {k: ctx.round_start[k] for k in ex}
@@ -165,7 +174,17 @@ def run_one(cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallb
         n_excluded_test=st.n_excluded, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
         probe_bytes=ledger.probe_bytes, metadata_bytes=ledger.metadata_bytes,
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
+        params={k: v.clone() for k, v in eval_params().items()} if keep_params else None,
+        artifacts=_method_artifacts(method, ctx),
     )
+
+
+def _method_artifacts(method: Method, ctx: Context) -> dict[str, Any]:
+    """The method's ``artifacts``: a mapping attribute or a hook ``artifacts(ctx) -> mapping``."""
+    art = getattr(method, "artifacts", None)
+    if art is None:
+        return {}
+    return dict(art(ctx) if callable(art) else art)
 
 
 def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> dict[str, Any]:
@@ -234,6 +253,8 @@ def run_training(
                                          "rounds_run": float(res.rounds_run),
                                          "best_round": float(res.best_round)}, res.rounds_run)
                     tracker.log_json(res.per_center, "per_center.json")
+                    for name, obj in res.artifacts.items():
+                        tracker.log_json(obj, name)
                     tracker.log_json(cfg.model_dump(mode="json"), "config.json")
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)

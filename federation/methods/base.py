@@ -27,7 +27,15 @@ A method is a small object holding its own state; the runner holds none of it. P
 ``cfg``, ``meta`` ``[n, 15]`` and ``meta_base`` ``[n, 3]`` (centers.parquet metadata vectors),
 ``n_train`` ``[n]``, ``params`` (live stacked parameters), ``round_start`` (a copy at the start
 of the round), ``pre_exchange`` (a copy after local training, i.e. the models sent this round),
-``exchanged`` / ``head`` key tuples, ``bf16``, and :meth:`Context.evaluate_mixtures`.
+``exchanged`` / ``head`` key tuples, ``bf16``, :meth:`Context.evaluate` (per-center AUROC of
+the live or given parameters) and :meth:`Context.evaluate_mixtures`.
+
+A class may instead provide ``run_standalone(cfg, data, seed, on_round) -> RunResult`` (a
+static method): :func:`federation.runner.run_one` then hands the whole run to it (BNN+FL trains
+a Bayesian MLP the point-estimate engine does not hold). A method object may expose
+``artifacts``: a mapping ``{file name: JSON-able object}`` or a hook ``artifacts(ctx) ->
+mapping`` called once after the last round (aggregates keyed by center_id only); the runner
+logs each entry as an MLflow artifact of the seed's run.
 
 Register a method by name with :func:`federation.methods.registry.register_method`.
 Class attributes: ``name``, ``Params`` (pydantic model of the method's own parameters,
@@ -115,6 +123,14 @@ class Context:
         return self.data.n_train
 
     @torch.no_grad()
+    def evaluate(self, split: str = "val", params: Params | None = None) -> torch.Tensor:
+        """``[n]`` float64 per-center AUROC of ``params`` (default: the live ``ctx.params``) on
+        each center's own ``split``; NaN for a one-class center."""
+        p = params if params is not None else self.params
+        s = self.data.splits[split]
+        return batched_auroc(self.engine.predict(p, split), s.y, s.mask)
+
+    @torch.no_grad()
     def evaluate_mixtures(
         self, wc: torch.Tensor, tc: torch.Tensor, split: str = "val", params: Params | None = None,
         chunk: int = 512,
@@ -132,7 +148,9 @@ class Context:
             wc: ``[m, n]`` non-negative rows summing to 1.
             tc: ``[m]`` int64 target centers.
             split: "val" or "test".
-            chunk: rows evaluated per batched forward (memory bound).
+            chunk: rows evaluated per batched forward (memory bound). Each chunk's forward runs
+                on the largest real row count among its targets (sorting rows by target split
+                size makes chunks tighter).
 
         Returns:
             ``[m]`` float64 AUROC (NaN where tc[r]'s split holds one class).
@@ -144,8 +162,9 @@ class Context:
             w, t = wc[lo : lo + chunk], tc[lo : lo + chunk]
             model = {k: (mix(w, theta[k], self.bf16, own=t) if k in self.exchanged else theta[k][t])
                      for k in theta}
-            logits = forward(model, s.x[t])[0]
-            out.append(batched_auroc(logits, s.y[t], s.mask[t]))
+            rows = int(s.n[t].max()) if t.numel() else 0  # real rows come first: trim the padding
+            logits = forward(model, s.x[t, :rows])[0]
+            out.append(batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows]))
         return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
 
 

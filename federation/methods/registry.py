@@ -1,6 +1,8 @@
 """Method registry: name -> class, used by ``abps train --method NAME``.
 
-Other packages add methods with ``register_method("abps", AbpsMethod)``.
+Other packages add methods with ``register_method("abps", AbpsMethod)``; the modules listed
+in :data:`PLUGINS` are imported on the first :func:`get_method` call so their methods appear
+in ``abps train --method``.
 """
 
 from __future__ import annotations
@@ -30,11 +32,15 @@ def get_method(name: str) -> type[Method]:
     return METHODS[key]
 
 
+#: Modules that register methods when imported (loaded on the first lookup, if present).
+PLUGINS: tuple[str, ...] = ("abps.methods", "federation.methods.decentralized", "federation.methods.bnn")
+
+
 def _load_plugins() -> None:
-    """Import packages that register methods on import (the ABPS package), if present."""
+    """Import the :data:`PLUGINS` modules that exist; each registers its methods on import."""
     import importlib
 
-    for mod in ("abps.methods",):
+    for mod in PLUGINS:
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks (not timed tests); run them all with ``python -m benchmarks.run``."""

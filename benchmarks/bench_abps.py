@@ -1,0 +1,135 @@
+"""Seconds per ABPS round (kappa 3, exact Shapley) against a FedAvg round at n = 230.
+
+Usage::
+
+    .venv/bin/python -m benchmarks.bench_abps [--centers 230] [--rounds 3] [--threads 1] [--out FILE.json]
+
+Runs FedAvg and base ABPS with the runtime's round loop (:func:`federation.runner.run_one`) on the
+synthetic default cohort (FedProx-Synthetic(1, 1), ``n`` centers, seed 0), times every round from the
+runner's per-round callback, and splits ABPS's extra cost into its hooks: ``plan_round`` (UCB +
+propose-reject + W) and ``after_exchange`` (coalition rows, the one batched ``evaluate_mixtures``
+call, Shapley and the Beta update). Also times the matching alone over 50 rounds. Prints a JSON
+document; ``--out`` also writes it atomically. The first round of each method is reported
+separately (warm-up) and excluded from the per-round mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _time_method(name: str, data, rounds: int, seed: int) -> dict[str, Any]:
+    from federation.config import build_config
+    from federation.methods import get_method
+    from federation.methods.registry import METHODS
+    from federation.runner import run_one
+
+    base_cls = get_method(name)
+    hook_s: dict[str, list[float]] = {"plan_round": [], "after_exchange": []}
+
+    class Timed(base_cls):  # type: ignore[misc, valid-type]
+        def plan_round(self, ctx, round_idx):
+            t0 = time.perf_counter()
+            out = super().plan_round(ctx, round_idx)
+            hook_s["plan_round"].append(time.perf_counter() - t0)
+            return out
+
+        def after_exchange(self, ctx, round_idx, plan):
+            t0 = time.perf_counter()
+            out = super().after_exchange(ctx, round_idx, plan)
+            hook_s["after_exchange"].append(time.perf_counter() - t0)
+            return out
+
+    key = f"{name}-bench-timed"
+    METHODS[key] = Timed
+    stamps: list[float] = []
+    try:
+        cfg = build_config(name, base_cls.default_config, None, rounds=rounds)
+        cfg = cfg.model_copy(update={"method": key})
+        t_start = time.perf_counter()
+        res = run_one(cfg, data, seed, on_round=lambda r, m: stamps.append(time.perf_counter()))
+    finally:
+        METHODS.pop(key, None)
+    per_round = np.diff([t_start, *stamps]).tolist()
+    steady = per_round[1:] if len(per_round) > 1 else per_round
+    out: dict[str, Any] = {
+        "seconds_per_round": statistics.fmean(steady),
+        "first_round_s": per_round[0],
+        "rounds_s": per_round,
+        "final_val_auroc_mean": res.final_val_auroc_mean,
+    }
+    for k, v in hook_s.items():
+        if v:
+            out[f"{k}_s"] = statistics.fmean(v[1:] if len(v) > 1 else v)
+    if res.history and "coalitions_evaluated" in res.history[-1]:
+        out["coalitions_per_round"] = statistics.fmean(h["coalitions_evaluated"] for h in res.history)
+        out["mean_partners"] = statistics.fmean(h["mean_partners"] for h in res.history)
+    return out
+
+
+def _time_matching(n: int, reps: int = 50) -> float:
+    from abps.beliefs import BetaBeliefs
+    from abps.matching import propose_reject
+
+    g = torch.Generator().manual_seed(0)
+    b = BetaBeliefs.prior(n)
+    b.update(torch.rand(n, n, generator=g, dtype=torch.float64), torch.rand(n, n, generator=g) < 0.05)
+    ucb = b.ucb(10, 2.0)
+    cand = ~torch.eye(n, dtype=torch.bool)
+    t0 = time.perf_counter()
+    for r in range(reps):
+        propose_reject(ucb, cand, 3, 0.5, 0.1, np.random.default_rng(r))
+    return (time.perf_counter() - t0) / reps
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and prints) the result document."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--centers", type=int, default=230)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+
+    from federation.data import FederatedData
+    from federation.synthetic import generate_fedprox_cohort
+
+    cohort, centers = generate_fedprox_cohort(a.centers, seed=0)
+    data = FederatedData.from_frames(cohort, centers)
+    fedavg = _time_method("fedavg", data, a.rounds, a.seed)
+    abps = _time_method("abps", data, a.rounds, a.seed)
+    doc = {
+        "benchmark": "abps round vs fedavg round",
+        "centers": data.n_centers,
+        "features": data.d,
+        "train_rows": int(data.n_train.sum()),
+        "rounds": a.rounds,
+        "threads": a.threads,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "fedavg": fedavg,
+        "abps": abps,
+        "abps_over_fedavg": abps["seconds_per_round"] / fedavg["seconds_per_round"],
+        "matching_only_s": _time_matching(data.n_centers),
+    }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if a.out:
+        from etl.io import atomic_write_text
+
+        atomic_write_text(a.out, text + "\n")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

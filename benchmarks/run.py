@@ -1,0 +1,40 @@
+"""Run every ``benchmarks/bench_*.py`` module's ``main()`` in name order (``make bench``).
+
+``python -m benchmarks.run [NAME ...]`` runs only the modules whose name contains one of
+the given substrings. Each benchmark writes its own files under ``bench_out/``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+
+def discover() -> list[str]:
+    """Module names ``benchmarks.bench_*`` found next to this file, sorted."""
+    here = Path(__file__).resolve().parent
+    return [f"benchmarks.{p.stem}" for p in sorted(here.glob("bench_*.py"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the selected benchmarks; returns the number that raised."""
+    wanted = sys.argv[1:] if argv is None else argv
+    failures = 0
+    for name in discover():
+        if wanted and not any(w in name for w in wanted):
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module(name).main()
+        except Exception as exc:  # keep going: one broken benchmark must not hide the others
+            failures += 1
+            print(f"!! {name} failed: {exc.__class__.__name__}: {exc}", flush=True)
+        print(f"== {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() else 0)

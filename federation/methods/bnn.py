@@ -1,0 +1,339 @@
+"""BNN+FL: federated mean-field Bayesian MLP (ABPS paper Sec. 6.2, "Bayesian FL", Saile et al. 2024 style).
+
+The local model has the shape of the runtime's MLP (``d -> 128 -> 64 -> 1``, ReLU) but every
+weight and bias is a Gaussian ``q(w) = N(mu, sigma^2)``, ``sigma = softplus(rho)``, trained by
+variational inference with Bayes by Backprop (Blundell et al. 2015, "Weight uncertainty in
+neural networks", ICML, Sec. 3): at every local step each center draws one weight sample
+``w = mu + sigma * eps``, ``eps ~ N(0, I)`` (reparameterization) and minimizes
+
+    L_i = mean_batch BCE(y, f(x; w)) + KL(q_i || p) / n_train_i,     p = N(0, s^2 I)      (ELBO / n_train)
+
+with the closed-form Gaussian KL
+``KL = sum (log(s / sigma) + (sigma^2 + mu^2) / (2 s^2) - 1/2)``. After local training the
+server forms the sample-weighted FedAvg of the posterior means and of the posterior variances,
+
+    mu <- sum_k (n_k / n) mu_k,      sigma^2 <- sum_k (n_k / n) sigma_k^2,      rho = softplus^-1(sigma)
+
+(moment averaging; Saile et al. 2024 aggregate the posterior moments of a Bayesian network). Both
+moments cross every center-server link, so a round costs 2 n payloads: 2.00x FedAvg's bytes.
+
+The runtime's :class:`federation.engine.StackedEngine` trains one point-estimate MLP, so this
+module carries its own stacked trainer (:class:`StackedBayesEngine`, a subclass that reuses the
+engine's per-center batch streams, ordering and per-center Adam) and its own round loop
+(:func:`run_bnn`, the same metrics, ledger and early stopping as :func:`federation.runner.run_one`).
+:class:`BnnFL` exposes it as ``run_standalone`` so the runner can dispatch to it (docs/baselines.md).
+Evaluation scores the predictive mean ``mean_s sigmoid(f(x; w_s))`` over ``eval_samples`` weight
+draws (0 = the posterior-mean network). Deviations from the runtime MLP: no dropout and no Adam
+weight decay (the KL term is the regularizer).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from etl.errors import InputError
+from federation.config import EngineConfig, RunConfig
+from federation.data import FederatedData
+from federation.engine import PARAM_NAMES, AdamState, Params, StackedEngine, forward, init_params, mix_seed, n_params
+from federation.ledger import Ledger
+from federation.methods.base import Context, Method, RoundPlan
+from federation.metrics import batched_auroc, summarize
+from federation.mixing import exchanged_keys, mix
+
+if TYPE_CHECKING:
+    from federation.runner import RoundCallback, RunResult
+
+
+def softplus_inv(sigma: torch.Tensor) -> torch.Tensor:
+    """``rho`` with ``softplus(rho) = sigma`` (sigma > 0): ``sigma + log(-expm1(-sigma))``."""
+    return sigma + torch.log(-torch.expm1(-sigma))
+
+
+def gaussian_kl(mu: torch.Tensor, sigma: torch.Tensor, prior_sigma: float) -> torch.Tensor:
+    """``KL(N(mu, sigma^2) || N(0, s^2))`` summed over all but the leading (center) axis.
+
+    ``sum log(s / sigma) + (sigma^2 + mu^2) / (2 s^2) - 1/2`` (Kingma & Welling 2014, App. B,
+    per coordinate). ``mu``, ``sigma``: ``[a, ...]``; returns ``[a]``.
+    """
+    s2 = prior_sigma**2
+    kl = math.log(prior_sigma) - torch.log(sigma) + (sigma**2 + mu**2) / (2.0 * s2) - 0.5
+    return kl.flatten(1).sum(1)
+
+
+class BnnParams(BaseModel):
+    """BNN+FL parameters.
+
+    ``prior_sigma``: s of the prior N(0, s^2); ``init_sigma``: sigma of every weight at
+    initialization (rho = softplus^-1(init_sigma); the means start from the runtime MLP's
+    initial draw); ``eval_samples``: weight draws of the predictive mean at evaluation (0 =
+    posterior-mean network).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prior_sigma: float = Field(1.0, gt=0.0)
+    init_sigma: float = Field(0.01, gt=0.0)
+    eval_samples: int = Field(8, ge=0)
+
+
+def mu_key(k: str) -> str:
+    """Name of the posterior mean of parameter ``k`` (e.g. ``mu_w1``)."""
+    return f"mu_{k}"
+
+
+def rho_key(k: str) -> str:
+    """Name of the posterior scale parameter of ``k`` (e.g. ``rho_w1``)."""
+    return f"rho_{k}"
+
+
+class StackedBayesEngine(StackedEngine):
+    """Bayes-by-Backprop training of all centers' mean-field MLPs in one computation.
+
+    Parameters: ``mu_<k>`` and ``rho_<k>`` for every k in ``PARAM_NAMES``, each with the shape of
+    the runtime MLP's ``<k>`` (leading center axis). Batching follows :class:`StackedEngine`
+    exactly (per-center permutation streams, centers ordered by size, a center with no rows left
+    sits a step out, per-center Adam state and step count); the weight noise of a step is one
+    draw keyed by (seed, round, epoch, step) over the active centers, each using its own slice.
+
+    Args:
+        data, cfg, seed: as :class:`StackedEngine` (cfg's dropout and weight decay are not used).
+        prior_sigma, init_sigma: see :class:`BnnParams`.
+    """
+
+    def __init__(self, data: FederatedData, cfg: EngineConfig, seed: int, prior_sigma: float = 1.0,
+                 init_sigma: float = 0.01) -> None:
+        super().__init__(data, cfg.model_copy(update={"weight_decay": 0.0, "dropout": 0.0}), seed)
+        self.prior_sigma = float(prior_sigma)
+        self.init_sigma = float(init_sigma)
+
+    def init_params(self) -> Params:
+        """``mu_<k>`` = the runtime MLP's initial draw, ``rho_<k>`` = softplus^-1(init_sigma)."""
+        base = init_params(self.data.d, self.hidden, self.n, self.seed)
+        rho0 = float(softplus_inv(torch.tensor(self.init_sigma, dtype=torch.float64)))
+        out: Params = {}
+        for k in PARAM_NAMES:
+            out[mu_key(k)] = base[k]
+            out[rho_key(k)] = torch.full_like(base[k], rho0)
+        return out
+
+    @staticmethod
+    def sigma(params: Params, k: str) -> torch.Tensor:
+        """Posterior standard deviation ``softplus(rho_<k>)``."""
+        return F.softplus(params[rho_key(k)])
+
+    def _noise(self, tag: int, a: int, round_idx: int, epoch: int, step: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(mix_seed(self.seed, round_idx, epoch, step, tag))
+        dims = {"w1": (self.data.d, self.hidden[0]), "b1": (self.hidden[0],), "w2": self.hidden,
+                "b2": (self.hidden[1],), "w3": (self.hidden[1], 1), "b3": (1,)}
+        return {k: torch.randn(a, *dims[k], generator=g) for k in PARAM_NAMES}
+
+    def sample(self, params: Params, eps: dict[str, torch.Tensor]) -> Params:
+        """Reparameterized weights ``mu + softplus(rho) * eps`` (stacked, keys ``PARAM_NAMES``)."""
+        return {k: params[mu_key(k)] + self.sigma(params, k) * eps[k] for k in PARAM_NAMES}
+
+    def kl(self, params: Params) -> torch.Tensor:
+        """``[a]`` KL(q || prior) of each center's whole network."""
+        return sum(gaussian_kl(params[mu_key(k)], self.sigma(params, k), self.prior_sigma)  # type: ignore[return-value]
+                   for k in PARAM_NAMES)
+
+    def train_round(self, params: Params, state: AdamState, round_idx: int, local_loss: Any = None) -> Params:
+        """``local_epochs`` epochs of Bayes-by-Backprop for every center (in place); returns ``params``.
+
+        Per step and active center: ``mean_batch BCE + KL / n_train_i``; Adam on mu and rho.
+        """
+        if local_loss is not None:
+            raise TypeError("StackedBayesEngine takes no extra local loss")
+        order, x_all, y_all, n_rows = self._sorted_train()
+        max_rows = x_all.shape[1]
+        bs = self.cfg.batch_size
+        keys = list(params)
+        ps = {k: params[k][order] for k in keys}
+        st = AdamState({k: state.m[k][order] for k in keys}, {k: state.v[k][order] for k in keys}, state.t[order])
+        n_tr = n_rows.double()
+        for epoch in range(self.cfg.local_epochs):
+            perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
+            for step in range(self.steps_per_epoch()):
+                lo = step * bs
+                a = int((n_rows > lo).sum())
+                cols = perm[:a, lo : lo + bs]
+                width = cols.shape[1]
+                rows = (lo + torch.arange(width)).unsqueeze(0) < n_rows[:a].unsqueeze(1)
+                ar = torch.arange(a).unsqueeze(1)
+                xb, yb = x_all[ar, cols], y_all[ar, cols]
+                sub = {k: ps[k][:a].detach().requires_grad_(True) for k in keys}
+                w = self.sample(sub, self._noise(0xBB, a, round_idx, epoch, step))
+                logits = forward(w, xb)[0]
+                bce = F.binary_cross_entropy_with_logits(logits, yb, reduction="none")
+                rowsf = rows.to(bce.dtype)
+                loss_c = (bce * rowsf).sum(1) / rowsf.sum(1) + (self.kl(sub) / n_tr[:a]).to(bce.dtype)
+                grads = torch.autograd.grad(loss_c.sum(), [sub[k] for k in keys])
+                with torch.no_grad():
+                    self.adam_step(ps, dict(zip(keys, grads)), st, a)
+        for k in keys:
+            params[k].index_copy_(0, order, ps[k])
+            state.m[k].index_copy_(0, order, st.m[k])
+            state.v[k].index_copy_(0, order, st.v[k])
+        state.t.index_copy_(0, order, st.t)
+        return params
+
+    @torch.no_grad()
+    def predict_proba(self, params: Params, split: str, samples: int, round_idx: int = 0) -> torch.Tensor:
+        """``[n, rows]`` predictive mean probability on ``split``: ``mean_s sigmoid(f(x; w_s))``
+        over ``samples`` weight draws keyed by (seed, round, split); samples = 0 uses the
+        posterior means."""
+        x = self.data.splits[split].x
+        if samples == 0:
+            return torch.sigmoid(forward({k: params[mu_key(k)] for k in PARAM_NAMES}, x)[0])
+        tag = 0xE0 + ("train", "val", "test").index(split)
+        acc = torch.zeros(x.shape[0], x.shape[1])
+        for s in range(samples):
+            w = self.sample(params, self._noise(tag, self.n, round_idx, s, 0))
+            acc += torch.sigmoid(forward(w, x)[0])
+        return acc / samples
+
+
+def aggregate_posteriors(params: Params, w: torch.Tensor, keys: tuple[str, ...], bf16: bool) -> Params:
+    """Mix posterior means and variances with the row-stochastic ``w [n, n]``.
+
+    ``mu_i <- sum_j w_ij mu_j`` and ``sigma_i^2 <- sum_j w_ij sigma_j^2`` for every k in ``keys``
+    (the bf16 wire transform of :func:`federation.mixing.mix` applies to both payloads);
+    returns the new ``mu_<k>`` and ``rho_<k> = softplus^-1(sigma)`` tensors.
+    """
+    out: Params = {}
+    for k in keys:
+        out[mu_key(k)] = mix(w, params[mu_key(k)], bf16)
+        var = mix(w, F.softplus(params[rho_key(k)]) ** 2, bf16).clamp_min(1e-30)
+        out[rho_key(k)] = softplus_inv(var.sqrt())
+    return out
+
+
+def mean_posterior_sigma(params: Params) -> torch.Tensor:
+    """``[n]`` mean posterior standard deviation over all weights of each center's network."""
+    tot = sum(F.softplus(params[rho_key(k)]).flatten(1).sum(1) for k in PARAM_NAMES)
+    cnt = sum(params[rho_key(k)][0].numel() for k in PARAM_NAMES)
+    return tot / cnt  # type: ignore[operator]
+
+
+def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCallback | None" = None) -> "RunResult":
+    """Run BNN+FL for one seed; same contract and metrics as :func:`federation.runner.run_one`.
+
+    Each round: Bayes-by-Backprop local training of all centers (stacked), FedAvg of posterior
+    means and variances over the exchanged block (``exchange.head_layers`` keeps the head's
+    posterior local; ``bf16_wire`` rounds both payloads), ledger ``n`` server links x 2
+    payloads, val/test AUROC of the predictive mean, optional early stopping. Extra metric:
+    ``posterior_sigma`` (mean sigma over weights and centers).
+
+    Raises:
+        InputError: ``exchange.server_momentum`` > 0 (not defined for posterior moments).
+    """
+    from federation.methods.baselines import fedavg_matrix
+    from federation.runner import RunResult
+
+    if cfg.exchange.server_momentum > 0:
+        raise InputError("bnn-fl: exchange.server_momentum is not supported (set it to 0)")
+    p = BnnParams.model_validate(cfg.params)
+    engine = StackedBayesEngine(data, cfg.engine, seed, p.prior_sigma, p.init_sigma)
+    ex = exchanged_keys(cfg.exchange.head_layers)
+    sizes = n_params(data.d, engine.hidden)
+    ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
+    payload = sum(sizes[k] for k in ex)
+    bpp = 2 if cfg.exchange.bf16_wire else 4
+    params = engine.init_params()
+    state = AdamState.zeros_like(params)
+    w = fedavg_matrix(data.n_train)
+    es = cfg.early_stopping
+    best: tuple[float, int, Any] = (-math.inf, -1, None)
+    history: list[dict[str, float]] = []
+    last_val = last_test = torch.empty(0)
+    rounds_run = 0
+
+    def evaluate(split: str, r: int) -> torch.Tensor:
+        s = data.splits[split]
+        return batched_auroc(engine.predict_proba(params, split, p.eval_samples, r), s.y, s.mask)
+
+    for r in range(cfg.max_rounds):
+        if cfg.engine.reset_optimizer_each_round:
+            state = AdamState.zeros_like(params)
+        engine.train_round(params, state, r)
+        with torch.no_grad():
+            new = aggregate_posteriors(params, w, ex, cfg.exchange.bf16_wire)
+            for k, v in new.items():
+                params[k].copy_(v)
+        rb = ledger.record(r, None, data.n_centers, 2 * payload, bpp)
+        last_val, last_test = evaluate("val", r), evaluate("test", r)
+        sv, st = summarize(last_val), summarize(last_test)
+        metrics = {
+            "val_auroc_mean": sv.mean, "val_auroc_std": sv.std, "test_auroc_mean": st.mean,
+            "test_auroc_std": st.std, "val_excluded": float(sv.n_excluded), "test_excluded": float(st.n_excluded),
+            "round_bytes": float(rb.model_bytes), "cum_bytes": float(ledger.model_bytes),
+            "cum_probe_bytes": float(ledger.probe_bytes), "cum_metadata_bytes": float(ledger.metadata_bytes),
+            "rel_bandwidth": ledger.relative_bandwidth, "edges": float(rb.edges),
+            "posterior_sigma": float(mean_posterior_sigma(params).mean()),
+        }
+        history.append({"round": float(r + 1), **metrics})
+        rounds_run = r + 1
+        if on_round is not None:
+            on_round(r + 1, metrics)
+        if es.enabled:
+            if sv.mean > best[0]:
+                best = (sv.mean, r, ({k: v.clone() for k, v in params.items()}, last_val.clone(), last_test.clone()))
+            elif r - best[1] >= es.patience:
+                break
+    best_round = rounds_run
+    if es.enabled and best[2] is not None:
+        restored, last_val, last_test = best[2]
+        for k in params:
+            params[k].copy_(restored[k])
+        best_round = best[1] + 1
+    sv, st = summarize(last_val), summarize(last_test)
+    s_tr, s_va, s_te = (data.splits[s].n for s in ("train", "val", "test"))
+    per_center = {
+        cid: {"val_auroc": float(last_val[i]), "test_auroc": float(last_test[i]), "n_train": int(s_tr[i]),
+              "n_val": int(s_va[i]), "n_test": int(s_te[i])}
+        for i, cid in enumerate(data.center_ids)
+    }
+    return RunResult(
+        method=cfg.method, seed=seed, rounds_run=rounds_run, best_round=best_round,
+        final_auroc_mean=st.mean, final_auroc_std=st.std, final_val_auroc_mean=sv.mean,
+        n_excluded_test=st.n_excluded, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
+        probe_bytes=ledger.probe_bytes, metadata_bytes=ledger.metadata_bytes,
+        rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
+    )
+
+
+class BnnFL(Method):
+    """BNN+FL (ABPS paper Sec. 6.2 / Table 1; Saile et al. 2024 style): mean-field Bayesian MLP
+    trained by Bayes by Backprop, FedAvg of posterior means and variances (2.00x FedAvg's bytes).
+
+    It trains a different parameterization than the runtime engine, so the whole run is
+    :func:`run_bnn`, exposed as ``run_standalone(cfg, data, seed, on_round) -> RunResult`` for
+    the runner to dispatch to; the engine hooks below refuse to run so that the point-estimate
+    round loop can never train it by mistake.
+    """
+
+    name = "bnn-fl"
+    Params: ClassVar[type[BaseModel]] = BnnParams
+    run_standalone = staticmethod(run_bnn)
+
+    def setup(self, ctx: Context) -> None:
+        raise TypeError("bnn-fl trains its own Bayesian MLP: the runner must call BnnFL.run_standalone "
+                        "(see docs/baselines.md)")
+
+    def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
+        raise TypeError("bnn-fl has no mixing plan for the point-estimate engine; use BnnFL.run_standalone")
+
+
+def _register() -> None:
+    from federation.methods.registry import register_method
+
+    register_method(BnnFL.name, BnnFL)
+
+
+_register()
+
+__all__ = ["BnnFL", "BnnParams", "StackedBayesEngine", "aggregate_posteriors", "gaussian_kl", "mean_posterior_sigma",
+           "run_bnn", "softplus_inv"]

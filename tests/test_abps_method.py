@@ -1,0 +1,194 @@
+"""ABPS as a runtime method: presets, ledger arithmetic of Table 1, Shapley credit consistent with the
+exchange, one batched coalition evaluation per round, isolation under the diversity goal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from abps.method import PRESETS, AbpsMethod, AbpsParams
+from federation.config import build_config, load_yaml
+from federation.data import FederatedData
+from federation.engine import StackedEngine, n_params
+from federation.ledger import Ledger
+from federation.methods import Context, get_method
+from federation.metrics import batched_auroc
+from federation.mixing import exchanged_keys, head_keys, mix_params
+from federation.runner import run_one
+from federation.synthetic import generate_fedprox_cohort
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _data(n: int, seed: int = 0) -> FederatedData:
+    cohort, centers = generate_fedprox_cohort(n, seed=seed, mean_size=200.0)
+    return FederatedData.from_frames(cohort, centers)
+
+
+@pytest.fixture(scope="module")
+def four() -> FederatedData:
+    return _data(4)
+
+
+@pytest.fixture(scope="module")
+def small() -> FederatedData:
+    return _data(24, seed=1)
+
+
+def _cfg(name: str, rounds: int):
+    return build_config(name, get_method(name).default_config, None, rounds=rounds)
+
+
+def test_presets_registered_with_table1_settings():
+    for name in ("abps", "abps+p", "abps+q", "abps+p+q+k1", "abps-hom", "abps-div", "abps-align", "abps-x"):
+        assert get_method(name) is PRESETS[name] and issubclass(PRESETS[name], AbpsMethod)
+    base = AbpsParams.model_validate(_cfg("abps", 1).params)
+    assert (base.kappa, base.epsilon, base.gamma, base.tau_acc, base.goal, base.metadata_dim) == (3, 0.1, 2.0, 0.5, None, 3)
+    div = _cfg("abps-div", 1)
+    assert (div.exchange.head_layers, div.exchange.bf16_wire) == (1, True)
+    assert AbpsParams.model_validate(div.params).goal == "diversity"
+    assert AbpsParams.model_validate(div.params).metadata_dim == 15
+    x = _cfg("abps-x", 100)
+    assert (x.exchange.head_layers, x.exchange.bf16_wire, x.exchange.server_momentum) == (2, True, 0.5)
+    assert (x.early_stopping.enabled, x.early_stopping.patience, x.max_rounds) == (True, 10, 100)
+    px = AbpsParams.model_validate(x.params)
+    assert (px.kappa, px.goal, px.metadata_dim) == (1, "homogeneity", 15)
+    # `--goal diversity` on the base preset: the goal switches the filter to the 15-dim vector
+    assert AbpsParams(goal="diversity").metadata_dim == 15
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("abps*.yaml")), ids=lambda p: p.name)
+def test_yaml_presets_equal_registered_presets(path):
+    doc = load_yaml(path)
+    name = doc["method"]
+    from_file = build_config(name, get_method(name).default_config, doc)
+    plain = build_config(name, get_method(name).default_config, None)
+    file_params = AbpsParams.model_validate(from_file.params)
+    assert file_params == AbpsParams.model_validate(plain.params)
+    assert from_file.exchange == plain.exchange and from_file.early_stopping == plain.early_stopping
+
+
+def test_bandwidth_matches_ledger_arithmetic(four):
+    """n = 4: at kappa 3 every center holds all 3 peers (K4, 6 edges = 1.5 n); at kappa 1 a perfect
+    matching (2 edges). Per round, relative to FedAvg's n full fp32 payloads:
+    abps 1.5, abps+q 0.75, abps+p 1.5 x trunk share, abps+p+q+k1 0.25 x trunk share."""
+    sizes = n_params(four.d, (128, 64))
+    full = sum(sizes.values())
+    trunk1 = sum(sizes[k] for k in exchanged_keys(1))
+    trunk2 = sum(sizes[k] for k in exchanged_keys(2))
+    fedavg_round = run_one(_cfg("fedavg", 2), four, 11).history[0]["round_bytes"]
+    assert fedavg_round == 4 * full * 4
+    expect = {
+        "abps": 1.5,
+        "abps+q": 0.75,
+        "abps+p": 1.5 * trunk1 / full,
+        "abps+p+q+k1": 0.25 * trunk1 / full,
+    }
+    for name, ratio in expect.items():
+        res = run_one(_cfg(name, 2), four, 11)
+        for h in res.history:
+            assert h["round_bytes"] / fedavg_round == pytest.approx(ratio, rel=1e-12), name
+        assert res.history[0]["isolation_rate"] == 0.0
+    # abps-x: 2-layer head, bf16, kappa 1 -> at most 2 edges of the w1/b1 trunk at 2 bytes
+    res = run_one(_cfg("abps-x", 2), four, 11)
+    for h in res.history:
+        assert h["round_bytes"] == h["partnerships"] * trunk2 * 2
+        assert h["edges"] == h["partnerships"] <= 2
+    # goal presets keep 25 % of the 6 pairs (2 pairs): never more than 2 edges; metadata sent once
+    res = run_one(_cfg("abps-div", 2), four, 11)
+    for h in res.history:
+        assert h["round_bytes"] == h["partnerships"] * trunk1 * 2 and h["partnerships"] <= 2
+    assert res.metadata_bytes == 4 * 15 * 4
+
+
+@pytest.mark.parametrize("name", ["abps", "abps+p+q+k1", "abps-x"])
+def test_shapley_coalitions_consistent_with_exchange(small, name, monkeypatch):
+    """U_i(P_i) from the batched coalition evaluation equals the AUROC of the model the exchange
+    builds (W row i over the exchanged block, own head, bf16 wire); U_i(empty) equals the local model's;
+    Shapley efficiency (eq. 19) holds per center; evaluate_mixtures is called once."""
+    cfg = _cfg(name, 1)
+    engine = StackedEngine(small, cfg.engine, 5)
+    params = engine.init_params()
+    g = torch.Generator().manual_seed(3)
+    params = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in params.items()}  # centers differ
+    ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
+    ctx = Context(cfg=cfg, data=small, engine=engine, seed=5, ledger=Ledger(small.n_centers, 1), exchanged=ex,
+                  head=hd, bf16=cfg.exchange.bf16_wire, params=params,
+                  round_start={k: v.clone() for k, v in params.items()},
+                  pre_exchange={k: v.clone() for k, v in params.items()})
+    cls = get_method(name)
+    method = cls(cls.Params.model_validate(cfg.params))
+    method.setup(ctx)
+    plan = method.plan_round(ctx, 0)
+    calls = []
+    orig = Context.evaluate_mixtures
+    monkeypatch.setattr(Context, "evaluate_mixtures", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    extras = method.after_exchange(ctx, 0, plan)
+    assert len(calls) == 1
+    val = small.splits["val"]
+    mixed = {**params, **mix_params(plan.w, params, ex, ctx.bf16)}
+    auroc_mixed = batched_auroc(engine.predict(mixed, "val"), val.y, val.mask)
+    auroc_local = batched_auroc(engine.predict(params, "val"), val.y, val.mask)
+    res = method.last_credit
+    active = ~method.last.resting & torch.isfinite(auroc_mixed)
+    assert active.sum() > 0
+    assert torch.allclose(res.u_full[active], auroc_mixed[active], atol=1e-6)
+    assert torch.allclose(res.u_local[active], auroc_local[active], atol=1e-6)
+    phi_sum = torch.where(res.observed, res.phi, torch.zeros_like(res.phi)).sum(1)
+    assert torch.allclose(phi_sum[active], (res.u_full - res.u_local)[active], atol=1e-9)
+    # beliefs moved by exactly one clipped observation per partnership (eq. 6)
+    assert torch.equal(method.beliefs.pulls > 0, res.observed)
+    assert extras["coalitions_evaluated"] == float(sum(2 ** int(d) for d in method.last.degree if d > 0))
+
+
+def test_short_runs_log_isolation_and_are_deterministic(small, monkeypatch):
+    calls = []
+    orig = Context.evaluate_mixtures
+    monkeypatch.setattr(Context, "evaluate_mixtures", lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    base = run_one(_cfg("abps", 3), small, 11)
+    assert len(calls) == 3  # one batched coalition evaluation per round
+    for h in base.history:
+        assert 0.0 <= h["isolation_rate"] <= 1.0 and h["mean_partners"] <= 3.0
+        assert h["edges"] == h["partnerships"] == h["mean_partners"] * small.n_centers / 2
+        assert 0.0 < h["acceptance_rate"] <= 1.0
+    div = run_one(_cfg("abps-div", 3), small, 11)
+    iso = [h["isolation_rate"] for h in div.history]
+    assert max(iso) > 0.0  # the diversity filter leaves centers without an accepted partner
+    assert all(h["mean_partners"] <= 1.0 for h in div.history)
+    again = run_one(_cfg("abps-div", 3), small, 11)
+    assert again.history == div.history
+
+
+def test_belief_artifact_center_ids_only(small):
+    cfg = _cfg("abps", 2)
+    captured = {}
+
+    class Spy(AbpsMethod):
+        def after_exchange(self, ctx, round_idx, plan):
+            out = super().after_exchange(ctx, round_idx, plan)
+            captured["art"] = self.artifacts(ctx)
+            return out
+
+    from federation.methods.registry import METHODS
+
+    METHODS["abps-spy-test"] = Spy
+    try:
+        run_one(cfg.model_copy(update={"method": "abps-spy-test"}), small, 11)
+    finally:
+        METHODS.pop("abps-spy-test")
+    rows = captured["art"]["abps_beliefs.json"]
+    assert [r["center_id"] for r in rows] == small.center_ids
+    allowed = {"center_id", "rounds_rested", "rest_share", "mean_partners", "mean_belief", "max_belief",
+               "best_peer", "pulls", "peers_observed", "candidates"}
+    assert all(set(r) == allowed for r in rows)
+    assert all(r["best_peer"] is None or r["best_peer"] in small.center_ids for r in rows)
+    assert sum(r["pulls"] for r in rows) > 0
+    json.dumps(rows)  # serializable as an MLflow JSON artifact

@@ -1,0 +1,89 @@
+"""Mixing rows, bf16 wire format, FedAvg rank-one W, momentum, evaluate_mixtures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from federation.config import build_config
+from federation.data import FederatedData
+from federation.engine import StackedEngine, forward
+from federation.ledger import Ledger
+from federation.methods import Context
+from federation.methods.baselines import fedavg_matrix
+from federation.metrics import batched_auroc
+from federation.mixing import apply_momentum, check_row_stochastic, exchanged_keys, mix, wire
+from federation.synthetic import write_fedprox_cohort
+
+
+def test_bf16_wire_rounds_received_values_only():
+    x = torch.tensor([[1.0 + 2**-10], [3.0]])  # 1 + 2^-10 is not representable in bf16 (8 bits)
+    assert float(wire(x, True)[0, 0]) == 1.0
+    w = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
+    out = mix(w, x, bf16=True)
+    # row 0: own copy fp32, peer 3.0 exact in bf16
+    assert float(out[0, 0]) == pytest.approx(0.5 * (1 + 2**-10) + 1.5, abs=1e-7)
+    # row 1 receives center 0 rounded to 1.0
+    assert float(out[1, 0]) == pytest.approx(0.25 * 1.0 + 0.75 * 3.0, abs=1e-7)
+    assert torch.equal(mix(w, x, bf16=False), w @ x)
+
+
+def test_mixing_rows_and_fedavg_rank_one_is_weighted_mean():
+    g = torch.Generator().manual_seed(1)
+    theta = torch.randn(4, 3, 5, generator=g)
+    n_train = torch.tensor([10, 30, 40, 20])
+    w = fedavg_matrix(n_train)
+    check_row_stochastic(w)
+    assert torch.linalg.matrix_rank(w) == 1
+    out = mix(w, theta, bf16=False)
+    mean = (theta * (n_train / n_train.sum()).view(4, 1, 1)).sum(0)
+    for i in range(4):
+        assert torch.allclose(out[i], mean, atol=1e-6)
+    # a permutation-free sparse row: center 2 averages with center 0 only
+    w2 = torch.eye(4, dtype=torch.float64)
+    w2[2] = torch.tensor([0.5, 0.0, 0.5, 0.0])
+    out2 = mix(w2, theta, bf16=False)
+    assert torch.allclose(out2[2], (theta[0] + theta[2]) / 2) and torch.equal(out2[1], theta[1])
+    with pytest.raises(ValueError):
+        check_row_stochastic(torch.tensor([[0.5, 0.6], [0.5, 0.5]]))
+
+
+def test_head_split_and_momentum():
+    assert exchanged_keys(0) == ("w1", "b1", "w2", "b2", "w3", "b3")
+    assert exchanged_keys(1) == ("w1", "b1", "w2", "b2")
+    assert exchanged_keys(2) == ("w1", "b1")
+    prev = {"a": torch.tensor([0.0])}
+    out1, st = apply_momentum(prev, {"a": torch.tensor([2.0])}, None, 0.5)
+    assert float(out1["a"]) == 1.0  # m = 0.5 * 2
+    out2, st = apply_momentum({"a": torch.tensor([1.0])}, {"a": torch.tensor([1.0])}, st, 0.5)
+    assert float(out2["a"]) == 1.5  # m = 0.5 * 1 + 0.5 * 0
+    same, _ = apply_momentum(prev, {"a": torch.tensor([2.0])}, None, 0.0)
+    assert float(same["a"]) == 2.0
+
+
+def test_evaluate_mixtures_matches_manual(tmp_path):
+    write_fedprox_cohort(tmp_path / "c", n_centers=5, seed=2, mean_size=100, shared=0.8)
+    data = FederatedData.from_cohort(tmp_path / "c")
+    cfg = build_config("fedavg-pq", {"exchange": {"head_layers": 1, "bf16_wire": True}}, None)
+    eng = StackedEngine(data, cfg.engine, seed=1)
+    g = torch.Generator().manual_seed(3)
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in eng.init_params().items()}
+    ctx = Context(cfg=cfg, data=data, engine=eng, seed=1, ledger=Ledger(5, 1), exchanged=exchanged_keys(1),
+                  head=("w3", "b3"), bf16=True, pre_exchange=params)
+    wc = torch.tensor([[0.5, 0.5, 0, 0, 0], [0, 0, 1.0, 0, 0], [0.2, 0.2, 0.2, 0.2, 0.2]], dtype=torch.float64)
+    tc = torch.tensor([1, 2, 4])
+    got = ctx.evaluate_mixtures(wc, tc, "val", chunk=2)
+    s = data.splits["val"]
+    for r in range(3):
+        t = int(tc[r])
+        model = {}
+        for k, v in params.items():
+            if k in ctx.exchanged:
+                recv = v.to(torch.bfloat16).float()
+                recv[t] = v[t]  # own copy stays fp32
+                model[k] = (wc[r].float().view(-1, *[1] * (v.dim() - 1)) * recv).sum(0, keepdim=True)
+            else:
+                model[k] = v[t : t + 1]
+        logits = forward(model, s.x[t : t + 1])[0]
+        ref = batched_auroc(logits, s.y[t : t + 1], s.mask[t : t + 1])[0]
+        assert float(got[r]) == pytest.approx(float(ref), abs=1e-9)
