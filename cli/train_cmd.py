@@ -27,8 +27,6 @@ def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
             seeds.append(int(tok))
         except ValueError:
             raise InputError(f"unexpected argument {tok!r} (--seeds takes integers)") from None
-    if not seeds:
-        seeds = [11]
     if len(set(seeds)) != len(seeds):
         raise InputError("--seeds holds a seed twice")
     return seeds
@@ -60,9 +58,9 @@ def train(
     seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
     rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
-    output: Path = typer.Option(Path("results.json"), "--output", help="results.json path"),
+    output: Optional[Path] = typer.Option(None, "--output", help="results.json path (default results.json)"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
-    experiment: str = typer.Option("abps", "--experiment", help="MLflow experiment name"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment name (default abps)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = torch default)"),
     param: Optional[list[str]] = typer.Option(
@@ -82,8 +80,12 @@ def train(
         if name not in _BENCHMARKS:
             raise InputError(f"{config}: benchmark must be one of {', '.join(_BENCHMARKS)}, got {name!r}")
         mod = importlib.import_module(_BENCHMARKS[name])
-        mod.cli_run(file_cfg, rounds, seed_list, output, tracking_uri, experiment)
+        # only what the user set overrides the benchmark config's own seeds / output / experiment
+        mod.cli_run(file_cfg, rounds, seed_list or None, output, tracking_uri, experiment)
         return
+    seed_list = seed_list or [11]
+    output = output or Path("results.json")
+    experiment = experiment or "abps"
     if method is None:
         method = str(file_cfg.get("method")) if file_cfg and file_cfg.get("method") else None
     if method is None:

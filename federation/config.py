@@ -41,12 +41,15 @@ class ExchangeConfig(_Strict):
     ``head_layers``: 0 = exchange every layer; 1 = last layer personalized (kept local);
     2 = last two layers personalized. ``bf16_wire``: values received from peers are rounded
     to bfloat16. ``server_momentum``: EMA momentum beta on the exchanged block (0 = off;
-    see :func:`federation.mixing.apply_momentum`).
+    see :func:`federation.mixing.apply_momentum`). ``variance_correction``: rescale each mixed
+    layer to the mean variance of its inputs (Tian et al. 2024, Algorithm 3;
+    :func:`federation.mixing.variance_correct`).
     """
 
     head_layers: Literal[0, 1, 2] = 0
     bf16_wire: bool = False
     server_momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    variance_correction: bool = False
 
 
 class EarlyStoppingConfig(_Strict):

@@ -22,7 +22,8 @@ from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_para
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import apply_momentum, check_row_stochastic, exchanged_keys, head_keys, mix_params
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys, mix_params,
+                               variance_correct)
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 
@@ -126,6 +127,8 @@ def run_one(
                                  f"{data.n_centers}], got {list(plan.w.shape)}")
             check_row_stochastic(plan.w)
             mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
+            if cfg.exchange.variance_correction:
+                mixed = variance_correct(plan.w, train_params, mixed)
             prev = {k: ctx.round_start[k] for k in ex}
             mixed = method.after_mix(ctx, r, prev, mixed)
             if cfg.exchange.server_momentum > 0:

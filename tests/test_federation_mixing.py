@@ -87,3 +87,26 @@ def test_evaluate_mixtures_matches_manual(tmp_path):
         logits = forward(model, s.x[t : t + 1])[0]
         ref = batched_auroc(logits, s.y[t : t + 1], s.mask[t : t + 1])[0]
         assert float(got[r]) == pytest.approx(float(ref), abs=1e-9)
+
+
+def test_variance_correction_restores_mean_input_variance():
+    """Algorithm 3 (Tian et al. 2024) through the runtime's transform: a uniform average of
+    n independent layers has ~1/n of their variance; the correction restores the mean."""
+    from federation.gossip.variance import layer_variance
+    from federation.mixing import mix_params, variance_correct
+
+    torch.manual_seed(0)
+    n = 8
+    params = {"w1": torch.randn(n, 64, 32) * torch.linspace(0.5, 1.5, n).view(n, 1, 1)}
+    w = torch.full((n, n), 1.0 / n)
+    mixed = mix_params(w, params, ("w1",), bf16=False)
+    target = layer_variance(params["w1"]).mean()
+    assert float(layer_variance(mixed["w1"])[0]) < float(target) / 4  # shrunk ~1/n
+    fixed = variance_correct(w, params, mixed)
+    got = layer_variance(fixed["w1"])
+    assert torch.allclose(got, torch.full_like(got, float(target)), rtol=1e-5)
+    # mean preserved, and identity mixing leaves every layer unchanged
+    assert torch.allclose(fixed["w1"].mean(dim=(1, 2)), mixed["w1"].mean(dim=(1, 2)), atol=1e-6)
+    eye = torch.eye(n)
+    same = variance_correct(eye, params, mix_params(eye, params, ("w1",), bf16=False))
+    assert torch.allclose(same["w1"], params["w1"], atol=1e-5)

@@ -9,7 +9,8 @@ layer is a view ``[N, *shape]`` of it. A training step of many nodes is one batc
   forward.
 
 Both give the same gradients (tests/test_gossip_model.py); ``benchmarks/bench_gossip.py`` measures
-which is faster (grouped is the default).
+them against a per-node loop. On a 2-core CPU grouped is about 1.5-2x faster than vmap (and is the
+default); see docs/gossip.md for the numbers.
 
 Source: Tian et al., "Vanishing Variance Problem in Fully Decentralized Neural-Network Systems"
 (arXiv 2404.04616), Sec. III-A: LeNet-5 with Caffe's LeNet hyper-parameters (base lr 0.01,
@@ -170,13 +171,12 @@ def forward_stacked(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.T
     n = w1.shape[0]
     # channels-last activations: oneDNN convolutions and max-pooling over n*20 channels are
     # several times faster on CPU in that memory format
-    cl = torch.channels_last
-    if x.dim() == 4:  # shared input: one (non-grouped) conv over the n*20 stacked filters
-        h = F.conv2d(x.contiguous(memory_format=cl), w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20))
-    else:
-        bsz = x.shape[1]
-        xs = x.transpose(0, 1).reshape(bsz, n, 28, 28).contiguous(memory_format=cl)
-        h = F.conv2d(xs, w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20), groups=n)
+    # (a shared batch is expanded to every node: the grouped path is faster than one wide conv)
+    if x.dim() == 4:
+        x = x.unsqueeze(0).expand(n, *x.shape)
+    bsz = x.shape[1]
+    xs = x.transpose(0, 1).reshape(bsz, n, 28, 28).contiguous(memory_format=torch.channels_last)
+    h = F.conv2d(xs, w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20), groups=n)
     h = F.max_pool2d(h, 2)
     h = F.conv2d(h, params["conv2.weight"].reshape(n * 50, 20, 5, 5), params["conv2.bias"].reshape(n * 50),
                  groups=n)
@@ -242,7 +242,7 @@ def sgd_step(flat: torch.Tensor, momentum_buf: torch.Tensor, grads: torch.Tensor
 
 @torch.no_grad()
 def predict_stacked(flat: torch.Tensor, x: torch.Tensor, layout: ParamLayout = LENET5_LAYOUT,
-                    chunk: int = 500) -> torch.Tensor:
+                    chunk: int = 128) -> torch.Tensor:
     """Predicted classes of n models on one shared batch.
 
     Args:

@@ -70,7 +70,7 @@ class GossipConfig(BaseModel):
         partition: "iid" or "dirichlet"; alpha: Dirichlet concentration (0.5).
         eval_every: E, ticks between evaluations; test_subset: test images per evaluation;
         own_subset: own-data samples per node for the transfer-learning rule.
-        target_accuracy: reaching target (0.9 is the paper's on MNIST; 0.8 default for
+        target_accuracy: reaching target (0.9 is the paper's on MNIST; 0.7 default for
             Fashion-MNIST, docs/gossip.md). most_fraction: share of nodes that counts as "most".
         plateau_smooth: moving-average width for eq. (2) on the noisy mean accuracy.
         engine: "grouped" or "vmap" (federation.gossip.model).
@@ -100,7 +100,7 @@ class GossipConfig(BaseModel):
     eval_every: int = Field(50, ge=1)
     test_subset: int = Field(1000, ge=10)
     own_subset: int = Field(128, ge=8)
-    target_accuracy: float = Field(0.8, gt=0.0, le=1.0)
+    target_accuracy: float = Field(0.7, gt=0.0, le=1.0)
     most_fraction: float = Field(0.9, gt=0.0, le=1.0)
     plateau_smooth: int = Field(3, ge=1)
     engine: Literal["grouped", "vmap"] = "grouped"
@@ -198,7 +198,7 @@ def partition_table(labels: np.ndarray, cfg: GossipConfig, seed: int) -> tuple[t
     if cfg.partition == "iid":
         parts = iid_partition(len(labels), cfg.n_nodes, seed)
     else:
-        parts = dirichlet_partition(labels, cfg.n_nodes, cfg.alpha, seed, min_size=cfg.batch_size)
+        parts = dirichlet_partition(labels, cfg.n_nodes, cfg.alpha, seed, min_size=1)  # batches resample
     lengths = torch.tensor([len(p) for p in parts], dtype=torch.int64)
     table = torch.zeros(cfg.n_nodes, int(lengths.max()), dtype=torch.int64)
     for i, p in enumerate(parts):  # setup only, not the hot path
@@ -219,6 +219,33 @@ class _Sampler:
         pos = (u * self.lengths[nodes].unsqueeze(1)).long().clamp_max_(self.lengths[nodes].unsqueeze(1) - 1)
         idx = self.table[nodes.unsqueeze(1), pos]
         return self.x[idx].float().mul_(PIXEL_SCALE), self.y[idx]
+
+
+def train_nodes(flat: torch.Tensor, mom: torch.Tensor, iters: torch.Tensor, active: torch.Tensor,
+                xb: torch.Tensor, yb: torch.Tensor, cfg: GossipConfig) -> torch.Tensor:
+    """One SGD step of the ``active`` nodes only, as one stacked computation; others untouched.
+
+    The active rows of ``flat`` / ``mom`` are gathered, stepped (lr from each node's own
+    iteration counter, Caffe "inv" policy) and scattered back; ``iters[active]`` += 1. Inactive
+    nodes keep parameters, momentum and iteration counter (the masking of Sec. III-A's
+    per-node acquisition times).
+
+    Args:
+        flat, mom: ``[N, P]`` parameters and momentum (updated in place).
+        iters: int64 ``[N]`` iteration counters (updated in place).
+        active: int64 ``[n_a]`` node indices; xb ``[n_a, B, 1, 28, 28]``, yb ``[n_a, B]``.
+    Returns:
+        the active nodes' new parameters ``[n_a, P]``.
+    """
+    p_act = flat.index_select(0, active)
+    m_act = mom.index_select(0, active)
+    grads, _ = stacked_gradients(p_act, xb, yb, cfg.engine)
+    lr = inv_lr(cfg.lr, iters[active], cfg.lr_gamma, cfg.lr_power)
+    sgd_step(p_act, m_act, grads, lr, cfg.momentum, cfg.weight_decay)
+    flat.index_copy_(0, active, p_act)
+    mom.index_copy_(0, active, m_act)
+    iters[active] += 1
+    return p_act
 
 
 def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
@@ -330,14 +357,7 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         # ---- 1. train the active nodes as one stacked step
         ts = time.perf_counter()
         xb, yb = sampler.draw(active, cfg.batch_size)
-        p_act = flat.index_select(0, active)
-        m_act = mom.index_select(0, active)
-        grads, _ = stacked_gradients(p_act, xb, yb, cfg.engine, layout)
-        lr = inv_lr(cfg.lr, iters[active], cfg.lr_gamma, cfg.lr_power)
-        sgd_step(p_act, m_act, grads, lr, cfg.momentum, cfg.weight_decay)
-        flat.index_copy_(0, active, p_act)
-        mom.index_copy_(0, active, m_act)
-        iters[active] += 1
+        p_act = train_nodes(flat, mom, iters, active, xb, yb, cfg)
         next_train[active] += draw_interval(active.numel())
         n_steps += int(active.numel())
         train_s += time.perf_counter() - ts
@@ -352,7 +372,7 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         pos_in_active[active] = torch.arange(active.numel())
         e_src, e_dst = pos_in_active[src[sel]], dst[sel]
         A = torch.sparse_coo_tensor(torch.stack([e_dst, e_src]), torch.ones(len(e_dst)),
-                                    (n, active.numel())).coalesce()
+                                    (n, active.numel()), check_invariants=False).coalesce()
         n_msg += len(e_dst)
         if compress:
             mask = (torch.rand(p_act.shape, generator=gen) < cfg.compression_ratio).float()

@@ -33,6 +33,7 @@ from etl.errors import InputError
 
 #: Averaged-layer variances at or below this are treated as 0 (layer left unchanged).
 VAR_EPS = 1e-30
+_CHUNK = 64
 
 
 def layer_variance(stacked: torch.Tensor) -> torch.Tensor:
@@ -40,8 +41,10 @@ def layer_variance(stacked: torch.Tensor) -> torch.Tensor:
 
     This is ``Var(l_i)`` of Algorithm 3, line 6, computed for all n models at once.
     """
-    flat = stacked.reshape(stacked.shape[0], -1).to(torch.float64)
-    return flat.var(dim=1, unbiased=False)
+    flat = stacked.reshape(stacked.shape[0], -1)
+    # float64 in row chunks: exact enough for the equality tests, bounded memory at N = 1000
+    return torch.cat([flat[i:i + _CHUNK].to(torch.float64).var(dim=1, unbiased=False)
+                      for i in range(0, max(flat.shape[0], 1), _CHUNK)])
 
 
 def rescale_to_variance(avg: torch.Tensor, target_var: torch.Tensor) -> torch.Tensor:
@@ -56,13 +59,16 @@ def rescale_to_variance(avg: torch.Tensor, target_var: torch.Tensor) -> torch.Te
     """
     n = avg.shape[0]
     flat = avg.reshape(n, -1)
-    mean = flat.to(torch.float64).mean(dim=1, keepdim=True)
-    var_avg = flat.to(torch.float64).var(dim=1, unbiased=False)
+    vm = [torch.var_mean(flat[i:i + _CHUNK].to(torch.float64), dim=1, unbiased=False) for i in range(0, n, _CHUNK)]
+    var_avg = torch.cat([v for v, _ in vm]) if vm else flat.new_zeros(0, dtype=torch.float64)
+    mean = torch.cat([m for _, m in vm]) if vm else flat.new_zeros(0, dtype=torch.float64)
     ok = (var_avg > VAR_EPS) & (target_var > 0)
     scale = torch.where(ok, torch.sqrt(target_var.clamp_min(0) / var_avg.clamp_min(VAR_EPS)),
-                        torch.ones_like(var_avg)).unsqueeze(1)
-    out = (flat.to(torch.float64) - mean) * scale + mean
-    return out.to(avg.dtype).view_as(avg)
+                        torch.ones_like(var_avg))
+    # (v - mean) * scale + mean = v * scale + mean * (1 - scale)
+    shift = (mean * (1.0 - scale)).to(avg.dtype).unsqueeze(1)
+    out = torch.addcmul(shift, flat, scale.to(avg.dtype).unsqueeze(1))
+    return out.view_as(avg)
 
 
 def variance_corrected_average(buffer: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,99 @@
+"""Gossip simulation speed: seconds per training tick, stacked (grouped conv / vmap) vs a per-node loop.
+
+A "training tick" is a tick at which every node trains once on a batch of 64 (the synchronous
+baseline, T_acquisition = 10, Sec. III-A of Tian et al. 2404.04616): one SGD step of all N
+LeNet-5 models. Also timed: a whole simulated round (train + send + average + no evaluation)
+through :func:`federation.gossip.simulate`.
+
+``python -m benchmarks.bench_gossip [--nodes 50 1000] [--repeats 3] [--threads 1]``; writes
+``bench_out/gossip.json``. N = 1000 needs about 10 GB of memory (flat parameters, momentum,
+buffers and gradients of 1000 x 431,080 float32) and is skipped when less is available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import psutil
+import torch
+
+from etl.io import atomic_write_text
+from federation.gossip.model import init_stacked, stacked_gradients
+from federation.gossip.simulation import GossipConfig, simulate
+
+BYTES_PER_NODE = 431_080 * 4 * 6  # flat, momentum, buffer, gradient, gathered copies
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) / repeats
+
+
+def bench_step(n: int, repeats: int, loop: bool) -> dict:
+    """Seconds for one training step of n nodes: stacked engines and (optionally) a per-node loop."""
+    gen = torch.Generator().manual_seed(0)
+    flat = init_stacked(n, gen)
+    x = torch.rand(n, 64, 1, 28, 28, generator=gen)
+    y = torch.randint(0, 10, (n, 64), generator=gen)
+    out = {"n_nodes": n}
+    for engine in ("grouped", "vmap"):
+        out[f"step_s_{engine}"] = _time(lambda: stacked_gradients(flat, x, y, engine), repeats)
+    if loop:
+        def per_node():
+            for i in range(n):
+                stacked_gradients(flat[i:i + 1], x[i:i + 1], y[i:i + 1], "grouped")
+        out["step_s_loop"] = _time(per_node, max(1, repeats // 2))
+        out["speedup_grouped_vs_loop"] = out["step_s_loop"] / out["step_s_grouped"]
+    return out
+
+
+def bench_round(n: int, degree: int) -> dict:
+    """Seconds per simulated tick (train + send + average), 3 synchronous rounds, no evaluation."""
+    rng = np.random.default_rng(0)
+    from etl.images import ImageDataset
+    data = ImageDataset(rng.integers(0, 256, (6000, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 6000),
+                        rng.integers(0, 256, (10, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 10), 10, "random")
+    out = {}
+    for averaging in ("plain", "variance_corrected"):
+        cfg = GossipConfig(n_nodes=n, degree=degree, ticks=30, eval_every=10_000, test_subset=10,
+                           averaging=averaging)
+        r = simulate(cfg, data, seed=0)
+        out[f"tick_s_{averaging}"] = r.wall_s / cfg.ticks
+        out[f"round_s_{averaging}"] = r.wall_s / 3
+        out[f"train_share_{averaging}"] = r.train_s / r.wall_s
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; print and write ``bench_out/gossip.json``; return the results."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[50])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv if argv is not None else [])
+    torch.set_num_threads(args.threads)
+    results = []
+    for n in args.nodes:
+        need = n * BYTES_PER_NODE
+        if need > psutil.virtual_memory().available * 0.8:
+            print(f"N={n}: skipped, needs about {need / 2**30:.1f} GiB")
+            results.append({"n_nodes": n, "skipped": "memory"})
+            continue
+        row = bench_step(n, args.repeats, loop=n <= 100)
+        row.update(bench_round(n, 8))
+        row["threads"] = args.threads
+        print(json.dumps(row))
+        results.append(row)
+    atomic_write_text("bench_out/gossip.json", json.dumps(results, indent=1))
+    return {"results": results}
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])

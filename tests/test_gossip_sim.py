@@ -1,0 +1,91 @@
+"""Tick-based gossip simulation (Sec. III-A, III-C) and the ``benchmark: vv`` entry point."""
+
+import numpy as np
+import pytest
+
+from etl.errors import InputError
+from etl.images import ImageDataset
+from federation.gossip import GossipConfig, expand_runs, simulate
+
+
+@pytest.fixture(scope="module")
+def tiny_data() -> ImageDataset:
+    rng = np.random.default_rng(0)
+    return ImageDataset(rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640),
+                        rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 100),
+                        10, "tiny")
+
+
+def _cfg(**kw) -> GossipConfig:
+    base = dict(n_nodes=6, degree=2, ticks=40, eval_every=20, test_subset=50, batch_size=4, own_subset=8)
+    return GossipConfig(**{**base, **kw})
+
+
+def test_synchronous_counts_follow_the_baseline_schedule(tiny_data):
+    # T_acq = 10: trainings at ticks 9, 19, 29, 39 -> 4 per node; each sends to k = 2 peers
+    r = simulate(_cfg(), tiny_data, seed=0)
+    assert (r.n_train_steps, r.n_messages, r.n_averages) == (24, 48, 24)
+    assert r.t_first_average == 9
+    assert r.params_sent == 48 * 431080
+    assert r.eval_ticks.tolist() == [0, 20, 40]
+    # R = 2: buffer of 2 * k = 4 models -> averaging every second training
+    r2 = simulate(_cfg(interval_ratio=2), tiny_data, seed=0)
+    assert (r2.n_averages, r2.t_first_average) == (12, 19)
+
+
+def test_star_variant_hub_and_leaves(tiny_data):
+    r = simulate(_cfg(topology="star"), tiny_data, seed=0)
+    # Star(6): hub 0 with 5 leaves -> 10 directed edges; every node averages each round
+    assert (r.n_messages, r.n_averages) == (40, 24)
+
+
+def test_compression_sends_the_ratio_of_weights(tiny_data):
+    r = simulate(_cfg(compression_ratio=0.25), tiny_data, seed=0)
+    assert r.params_sent / (48 * 431080) == pytest.approx(0.25, abs=0.002)
+
+
+def test_transfer_learning_variant_connects_peers_over_time(tiny_data):
+    never = simulate(_cfg(transfer_threshold=1.0), tiny_data, seed=0)
+    assert (never.n_messages, never.n_averages) == (0, 0)
+    assert never.degree_mean.tolist() == [0.0, 0.0, 0.0]
+    always = simulate(_cfg(transfer_threshold=0.0, eval_every=10), tiny_data, seed=0)
+    deg = always.degree_mean
+    assert deg[0] == 0.0 and deg[1] >= 1.0 and np.all(np.diff(deg) >= 0) and deg[-1] == 2.0
+
+
+def test_asynchronous_acquisition_is_deterministic(tiny_data):
+    a = simulate(_cfg(t_acquisition=(1, 19), averaging="variance_corrected"), tiny_data, seed=3)
+    b = simulate(_cfg(t_acquisition=(1, 19), averaging="variance_corrected"), tiny_data, seed=3)
+    assert np.array_equal(a.accuracy, b.accuracy) and a.n_train_steps == b.n_train_steps
+    assert 6 * 2 <= a.n_train_steps <= 6 * 40
+
+
+def test_variance_correction_keeps_layer_variance_while_plain_loses_it(tiny_data):
+    plain = simulate(_cfg(beta=0.0, ticks=20, eval_every=20), tiny_data, seed=1)
+    vc = simulate(_cfg(beta=0.0, ticks=20, eval_every=20, averaging="variance_corrected"), tiny_data, seed=1)
+    # after averaging k = 2 independent models the plain variance is about halved (eq. (3))
+    ratio_plain = plain.layer_variance_mean[-1] / plain.layer_variance_mean[0]
+    ratio_vc = vc.layer_variance_mean[-1] / vc.layer_variance_mean[0]
+    assert np.all(ratio_plain < 0.6) and np.all(ratio_vc > 0.9)
+
+
+def test_expand_runs_grid_and_errors():
+    cfg = {"benchmark": "vv", "simulation": {"n_nodes": 8, "degree": 2},
+           "grid": {"interval_ratio": [1, 4], "t_acquisition": [10, [1, 19]]}}
+    runs = expand_runs(cfg, rounds=7)
+    assert len(runs) == 8 and all(c.ticks == 7 for _, _, c in runs)
+    assert {c.t_acquisition for _, _, c in runs} == {10, (1, 19)}
+    with pytest.raises(InputError, match="benchmark"):
+        expand_runs({"benchmark": "sage"})
+    with pytest.raises(InputError, match="beta"):
+        expand_runs({"benchmark": "vv", "simulation": {"beta": 2.0}})
+    with pytest.raises(InputError, match="degree|Regular"):
+        expand_runs({"benchmark": "vv", "simulation": {"n_nodes": 5, "degree": 3}})
+
+
+def test_simulation_rejects_wrong_image_shape():
+    rng = np.random.default_rng(0)
+    bad = ImageDataset(rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 64),
+                       rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 64), 10, "cifar")
+    with pytest.raises(InputError, match="28x28"):
+        simulate(_cfg(), bad, 0)
