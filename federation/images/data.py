@@ -46,6 +46,7 @@ class ClientShards:
 
     @property
     def n_clients(self) -> int:
+        """K, the number of clients."""
         return int(self.n_train.shape[0])
 
 

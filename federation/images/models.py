@@ -79,6 +79,7 @@ class EncoderDecoderClassifier(nn.Module):
                                   nn.Linear(spec.hidden_dim, spec.n_classes))
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits [B, n_classes], reconstruction [B, C, H, W]) for float images [B, C, H, W]."""
         z = self.encoder(x)
         return self.head(z), self.decoder(z)
 
@@ -127,21 +128,35 @@ class StackedAdam:
 
     @torch.no_grad()
     def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor) -> None:
-        """Update ``params`` in place. ``active``: bool [K]."""
-        self.step_count += active.to(torch.float64)
-        t = self.step_count.clamp(min=1.0)
+        """Update ``params`` in place.
+
+        Args:
+            params: ``{name: [K, ...]}``.
+            grads: ``{name: [A, ...]}`` gradients of the active clients only, in the order of
+                ``active.nonzero()``.
+            active: bool [K] clients that take this step.
+        """
+        idx = active.nonzero().squeeze(1)
+        every = idx.numel() == active.numel()
+        self.step_count[idx] += 1.0
+        t = self.step_count[idx]
         bc1 = (1.0 - self.b1 ** t).to(torch.float32)
         bc2_sqrt = (1.0 - self.b2 ** t).sqrt().to(torch.float32)
         for n, p in params.items():
             g = grads[n]
             shape = (-1,) + (1,) * (p.dim() - 1)
-            a = active.view(shape)
-            m, v = self.m[n], self.v[n]
-            m.copy_(torch.where(a, m * self.b1 + g * (1 - self.b1), m))
-            v.copy_(torch.where(a, v * self.b2 + g * g * (1 - self.b2), v))
-            denom = v.sqrt() / bc2_sqrt.view(shape) + self.eps
-            upd = (self.lr / bc1.view(shape)) * m / denom
-            p.sub_(torch.where(a, upd, torch.zeros_like(upd)))
+            if every:
+                pp, m, v = p, self.m[n], self.v[n]
+            else:
+                pp, m, v = p[idx], self.m[n][idx], self.v[n][idx]
+            m.mul_(self.b1).add_(g, alpha=1 - self.b1)
+            v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+            denom = (v.sqrt() / bc2_sqrt.view(shape)).add_(self.eps)
+            pp.addcdiv_(m, denom * (bc1.view(shape) / self.lr), value=-1.0)
+            if not every:
+                p.index_copy_(0, idx, pp)
+                self.m[n].index_copy_(0, idx, m)
+                self.v[n].index_copy_(0, idx, v)
 
 
 def batch_plan(n_train: Tensor, n_max: int, batch_size: int, generator: torch.Generator) -> Tensor:
@@ -234,10 +249,7 @@ class StackedModel:
             leaves = {n: p[idx].requires_grad_(True) for n, p in self.params.items()}
             losses = self.client_losses(leaves, x, y, w)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            full = {}
-            for n, g in zip(leaves.keys(), grads):
-                full[n] = torch.zeros_like(self.params[n]).index_copy_(0, idx, g)
-            self.opt.step(self.params, full, active)
+            self.opt.step(self.params, dict(zip(leaves.keys(), grads)), active)
             total += float(losses.detach().sum())
             count += int(idx.numel())
         return total / max(count, 1)
@@ -290,12 +302,14 @@ class StackedModel:
         return out
 
     @torch.no_grad()
-    def predict_shared_inputs(self, x: Tensor, chunk: int = 2000) -> Tensor:
+    def predict_shared_inputs(self, x: Tensor, chunk: int = 1000) -> Tensor:
         """Every client's predictions on the same uint8 images [N, C, H, W] -> long [K, N]."""
         preds = []
         for s in range(0, x.shape[0], chunk):
             xf = to_float(x[s:s + chunk])
-            logits = torch.vmap(lambda pp: _classify(self.template, pp, xf))(self.params)
+            # A batched (expanded, not copied) input takes vmap's fast grouped-conv path.
+            xk = xf.unsqueeze(0).expand(self.n_clients, *xf.shape)
+            logits = torch.vmap(lambda pp, xx: _classify(self.template, pp, xx))(self.params, xk)
             preds.append(logits.argmax(dim=-1))
         return torch.cat(preds, dim=1) if preds else torch.empty(self.n_clients, 0, dtype=torch.long)
 

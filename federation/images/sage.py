@@ -46,14 +46,14 @@ def best_two(risk: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     Args:
         risk: float [..., D] empirical risks R_hat_{k,j}; valid: bool [..., D] candidate exists.
     Returns:
-        (best value, index of the best candidate j_hat_1, runner-up value); the runner-up is +inf
-        when fewer than two candidates are valid, the best is +inf when none is.
+        (best value, index of the best candidate j_hat_1 (lowest index among ties), runner-up
+        value); the runner-up is +inf when fewer than two candidates are valid.
     """
     r = torch.where(valid, risk.to(torch.float64), torch.full_like(risk, math.inf, dtype=torch.float64))
-    if r.shape[-1] < 2:
-        r = torch.cat([r, torch.full_like(r[..., :1], math.inf)], dim=-1)
-    vals, idx = r.topk(2, dim=-1, largest=False, sorted=True)
-    return vals[..., 0], idx[..., 0], vals[..., 1]
+    j1 = r.argmin(dim=-1)                      # ties: the lowest candidate index (deterministic)
+    best = r.gather(-1, j1.unsqueeze(-1)).squeeze(-1)
+    rest = r.scatter(-1, j1.unsqueeze(-1), math.inf)
+    return best, j1, rest.min(dim=-1).values
 
 
 def runner_up_certificate(risk: Tensor, valid: Tensor, radius: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,9 @@
+"""Image benchmarks: SAGE optimal-stopping peer selection on Fashion-MNIST and CIFAR-10.
+
+Public entry point: :func:`cli_run` (``federation.images.cli_run`` = ``federation.images.sage.cli_run``
+= ``federation.images.run.cli_run``). See docs/sage.md.
+"""
+
+from federation.images.run import SageConfig, cli_run, parse_config
+
+__all__ = ["cli_run", "SageConfig", "parse_config"]

@@ -1,0 +1,418 @@
+"""The SAGE benchmark runner: configuration, round loop, probing, metrics, MLflow, results JSON.
+
+One configuration (data set x graph x Dirichlet alpha) runs every selected selector from the same
+partition, graph and initialisation (Sec. V-A). A round is: local epoch of all K clients (stacked)
+-> probe (anchor inputs to peers, predictions back, batched over all (receiver, candidate) pairs)
+-> selection -> representation mixing (eq. (2) or the selector's native average) -> metrics.
+
+Entry point: :func:`cli_run` (also ``federation.images.cli_run`` and
+``federation.images.sage.cli_run``), dispatched to by ``abps train --config configs/sage-*.yaml``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from torch import Tensor
+
+from etl.errors import InputError
+from etl.images import FASHION_MNIST_DIR, ImageDataset, load_cifar10, load_idx_dataset
+from etl.io import atomic_write_text
+from federation.images import selectors as sel
+from federation.images.data import ClientShards, make_graph, make_shards, neighbour_table, subsample
+from federation.images.metrics import accuracy, confusion_matrices, macro_f1
+from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, StackedModel
+from federation.images.sage import evidence_saving, truncate_schedule
+
+
+class PensOptions(BaseModel):
+    """PENS settings: peers merged per round and the share of rounds spent on discovery."""
+
+    model_config = ConfigDict(extra="forbid")
+    top_m: int = Field(2, ge=1)
+    discovery_fraction: float = Field(0.1, gt=0, le=1)
+
+
+class PfeddstOptions(BaseModel):
+    """PFedDST settings: peers merged per round and the score's alpha and c."""
+
+    model_config = ConfigDict(extra="forbid")
+    top_k: int = Field(2, ge=1)
+    alpha: float = 1.0
+    c: float = 1.0
+
+
+class SageConfig(BaseModel):
+    """A SAGE benchmark configuration (configs/sage-*.yaml; defaults = the paper's Sec. V).
+
+    Raises (via :func:`parse_config`): InputError naming the offending option.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    benchmark: Literal["sage"] = "sage"
+    name: str | None = None
+    dataset: Literal["fmnist", "cifar10"] = "fmnist"
+    data_root: str | None = None
+    n_clients: int = Field(50, ge=2)
+    rounds: int = Field(250, ge=1)
+    graph: Literal["er", "ba"] = "er"
+    er_p: float = 0.15
+    ba_m: int = 3
+    alpha_dir: float = Field(0.1, gt=0)
+    seeds: list[int] = [0]
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    alpha_mix: float = Field(0.5, ge=0, le=1)
+    recon_weight: float = Field(1.0, ge=0)
+    schedule: list[int] = [16, 32, 64, 128]
+    delta: float = Field(0.1, gt=0, lt=1)
+    lambda_cost: float = Field(2e-3, ge=0)
+    eval_every: int = Field(1, ge=1)
+    train_samples: int | None = Field(None, ge=1)
+    test_samples: int | None = Field(None, ge=1)
+    selectors: list[str] = list(sel.SELECTORS)
+    pens: PensOptions = PensOptions()
+    pfeddst: PfeddstOptions = PfeddstOptions()
+    num_threads: int | None = Field(None, ge=1)
+
+    @field_validator("selectors")
+    @classmethod
+    def _selectors(cls, v: list[str]) -> list[str]:
+        out = [sel.canonical_selector(s) for s in v]
+        if not out:
+            raise ValueError("at least one selector is required")
+        return list(dict.fromkeys(out))
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: list[int]) -> list[int]:
+        if not v or v[0] < 1 or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"must be increasing positive integers, got {v}")
+        return v
+
+
+def parse_config(config: dict[str, Any], rounds: int | None = None,
+                 seeds: list[int] | None = None) -> SageConfig:
+    """Validate a config dict (overriding rounds / seeds); InputError names the bad option."""
+    cfg = dict(config)
+    if rounds is not None:
+        cfg["rounds"] = rounds
+    if seeds is not None:
+        cfg["seeds"] = list(seeds)
+    try:
+        return SageConfig(**cfg)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        raise InputError(f"sage config: option '{loc}': {err['msg']}") from None
+
+
+def load_dataset(cfg: SageConfig) -> tuple[ImageDataset, ModelSpec]:
+    """The configured data set and its model spec (Fashion-MNIST default, CIFAR-10 from data_root)."""
+    if cfg.dataset == "fmnist":
+        return load_idx_dataset(cfg.data_root or FASHION_MNIST_DIR, "fashion-mnist"), FMNIST_SPEC
+    if cfg.data_root is None:
+        raise InputError("sage config: option 'data_root' is required for dataset cifar10 "
+                         "(a folder holding cifar-10-batches-py)")
+    return load_cifar10(cfg.data_root), CIFAR10_SPEC
+
+
+# --- probing ------------------------------------------------------------------------------
+
+def draw_anchors(shards: ClientShards, m_max: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """This round's nested anchor sets: the first min(pool, m_max) of a fresh random pool order.
+
+    Returns:
+        (rows long [K, M] into x_train, valid bool [K, M]) with M = min(m_max, max pool).
+    """
+    k, width = shards.anchor_index.shape
+    keys = torch.rand(k, width, generator=generator)
+    keys = torch.where(torch.arange(width)[None, :] < shards.n_anchor[:, None], keys, torch.full_like(keys, 2.0))
+    order = keys.argsort(dim=1)
+    m = max(1, min(m_max, width))
+    rows = shards.anchor_index.gather(1, order[:, :m])
+    valid = torch.arange(m)[None, :] < shards.n_anchor.clamp(max=m_max)[:, None]
+    return rows, valid
+
+
+def probe(model: StackedModel, shards: ClientShards, cand: Tensor, cand_valid: Tensor, degree: Tensor,
+          schedule: Tensor, anchor_rows: Tensor, anchor_valid: Tensor, with_ce: bool,
+          own: bool = False) -> tuple[sel.ProbeTable, Tensor | None]:
+    """Score every candidate of every receiver on the receiver's anchors (eq. (4), 0-1 loss).
+
+    The receiver sends anchor inputs only; each candidate j returns logits of its post-local-update
+    predictor Theta_j^{t,+}; the receiver scores them against its own labels. All (receiver,
+    candidate) pairs are evaluated in one batched pass (:meth:`StackedModel.pair_logits`).
+
+    Returns:
+        (ProbeTable, own_ce float64 [K] or None): own_ce is each receiver's own CE on its anchors.
+    """
+    k, d = cand.shape
+    n_stages = truncate_schedule(schedule.tolist(), shards.n_anchor)
+    pr, pc = cand_valid.nonzero(as_tuple=True)
+    receivers = pr
+    if own:
+        receivers = torch.cat([pr, torch.arange(k)])
+    models = cand[pr, pc] if not own else torch.cat([cand[pr, pc], torch.arange(k)])
+    logits = model.pair_logits(shards.x_train, models, anchor_rows[receivers])
+    y = shards.y_train[anchor_rows[receivers]]
+    err = (logits.argmax(-1) != y).to(torch.float64)
+    av = anchor_valid[receivers].to(torch.float64)
+    cum = (err * av).cumsum(dim=1)
+    m_width = anchor_rows.shape[1]
+    risk = torch.zeros(k, d, len(schedule), dtype=torch.float64)
+    idx = (schedule.clamp(max=m_width) - 1)
+    n_pairs = pr.numel()
+    risk[pr, pc] = cum[:n_pairs][:, idx] / schedule.to(torch.float64)[None, :]
+    ce_tab = torch.zeros(k, d, dtype=torch.float64)
+    own_ce = None
+    if with_ce:
+        # CE over the first m_{L_k} anchors (the largest feasible stage), the PENS/PFedDST evidence.
+        m_last = torch.where(n_stages > 0, schedule.gather(0, (n_stages - 1).clamp(min=0)), torch.zeros_like(n_stages))
+        use = (torch.arange(m_width)[None, :] < m_last[receivers][:, None]).to(torch.float64)
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+        ce = ce.view(y.shape).to(torch.float64)
+        mean_ce = (ce * use).sum(1) / use.sum(1).clamp(min=1)
+        ce_tab[pr, pc] = mean_ce[:n_pairs]
+        if own:
+            own_ce = mean_ce[n_pairs:]
+    return sel.ProbeTable(cand, cand_valid, degree, schedule, n_stages, risk, ce_tab), own_ce
+
+
+# --- evaluation ---------------------------------------------------------------------------
+
+def evaluate(model: StackedModel, shards: ClientShards) -> dict[str, float]:
+    """Global accuracy / macro-F1 (shared test set, mean over clients) and client / worst-client
+    accuracy on the local evaluation splits (Tables I-II)."""
+    pred = model.predict_shared_inputs(shards.x_test)
+    acc = accuracy(shards.y_test, pred)
+    f1 = macro_f1(confusion_matrices(shards.y_test, pred, shards.n_classes))
+    k, width = shards.eval_index.shape
+    rows = shards.eval_index
+    emask = torch.arange(width)[None, :] < shards.n_eval[:, None]
+    epred = model.predict_pairs(shards.x_train, torch.arange(k), rows)
+    cacc = accuracy(shards.y_train[rows], epred, emask)
+    has = ~torch.isnan(cacc)
+    return {"global_acc": float(acc.mean()), "macro_f1": float(f1.mean()),
+            "client_acc": float(cacc[has].mean()) if bool(has.any()) else float("nan"),
+            "worst_client_acc": float(cacc[has].min()) if bool(has.any()) else float("nan")}
+
+
+# --- tracking -----------------------------------------------------------------------------
+
+def make_tracker(tracking_uri: str | None, experiment: str | None):
+    """A ``federation.tracking.Tracker`` (None = the default store ``sqlite:///mlflow/mlflow.db``);
+    ``tracking_uri="none"`` disables MLflow and returns None."""
+    if tracking_uri is not None and tracking_uri.strip().lower() in ("", "none"):
+        return None
+    from federation.tracking import Tracker
+    return Tracker(tracking_uri, experiment or "sage")
+
+
+# --- the round loop -----------------------------------------------------------------------
+
+def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: ModelSpec,
+                 cand: Tensor, cand_valid: Tensor, degree: Tensor, seed: int,
+                 tracker=None) -> dict[str, Any]:
+    """Train K clients for ``cfg.rounds`` rounds under one selector; returns its history and summary.
+
+    Same seed -> same result: the initialisation, batch orders and anchor draws depend only on
+    ``seed`` (shared across selectors), the selector's random draws on (seed, selector).
+    """
+    k = shards.n_clients
+    model = StackedModel(spec, k, seed, lr=cfg.lr, recon_weight=cfg.recon_weight)
+    schedule = torch.tensor(cfg.schedule, dtype=torch.long)
+    m_max = int(schedule[-1])
+    g_data = torch.Generator().manual_seed(seed)
+    g_sel = torch.Generator().manual_seed(seed * 1000 + sel.SELECTORS.index(selector) + 1)
+    stats = sel.SelectorStats()
+    pens = sel.PensState(torch.zeros(cand.shape, dtype=torch.float64),
+                         max(1, int(round(cfg.pens.discovery_fraction * cfg.rounds))))
+    pfed = sel.PfeddstState(torch.full(cand.shape, -1, dtype=torch.long))
+    head_names = [n for n in model.params if n.startswith("head.")]
+    history: list[dict[str, float]] = []
+    stop_labels = [f"stop_at_{m}" for m in cfg.schedule]
+    t_train = t_probe = t_eval = 0.0
+    for t in range(cfg.rounds):
+        t0 = time.perf_counter()
+        loss = 0.0
+        for _ in range(cfg.local_epochs):
+            loss = model.local_epoch(shards.x_train, shards.y_train, shards.train_index, shards.n_train,
+                                     cfg.batch_size, g_data)
+        anchor_rows, anchor_valid = draw_anchors(shards, m_max, g_data)
+        t1 = time.perf_counter()
+        if selector == "local":
+            dec = sel.decide_local(k)
+        elif selector == "rg":
+            dec = sel.decide_rg(cand, degree, g_sel)
+        else:
+            need = selector in ("aq128", "sage_nf", "vanilla_sage", "sage_os", "pfeddst") or \
+                t < pens.discovery_rounds
+            table = None
+            own_ce = None
+            if need:
+                table, own_ce = probe(model, shards, cand, cand_valid, degree, schedule, anchor_rows,
+                                      anchor_valid, with_ce=selector in ("pens", "pfeddst"),
+                                      own=selector == "pfeddst")
+            else:
+                n_stages = truncate_schedule(cfg.schedule, shards.n_anchor)
+                table = sel.ProbeTable(cand, cand_valid, degree, schedule, n_stages,
+                                       torch.zeros(*cand.shape, len(cfg.schedule), dtype=torch.float64),
+                                       torch.zeros(cand.shape, dtype=torch.float64))
+            if selector in sel.ANCHOR_SELECTORS:
+                dec = sel.decide_anchor(selector, table, cfg.delta, cfg.lambda_cost, g_sel)
+            elif selector == "pens":
+                dec = sel.decide_pens(table, pens, t, cfg.pens.top_m, shards.n_train, g_sel)
+            else:
+                heads = torch.cat([model.params[n].flatten(1) for n in head_names], dim=1)
+                dec = sel.decide_pfeddst(table, pfed, t, cfg.pfeddst.top_k, heads, own_ce,
+                                         cfg.pfeddst.alpha, cfg.pfeddst.c, shards.n_train)
+        native = selector in ("pens", "pfeddst")
+        W = sel.mixing_matrix(dec, cfg.alpha_mix, shards.n_train if selector == "pens" else None,
+                              native_average=native)
+        model.mix_shared(W)
+        t2 = time.perf_counter()
+        row = _round_metrics(selector, dec, degree, m_max, stats, cfg.schedule, stop_labels, k)
+        row["train_loss"] = loss
+        if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
+            row.update(evaluate(model, shards))
+        t3 = time.perf_counter()
+        t_train += t1 - t0
+        t_probe += t2 - t1
+        t_eval += t3 - t2
+        row["seconds_round"] = t3 - t0
+        history.append(row)
+        if tracker is not None:
+            tracker.log_metrics(row, step=t + 1)
+    summary = _summary(selector, stats, history, cfg.schedule, m_max, k, cfg.rounds)
+    summary.update(seconds_train=t_train, seconds_probe_mix=t_probe, seconds_eval=t_eval)
+    return {"history": history, "summary": summary}
+
+
+def _round_metrics(selector: str, dec: sel.Decision, degree: Tensor, m_max: int,
+                   stats: sel.SelectorStats, schedule: list[int], stop_labels: list[str], k: int) -> dict:
+    n_ex = int((dec.peers >= 0).sum())
+    anchor_based = selector in sel.ANCHOR_SELECTORS or selector in ("pens", "pfeddst")
+    row: dict[str, float] = {"comm_oh": n_ex / k, "model_exchanges": float(n_ex)}
+    stats.exchanges += n_ex
+    if anchor_based:
+        d = degree.to(torch.float64)
+        row["budget_consumed"] = 1.0 - evidence_saving(dec.anchors_used, degree, m_max)
+        row["probe_evaluations"] = float((d * dec.anchors_used.to(torch.float64)).sum())
+        stats.d_m += row["probe_evaluations"]
+        stats.d_sum += float(d.sum())
+        stats.decisions += k
+    if selector in sel.ANCHOR_SELECTORS:
+        row["rg_fallback_rate"] = float(dec.gossip.to(torch.float64).mean())
+        row["cost_rg_rate"] = float(dec.cost_gossip.to(torch.float64).mean())
+        row["certified_rate"] = float(dec.certified.to(torch.float64).mean())
+        row["no_anchor_rate"] = float(dec.no_anchor.to(torch.float64).mean())
+        stats.gossip += int(dec.gossip.sum())
+        stats.cost_gossip += int(dec.cost_gossip.sum())
+        stats.certified += int(dec.certified.sum())
+        stats.no_anchor += int(dec.no_anchor.sum())
+        for i, lab in enumerate(stop_labels):
+            c = int((dec.stop_stage == i).sum())
+            row[lab] = c / k
+            stats.stop_counts[lab] = stats.stop_counts.get(lab, 0) + c
+    return row
+
+
+def _summary(selector: str, stats: sel.SelectorStats, history: list[dict], schedule: list[int],
+             m_max: int, k: int, rounds: int) -> dict[str, Any]:
+    last = next((h for h in reversed(history) if "global_acc" in h), {})
+    out: dict[str, Any] = {
+        "selector": sel.DISPLAY[selector],
+        "global_acc": last.get("global_acc"), "macro_f1": last.get("macro_f1"),
+        "client_acc": last.get("client_acc"), "worst_client_acc": last.get("worst_client_acc"),
+        "comm_oh": stats.exchanges / (k * rounds),
+    }
+    if stats.decisions:
+        out["budget_consumed"] = stats.d_m / (m_max * stats.d_sum) if stats.d_sum else 0.0
+        out["saving"] = 1.0 - out["budget_consumed"]
+    if selector in sel.ANCHOR_SELECTORS:
+        n = stats.decisions
+        out["stop_distribution"] = {lab: stats.stop_counts.get(lab, 0) / n for lab in
+                                    [f"stop_at_{m}" for m in schedule]}
+        out["stop_distribution"]["no_anchor"] = stats.no_anchor / n
+        out["rg_fallback_rate"] = stats.gossip / n
+        out["cost_rg_rate"] = stats.cost_gossip / n
+        out["certified_rate"] = stats.certified / n
+    return out
+
+
+def config_name(cfg: SageConfig) -> str:
+    """``sage-{dataset}-{graph}-{alpha}`` unless the config names itself."""
+    return cfg.name or f"sage-{cfg.dataset}-{cfg.graph}-{cfg.alpha_dir:g}"
+
+
+def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = None,
+            output: str | Path | None = None, tracking_uri: str | None = None,
+            experiment: str | None = None) -> dict:
+    """Run one SAGE configuration: every configured selector, every seed.
+
+    Args:
+        config: the YAML preset as a dict (``benchmark: sage``; see :class:`SageConfig`).
+        rounds: override of ``rounds`` (quick runs).
+        seeds: override of ``seeds``.
+        output: a ``*.json`` file path, or a folder that receives ``results.json`` (written
+            atomically); None = do not write.
+        tracking_uri: MLflow tracking URI; None = the default store ``sqlite:///mlflow/mlflow.db``,
+            ``"none"`` = no MLflow.
+        experiment: MLflow experiment name (default "sage").
+    Returns:
+        {"config": ..., "graph": {...}, "runs": {seed: {selector: {"summary", "history"}}},
+         "table": [summary rows]}.
+    Raises:
+        InputError: bad config option, missing data folder.
+    """
+    cfg = parse_config(config, rounds, seeds)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    ds_full, spec = load_dataset(cfg)
+    tracker = make_tracker(tracking_uri, experiment)
+    name = config_name(cfg)
+    result: dict[str, Any] = {"config": cfg.model_dump(), "name": name, "runs": {}, "table": [], "graphs": {}}
+    for seed in cfg.seeds:
+        ds = subsample(ds_full, cfg.train_samples, cfg.test_samples, seed)
+        shards = make_shards(ds, cfg.n_clients, cfg.alpha_dir, seed)
+        g = make_graph(cfg.graph, cfg.n_clients, seed, cfg.er_p, cfg.ba_m)
+        cand, cand_valid, degree = neighbour_table(g)
+        result["graphs"][str(seed)] = {"mean_degree": float(degree.to(torch.float64).mean()),
+                                       "min_degree": int(degree.min()), "max_degree": int(degree.max()),
+                                       "edges": g.number_of_edges()}
+        runs: dict[str, Any] = {}
+        params = {"config": name, "seed": seed, "dataset": cfg.dataset, "graph": cfg.graph,
+                  "alpha_dir": cfg.alpha_dir, "n_clients": cfg.n_clients, "rounds": cfg.rounds,
+                  "schedule": cfg.schedule, "delta": cfg.delta, "lambda_cost": cfg.lambda_cost,
+                  "alpha_mix": cfg.alpha_mix, "recon_weight": cfg.recon_weight}
+        parent = tracker.parent(f"{name}-seed{seed}", params) if tracker else contextlib.nullcontext()
+        with parent:
+            for s in cfg.selectors:
+                child = (tracker.child(f"{name}-{sel.DISPLAY[s]}-seed{seed}", {**params, "selector": sel.DISPLAY[s]},
+                                       {"benchmark": "sage", "selector": sel.DISPLAY[s]})
+                         if tracker else contextlib.nullcontext())
+                with child:
+                    out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker)
+                    if tracker:
+                        final = {f"final_{key}": v for key, v in out["summary"].items()
+                                 if isinstance(v, (int, float)) and v is not None}
+                        tracker.log_metrics(final, step=cfg.rounds)
+                        tracker.log_json(out["summary"], "summary.json")
+                runs[s] = out
+                result["table"].append({"seed": seed, **out["summary"]})
+            if tracker:
+                tracker.log_json(result["table"], "table.json")
+        result["runs"][str(seed)] = runs
+    if output is not None:
+        out = Path(output)
+        target = out if out.suffix == ".json" else out / "results.json"
+        atomic_write_text(target, json.dumps(result, indent=1, default=float))
+    return result
