@@ -28,7 +28,8 @@ def _register() -> None:
     """Import the command modules; each adds its commands to ``app`` / ``synth_app``."""
     import importlib
 
-    for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd"):
+    for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd", "cli.sweep_cmd",
+                 "cli.report_cmd"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:  # a command module not written yet
@@ -36,29 +37,57 @@ def _register() -> None:
                 raise
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``abps``)."""
-    _register()
-    try:
-        app(args=argv, standalone_mode=False)
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except Exception as exc:  # pydantic / click usage errors
-        from click.exceptions import Abort, ClickException, Exit
-        from pydantic import ValidationError
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line[:limit]
 
-        if isinstance(exc, Exit):
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
+    # unwind normally so that temporary outputs are removed (etl.io.atomic_output_dir)
+    raise SystemExit(143)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``abps``).
+
+    Exit codes: 0 success; 2 bad input or usage (one ``error: ...`` line on stderr, no
+    traceback); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Outputs are written through
+    temporary paths, so an interrupted command leaves earlier outputs intact.
+    """
+    import signal
+
+    _register()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        rv = app(args=argv, standalone_mode=False)
+    except InputError as exc:
+        print(f"error: {_first_line(exc)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # usage errors of typer's click, pydantic, MLflow
+        from pydantic import ValidationError
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+        if isinstance(exc, typer.Exit):
             sys.exit(exc.exit_code)
-        if isinstance(exc, Abort):
-            print("error: aborted", file=sys.stderr)
-            sys.exit(1)
-        if isinstance(exc, ClickException):
+        if isinstance(exc, NoArgsIsHelpError):
             exc.show()
+            sys.exit(2)
+        if isinstance(exc, ClickException):
+            print(f"error: {_first_line(exc.format_message())}", file=sys.stderr)
             sys.exit(2)
         if isinstance(exc, ValidationError):
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first.get("loc", ()))
             print(f"error: invalid config {loc}: {first.get('msg')}", file=sys.stderr)
             sys.exit(2)
+        if type(exc).__module__.startswith("mlflow"):
+            print(f"error: MLflow: {_first_line(exc)}", file=sys.stderr)
+            sys.exit(2)
         raise
+    if isinstance(rv, int) and rv != 0:
+        if rv == 130:
+            print("error: interrupted", file=sys.stderr)
+        sys.exit(rv)

@@ -46,12 +46,14 @@ def etl_command(
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
     from etl.mimic import EtlOptions, run_etl
 
+    if mimic_dir is not None and data_dir is not None and mimic_dir != data_dir:
+        raise InputError("give the source folder once: --mimic-dir or --data-dir, not both")
     src_dir = mimic_dir or data_dir
     if src_dir is None:
         raise InputError("give the source folder with --mimic-dir (or --data-dir)")
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,
-        care_units=tuple(u.strip() for u in care_units.split(",") if u.strip()),
+        care_units=tuple(dict.fromkeys(u.strip() for u in care_units.split(",") if u.strip())),
         min_age=min_age, max_age=max_age,
         min_center_stays=min_center_stays if min_center_stays is not None else (10 if source == "eicu" else 50),
         vitals_from_hours=vitals_from_hours, comorbidity_source=comorbidity_source,
@@ -66,6 +68,11 @@ def etl_command(
         rep = run_eicu_etl(src_dir, out, opts)
     else:
         raise InputError(f"unknown --source '{source}' (choose from mimic, eicu)")
+    small = rep["stays_per_center"]["min"]
+    if small < 11:
+        typer.echo(f"warning: the smallest center holds {small} stays; per-center metadata of centers under 11 "
+                   "stays can single out patients (raise --min-center-stays before sharing centers.parquet)",
+                   err=True)
     typer.echo(
         f"cohort: {rep['stays']} stays, {rep['centers']} centers, mortality {rep['mortality']:.3f} -> {out}"
     )

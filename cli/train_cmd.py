@@ -111,7 +111,11 @@ def train(
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
                        progress=not no_progress)
     s = doc["summary"]
+
+    def fmt(stat: dict) -> str:
+        return "undefined" if stat["mean"] is None else f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
+
     typer.echo(
-        f"{cfg.method}: AUROC {s['final_auroc_mean']['mean']:.4f} +/- {s['final_auroc_mean']['std']:.4f} "
-        f"(across {len(seed_list)} seeds), bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg -> {output}"
+        f"{cfg.method}: AUROC {fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds), "
+        f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg -> {output}"
     )

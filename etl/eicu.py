@@ -260,6 +260,8 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
             cci = _frame(con, _comorbidity_sql(s, opts.comorbidity_source))
             kept = _frame(con, "SELECT * FROM kept ORDER BY stay_id")
             hosp = _frame(con, f"SELECT CAST(hospitalid AS BIGINT) AS hospitalid, numbedscategory, teachingstatus, region FROM {s['hospital']}")
+        except duckdb.InterruptException:
+            raise KeyboardInterrupt from None
         except duckdb.Error as exc:
             raise wrap_duckdb_error(exc, list(tables.values())) from None
         finally:

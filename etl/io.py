@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from etl.errors import InputError
+
 
 @contextlib.contextmanager
 def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
@@ -22,6 +24,10 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     files are moved over the old ones one by one after success.
     """
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if any(p.exists() and not p.is_dir() for p in out.parents):
+        raise InputError(f"--out {out}: a parent path is a file")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     umask = os.umask(0)
@@ -29,19 +35,17 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the renamed output gets normal permissions
     try:
         yield tmp
-    except BaseException:
+        if not out.exists():
+            os.replace(tmp, out)
+            return
+        for src in sorted(tmp.rglob("*")):
+            if src.is_dir():
+                continue
+            dst = out / src.relative_to(tmp)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dst)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    for src in sorted(tmp.rglob("*")):
-        if src.is_dir():
-            continue
-        dst = out / src.relative_to(tmp)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src, dst)
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -52,6 +56,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

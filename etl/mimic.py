@@ -12,6 +12,7 @@ Outputs (``docs/data_dictionary.md``): ``cohort.parquet``, ``centers.parquet``,
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,14 @@ class EtlOptions:
             raise InputError(f"--min-center-stays must be >= 1, got {self.min_center_stays}")
         if not -48 <= self.vitals_from_hours < 24:
             raise InputError(f"--vitals-from-hours must be in [-48, 24), got {self.vitals_from_hours}")
+        if self.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {self.threads}")
+        if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", self.memory_limit.strip()):
+            raise InputError(f"--memory-limit must look like 2GB or 512MB, got '{self.memory_limit}'")
+        if self.seed < 0:
+            raise InputError(f"--seed must be >= 0, got {self.seed}")
+        if self.window_years < 1:
+            raise InputError(f"--window-years must be >= 1, got {self.window_years}")
 
 
 def _short_units(units: tuple[str, ...]) -> list[str]:
@@ -151,8 +160,9 @@ def _frame(con: duckdb.DuckDBPyConnection, query: str) -> pl.DataFrame:
 def _connect(opts: EtlOptions, tmp: Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     con.execute(f"SET threads = {int(opts.threads)}")
-    con.execute(f"SET memory_limit = '{opts.memory_limit}'")
-    con.execute(f"SET temp_directory = '{tmp / 'duckdb_tmp'}'")
+    con.execute(f"SET memory_limit = '{opts.memory_limit.strip()}'")  # validated: digits + unit
+    scratch = str(tmp / "duckdb_tmp").replace("'", "''")
+    con.execute(f"SET temp_directory = '{scratch}'")
     con.execute("SET preserve_insertion_order = false")
     return con
 
@@ -258,10 +268,23 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     units = _short_units(opts.care_units)
     try:
         t0 = time.perf_counter()
+        for name, key in (("patients", "subject_id"), ("admissions", "hadm_id"), ("icustays", "stay_id")):
+            dup = con.execute(f"SELECT count(*) - count(DISTINCT {key}) FROM {tables[name].scan_sql(TYPES)}").fetchall()[0][0]
+            if dup:
+                raise InputError(f"{tables[name].path}: column '{key}' is not unique ({dup} duplicate rows)")
+        bad = con.execute(
+            f"SELECT count(*) FROM {tables['admissions'].scan_sql(TYPES)} "
+            "WHERE hospital_expire_flag IS NOT NULL AND hospital_expire_flag NOT IN (0, 1)").fetchall()[0][0]
+        if bad:
+            raise InputError(f"{tables['admissions'].path}: column 'hospital_expire_flag' must be 0 or 1 "
+                             f"({bad} rows hold other values)")
         con.execute(f"CREATE TEMP TABLE all_stays AS {_stays_sql(tables)}")
         n_icu = con.execute(f"SELECT count(*) FROM {tables['icustays'].scan_sql(TYPES)}").fetchall()[0][0]
         n_join = con.execute("SELECT count(*) FROM all_stays").fetchall()[0][0]
         att.add("ICU stays with admission and patient records", n_icu, n_join)
+        if n_join == 0:
+            raise InputError("empty cohort: no ICU stay joins an admission and a patient "
+                             "(check icustays, admissions and patients)")
         n_label = con.execute("SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL").fetchall()[0][0]
         att.add("known in-hospital outcome and intime", n_join, n_label)
         n_age = con.execute(
@@ -290,6 +313,8 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
         cci = _frame(con, _charlson_sql(tables, opts.comorbidity_source))
         timings["charlson_s"] = time.perf_counter() - t0
         kept = _frame(con, "SELECT * FROM kept ORDER BY stay_id")
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
     except duckdb.Error as exc:
         raise wrap_duckdb_error(exc, list(tables.values())) from None
     finally:

@@ -38,6 +38,42 @@ from federation.schema import (
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
 
+def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path, centers_path: Path) -> None:
+    """Validate the contract's value domains; raise InputError naming the file and column.
+
+    The label must be 0/1 without nulls; numeric and binary features must be numbers (nulls are
+    allowed and imputed, infinities are not); ``center_id`` must be text in both files and
+    every cohort center must have a row in centers.parquet; metadata must be finite numbers.
+    """
+    for frame, path in ((cohort, cohort_path), (centers, centers_path)):
+        if frame.schema["center_id"] != pl.Utf8:
+            raise InputError(f"{path}: column 'center_id' must be text, got {frame.schema['center_id']}")
+    lab = cohort["label"]
+    if not lab.dtype.is_numeric():
+        raise InputError(f"{cohort_path}: column 'label' must be 0/1 integers, got {lab.dtype}")
+    if lab.null_count() or not lab.is_in([0, 1]).all():
+        raise InputError(f"{cohort_path}: column 'label' must be 0 or 1 with no missing values")
+    for col in (*NUMERIC_FEATURES, *BINARY_FEATURES):
+        dt = cohort.schema[col]
+        if not (dt.is_numeric() or dt == pl.Null):
+            raise InputError(f"{cohort_path}: column {col!r} must be numeric, got {dt}")
+        if dt.is_float() and cohort[col].is_infinite().any():
+            raise InputError(f"{cohort_path}: column {col!r} holds infinite values")
+    trained = cohort.filter(pl.col("split") == "train")["center_id"].unique().implode()
+    used = centers.filter(pl.col("center_id").is_in(trained))  # centers without train rows are dropped later
+    for col in META_COLUMNS:
+        dt = centers.schema[col]
+        if not dt.is_numeric():
+            raise InputError(f"{centers_path}: column {col!r} must be numeric, got {dt}")
+        if used[col].null_count() or (dt.is_float() and not used[col].is_finite().all()):
+            raise InputError(f"{centers_path}: column {col!r} must hold finite numbers")
+    missing = set(cohort["center_id"].unique().to_list()) - set(centers["center_id"].to_list())
+    if missing:
+        raise InputError(f"{centers_path}: {len(missing)} center(s) of cohort.parquet have no row here")
+    if centers["center_id"].n_unique() != centers.height:
+        raise InputError(f"{centers_path}: column 'center_id' is not unique")
+
+
 @dataclass
 class SplitTensors:
     """One split of every center, padded.
@@ -129,14 +165,20 @@ class FederatedData:
         for name, p in paths.items():
             if not p.is_file():
                 raise InputError(f"{p}: file not found (expected {name}.parquet from `abps etl`)")
-        cohort = pl.read_parquet(paths["cohort"], columns=None)
-        centers = pl.read_parquet(paths["centers"])
+        frames = {}
+        for name, p in paths.items():
+            try:
+                frames[name] = pl.read_parquet(p)
+            except Exception as exc:  # polars / arrow errors on a corrupt or non-Parquet file
+                raise InputError(f"{p}: not a readable Parquet file ({exc.__class__.__name__})") from None
+        cohort, centers = frames["cohort"], frames["centers"]
         for col in _REQUIRED_COHORT:
             if col not in cohort.columns:
                 raise InputError(f"{paths['cohort']}: missing column {col!r}")
         for col in ("center_id", *META_COLUMNS):
             if col not in centers.columns:
                 raise InputError(f"{paths['centers']}: missing column {col!r}")
+        _check_types(cohort, centers, paths["cohort"], paths["centers"])
         return cls.from_frames(cohort.select(_REQUIRED_COHORT), centers, min_train, source=str(paths["cohort"]))
 
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from etl.errors import InputError
 from etl.io import atomic_write_text
 from federation.config import RunConfig
 from federation.data import FederatedData
@@ -190,11 +191,27 @@ def _method_artifacts(method: Method, ctx: Context) -> dict[str, Any]:
     return dict(art(ctx) if callable(art) else art)
 
 
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN / infinity replaced by None, so results.json is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> dict[str, Any]:
     """results.json content: config, per-seed summaries, and mean / std across seeds."""
     def agg(key: str) -> dict[str, float]:
-        vals = [getattr(r, key) for r in results]
-        return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0}
+        # seeds whose value is NaN (e.g. no center with both classes in its test split) are left
+        # out of the mean and counted
+        vals = [float(getattr(r, key)) for r in results]
+        ok = [v for v in vals if math.isfinite(v)]
+        return {"mean": statistics.fmean(ok) if ok else None,
+                "std": (statistics.pstdev(ok) if len(ok) > 1 else 0.0) if ok else None,
+                "n_seeds_undefined": len(vals) - len(ok)}
 
     return {
         "method": cfg.method,
@@ -226,8 +243,23 @@ def run_training(
     Raises:
         InputError: bad cohort directory or unknown method.
     """
+    from pydantic import ValidationError
+
     from federation.tracking import Tracker
 
+    cls = get_method(cfg.method)
+    try:  # bad method parameters fail before any MLflow run starts
+        cls.Params(**cfg.params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise InputError(f"{cfg.method}: invalid parameter {loc}: {first.get('msg')}") from None
+    if output is not None:
+        out = Path(output).resolve()
+        if out.is_dir():
+            raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
+        if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
+            raise InputError(f"--output {output}: would overwrite the cohort's own files")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
@@ -264,7 +296,7 @@ def run_training(
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
-        atomic_write_text(output, json.dumps(doc, indent=2, allow_nan=True) + "\n")
+        atomic_write_text(output, json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")
     return doc
 
 

@@ -29,6 +29,8 @@ synthetic sequential integers (one stay per subject and admission).
 
 from __future__ import annotations
 
+import json
+
 import math
 from pathlib import Path
 
@@ -227,8 +229,15 @@ def centers_table(cohort: pl.DataFrame, window_start: dict[str, int] | None = No
 def write_fedprox_cohort(out: str | Path, **kwargs: object) -> Path:
     """Generate with :func:`generate_fedprox_cohort` and write ``cohort.parquet`` + ``centers.parquet``
     into ``out`` atomically. Returns the directory path."""
+    marker = "fedprox_manifest.json"
+    outp = Path(out)
+    if outp.is_dir() and any(outp.iterdir()) and not (outp / marker).is_file():
+        raise InputError(f"--out {out}: not empty and not an earlier `abps synth fedprox` output; "
+                         "choose an empty or new folder")
     cohort, centers = generate_fedprox_cohort(**kwargs)  # type: ignore[arg-type]
     with atomic_output_dir(out) as tmp:
         cohort.write_parquet(tmp / "cohort.parquet")
         centers.write_parquet(tmp / "centers.parquet")
-    return Path(out)
+        (tmp / marker).write_text(json.dumps({"generator": "abps synth fedprox",
+                                              "options": {k: str(v) for k, v in kwargs.items()}}, indent=2))
+    return outp

@@ -1,0 +1,29 @@
+"""``abps report``: the papers' tables and figures from the runs of an MLflow experiment.
+
+See :mod:`federation.report` for the sections (ABPS Table 1 and Figure 3, SAGE Tables I-III and
+Fig. 3, variance-correction Table I) and docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.app import app
+
+
+@app.command("report")
+def report(
+    experiment: str = typer.Option(..., "--experiment", help="MLflow experiment name (e.g. the sweep's)"),
+    out: Path = typer.Option(..., "--out", help="output folder (Markdown, CSV, PNG; written atomically)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
+    no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),
+) -> None:
+    """Rebuild Table 1 and Figure 3 (and the SAGE / variance-correction tables when such runs exist)."""
+    from federation.report import write_report
+
+    doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log)
+    done = ", ".join(doc["sections"]) or "no section (no finished runs)"
+    typer.echo(f"report of {experiment}: {done} -> {out / 'report.md'}")

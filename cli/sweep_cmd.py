@@ -1,0 +1,54 @@
+"""``abps sweep``: run a sweep file's (method x options x seed) cells on a process pool or on Ray.
+
+Cells that already have a FINISHED run in the experiment are skipped (resume); see
+:mod:`federation.sweep` and docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.app import app
+from etl.errors import InputError
+
+
+@app.command("sweep")
+def sweep(
+    config: Path = typer.Option(..., "--config", help="sweep YAML (e.g. configs/table1.yaml)"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="local (process pool) or ray; default from the file"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
+    cohort: Optional[Path] = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
+    rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
+    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="override the file's seeds (repeat the option)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the file's)"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
+) -> None:
+    """Run the missing cells of a sweep; each cell is one MLflow run under the sweep's parent run."""
+    import signal
+
+    from federation.sweep import load_sweep, run_sweep
+
+    def _terminate(signum: int, frame: object) -> None:
+        # `kill PID` unwinds like Ctrl-C: the run being logged ends FAILED, workers stop, Ray shuts down
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
+    spec, base = load_sweep(config)
+    cohort_dir = cohort or (Path(spec.cohort) if spec.cohort else None)
+    if cohort_dir is None:
+        raise InputError(f"{config}: no cohort (give --cohort DIR or `cohort:` in the file)")
+    out = run_sweep(spec, base, cohort_dir, engine=engine, workers=workers, address=address, rounds=rounds,
+                    seeds=list(seeds) if seeds else None, tracking_uri=tracking_uri, experiment=experiment,
+                    progress=not no_progress)
+    typer.echo(f"sweep {spec.name}: {len(out.cells)} cells, {len(out.skipped)} already finished, "
+               f"{len(out.ran)} run now, {len(out.failed)} failed (parent run {out.parent_run_id})")
+    for (h, seed), msg in sorted(out.failed.items()):
+        label = next(c.label for c in out.cells if c.key == (h, seed))
+        typer.echo(f"  failed: {label} seed {seed}: {msg}", err=True)
+    if out.failed:
+        raise typer.Exit(1)

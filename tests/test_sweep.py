@@ -1,0 +1,233 @@
+"""`abps sweep`: cross-product expansion, config hashing, resume after a failure / kill, and identical
+metrics on the local pool (1 and 2 workers) and on Ray."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from etl.errors import InputError
+from federation.config import RunConfig
+from federation.synthetic import write_fedprox_cohort
+from federation import sweep as sw
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory) -> Path:
+    return write_fedprox_cohort(tmp_path_factory.mktemp("sweep") / "cohort", n_centers=6, seed=3, mean_size=90.0,
+                                shared=0.8)
+
+
+def _spec(doc: dict) -> sw.SweepSpec:
+    return sw.SweepSpec.model_validate(doc)
+
+
+def test_canonical_json_and_config_hash_by_hand():
+    assert sw.canonical_json({"b": 1, "a": [1, 2.5], "c": (1,), "d": {"y": None, "x": True}}) == \
+        '{"a":[1,2.5],"b":1,"c":[1],"d":{"x":true,"y":null}}'
+    with pytest.raises(ValueError):
+        sw.canonical_json({"a": float("nan")})
+    cfg = RunConfig(method="fedavg", rounds=3)
+    text = json.dumps({"cohort": "c0", "config": cfg.model_dump(mode="json")}, sort_keys=True, separators=(",", ":"))
+    assert sw.config_hash(cfg, "c0") == hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert sw.config_hash(cfg, "c1") != sw.config_hash(cfg, "c0")
+    assert sw.config_hash(RunConfig(method="fedavg", rounds=4), "c0") != sw.config_hash(cfg, "c0")
+
+
+def test_cohort_id_is_content_based(cohort, tmp_path):
+    h = hashlib.sha256()
+    for name in ("cohort.parquet", "centers.parquet"):
+        h.update(name.encode())
+        h.update((cohort / name).read_bytes())
+    assert sw.cohort_id(cohort) == h.hexdigest()[:16]
+    copy = tmp_path / "copy"
+    shutil.copytree(cohort, copy)
+    assert sw.cohort_id(copy) == sw.cohort_id(cohort)  # a moved cohort resumes the same cells
+    with open(copy / "centers.parquet", "ab") as fh:
+        fh.write(b"\0")
+    assert sw.cohort_id(copy) != sw.cohort_id(cohort)
+    with pytest.raises(InputError, match="cohort.parquet"):
+        sw.cohort_id(tmp_path)
+
+
+def test_expand_cells_cross_product():
+    spec = _spec({"name": "x", "seeds": [1, 2, 3], "rounds": 2,
+                  "methods": ["fedavg", {"method": "abps", "label": "abps-div-goal", "params": {"goal": "diversity"}}],
+                  "options": {"engine.local_epochs": [1, 2], "exchange.bf16_wire": [False, True]}})
+    cells = sw.expand_cells(spec, CONFIGS, "c0")
+    assert len(cells) == 2 * 2 * 2 * 3
+    assert [c.index for c in cells] == list(range(24))
+    first = cells[0]
+    assert (first.label, first.seed) == ("fedavg[engine.local_epochs=1,exchange.bf16_wire=false]", 1)
+    assert first.config.engine.local_epochs == 1 and first.config.exchange.bf16_wire is False
+    assert first.config.rounds == 2
+    last = cells[-1]
+    assert last.label == "abps-div-goal[engine.local_epochs=2,exchange.bf16_wire=true]" and last.seed == 3
+    assert last.config.params["goal"] == "diversity" and last.config.engine.local_epochs == 2
+    assert last.config.exchange.bf16_wire is True
+    # one hash per (entry, option values); seeds share it; all keys distinct
+    assert len({c.config_hash for c in cells}) == 8
+    assert len({c.key for c in cells}) == 24
+    assert {c.seed for c in cells if c.config_hash == first.config_hash} == {1, 2, 3}
+    # seeds / rounds overrides
+    assert len(sw.expand_cells(spec, CONFIGS, "c0", rounds=5, seeds=[7])) == 8
+
+
+def test_entry_config_file_and_key_order_do_not_change_the_hash(tmp_path):
+    (tmp_path / "a.yaml").write_text("method: abps\nparams: {kappa: 2, epsilon: 0.2}\nexchange: {head_layers: 1}\n")
+    (tmp_path / "b.yaml").write_text("exchange: {head_layers: 1}\nparams: {epsilon: 0.2, kappa: 2}\nmethod: abps\n")
+    ca = sw.expand_cells(_spec({"methods": [{"method": "abps", "config": "a.yaml"}], "seeds": [1]}), tmp_path, "c")
+    cb = sw.expand_cells(_spec({"methods": [{"method": "abps", "config": "b.yaml"}], "seeds": [1]}), tmp_path, "c")
+    assert ca[0].config.params["kappa"] == 2 and ca[0].config.exchange.head_layers == 1
+    assert ca[0].config_hash == cb[0].config_hash
+    # the presets in configs/ equal the built-in defaults, so naming the file or not is the same cell
+    cp = sw.expand_cells(_spec({"methods": [{"method": "abps-x", "config": "abps-x.yaml"}], "seeds": [1]}), CONFIGS, "c")
+    cd = sw.expand_cells(_spec({"methods": ["abps-x"], "seeds": [1]}), CONFIGS, "c")
+    assert cp[0].config_hash == cd[0].config_hash
+
+
+def test_sweep_files_load():
+    spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
+    cells = sw.expand_cells(spec, base, "c")
+    assert len(cells) == 20 * 5 and len({c.label for c in cells}) == 20
+    spec, base = sw.load_sweep(CONFIGS / "demo.yaml")
+    cells = sw.expand_cells(spec, base, "c")
+    assert [c.label for c in cells[::2]] == ["fedavg", "abps", "abps-x", "abps-div"]
+    assert all(c.config.max_rounds == spec.rounds for c in cells)
+
+
+def test_bad_sweep_files(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("methods: [fedavg, fedavg]\n")
+    with pytest.raises(InputError, match="label 'fedavg' appears twice"):
+        sw.load_sweep(p)
+    p.write_text("methods: [fedavg]\nseeds: [1, 1]\n")
+    with pytest.raises(InputError, match="seeds"):
+        sw.load_sweep(p)
+    with pytest.raises(InputError, match="unknown --method"):
+        sw.expand_cells(_spec({"methods": ["nosuch"]}), tmp_path, "c")
+    with pytest.raises(InputError, match="sweep entry 'fedavg' engine.lr=-1.*engine.lr"):
+        sw.expand_cells(_spec({"methods": ["fedavg"], "options": {"engine.lr": [-1]}}), tmp_path, "c")
+
+
+def _cell_runs(client, exp_id):
+    return client.search_runs([exp_id], "tags.`abps.kind` = 'cell'", max_results=1000)
+
+
+def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    spec = _spec({"name": "resume", "seeds": [1, 2], "rounds": 2, "methods": ["fedavg", "abps"]})
+    real = sw.run_cell
+    calls: list[tuple[str, int]] = []
+
+    def failing(config, cohort_dir, seed, threads=1):
+        calls.append((config["method"], seed))
+        if config["method"] == "abps" and seed == 2:
+            raise RuntimeError("simulated crash")
+        return real(config, cohort_dir, seed, threads)
+
+    monkeypatch.setattr(sw, "run_cell", failing)
+    out1 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert len(out1.ran) == 3 and len(out1.failed) == 1
+    assert "simulated crash" in next(iter(out1.failed.values()))
+    client = MlflowClient(uri)
+    assert client.get_run(out1.parent_run_id).info.status == "FAILED"
+    missing = next(iter(out1.failed))
+
+    # a sweep killed while logging this cell leaves a RUNNING, half-written run behind
+    stale = client.create_run(out1.experiment_id, tags={"abps.kind": "cell", "abps.config_hash": missing[0],
+                                                       "seed": str(missing[1]), "method": "abps"})
+    client.log_metric(stale.info.run_id, "test_auroc_mean", 0.5, step=1)
+
+    calls.clear()
+    monkeypatch.setattr(sw, "run_cell", lambda c, d, s, t=1: (calls.append((c["method"], s)), real(c, d, s, t))[1])
+    out2 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert calls == [("abps", 2)]  # only the missing cell is computed
+    assert sorted(out2.skipped) == sorted(k for k in (c.key for c in out2.cells) if k != missing)
+    assert out2.parent_run_id == out1.parent_run_id  # the same parent run holds every cell
+    assert client.get_run(out2.parent_run_id).info.status == "FINISHED"
+    assert client.get_run(stale.info.run_id).info.status == "KILLED"
+    runs = _cell_runs(client, out1.experiment_id)
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    keys = [(r.data.tags["abps.config_hash"], int(r.data.tags["seed"])) for r in finished]
+    assert len(finished) == 4 and len(set(keys)) == 4  # no duplicates
+    assert all(r.data.tags["mlflow.parentRunId"] == out1.parent_run_id for r in finished)
+    # the resumed cell equals a direct computation
+    cell = next(c for c in out2.cells if c.key == missing)
+    direct = real(cell.config.model_dump(mode="json"), str(cohort), 2)
+    assert out2.summaries[missing]["final_auroc_mean"] == direct["summary"]["final_auroc_mean"]
+
+    # every cell run shares the same param keys (missing ones logged as "none") for the compare view
+    params = [r.data.params for r in finished]
+    assert len({tuple(sorted(p)) for p in params}) == 1
+    fed = next(p for r, p in zip(finished, params) if r.data.tags["method"] == "fedavg")
+    assert fed["params.kappa"] == "none" and fed["method"] == "fedavg" and fed["rounds"] == "2"
+
+    calls.clear()
+    out3 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert calls == [] and not out3.ran and len(out3.skipped) == 4
+
+
+def test_interrupted_logging_leaves_no_finished_run(cohort, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    spec = _spec({"name": "halfway", "seeds": [1], "rounds": 2, "methods": ["fedavg"]})
+    real_log = sw._log_json
+
+    def boom(client, run_id, obj, name):
+        if name == "config.json":
+            raise KeyboardInterrupt  # killed after metrics and per_center.json, before config.json
+        real_log(client, run_id, obj, name)
+
+    monkeypatch.setattr(sw, "_log_json", boom)
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("halfway")
+    (run,) = _cell_runs(client, exp.experiment_id)
+    assert run.info.status == "FAILED" and "final_auroc_mean" in run.data.metrics
+    monkeypatch.setattr(sw, "_log_json", real_log)
+    out = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert len(out.ran) == 1
+    statuses = sorted(r.info.status for r in _cell_runs(client, exp.experiment_id))
+    assert statuses == ["FAILED", "FINISHED"]
+
+
+def _histories(client, exp_id):
+    out = {}
+    for r in _cell_runs(client, exp_id):
+        key = (r.data.tags["abps.label"], r.data.tags["seed"])
+        out[key] = {m: [(h.step, h.value) for h in sorted(client.get_metric_history(r.info.run_id, m),
+                                                          key=lambda h: h.step)]
+                    for m in ("test_auroc_mean", "val_auroc_mean", "cum_bytes", "final_auroc_mean")}
+        out[key]["params"] = dict(r.data.params)
+    return out
+
+
+def test_local_and_ray_engines_and_worker_counts_give_identical_metrics(cohort, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    spec = _spec({"name": "engines", "seeds": [1, 2], "rounds": 2, "methods": ["fedavg", "abps-x"]})
+    got = {}
+    for engine, workers in (("local", 1), ("local", 2), ("ray", 2)):
+        exp = f"engines-{engine}-{workers}"
+        out = sw.run_sweep(spec, CONFIGS, cohort, engine=engine, workers=workers, tracking_uri=uri,
+                           experiment=exp, progress=False)
+        assert len(out.ran) == 4 and not out.failed
+        client = MlflowClient(uri)
+        got[(engine, workers)] = _histories(client, out.experiment_id)
+    ref = got[("local", 1)]
+    assert len(ref) == 4 and all(len(v["test_auroc_mean"]) == 2 for v in ref.values())
+    assert ref[("fedavg", "1")] != ref[("fedavg", "2")]  # the seed matters
+    for k, v in got.items():
+        assert v == ref, k
