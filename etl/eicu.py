@@ -31,9 +31,9 @@ import polars as pl
 from etl import charlson
 from etl.errors import InputError
 from etl.io import atomic_output_dir, atomic_write_text
-from etl.mimic import COHORT_COLUMNS, Attrition, EtlOptions, _frame, _json_default, center_metadata
+from etl.mimic import COHORT_COLUMNS, Attrition, drop_small_centers, EtlOptions, _frame, _json_default, center_metadata
 from etl.partition import grouped_stratified_split
-from etl.sources import SUFFIXES, Table, _csv_header, wrap_duckdb_error
+from etl.sources import Table, locate, wrap_duckdb_error
 
 REQUIRED = {
     "patient": ("patientunitstayid", "patienthealthsystemstayid", "uniquepid", "gender", "age", "ethnicity",
@@ -86,23 +86,6 @@ APACHE_FLAG_MAP: tuple[tuple[str, str], ...] = (
     ("leukemia", "cci_malignancy"), ("metastaticcancer", "cci_metastatic"), ("cirrhosis", "cci_mild_liver"),
 )
 DEFAULT_MIN_CENTER_STAYS = 10
-
-
-def _locate(root: Path, name: str, required: tuple[str, ...]) -> Table:
-    for suffix in SUFFIXES:
-        path = root / f"{name}{suffix}"
-        if path.is_file():
-            break
-    else:
-        raise InputError(f"missing table {name} (.csv.gz, .csv or .parquet) under {root}")
-    if path.suffix == ".parquet":
-        cols = tuple(r[0].lower() for r in duckdb.sql(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall())
-    else:
-        cols = _csv_header(path)
-    for col in required:
-        if col.lower() not in cols:
-            raise InputError(f"{path}: missing column '{col}'")
-    return Table(name, path, cols)
 
 
 def _sql_tables(t: dict[str, Table]) -> dict[str, str]:
@@ -237,7 +220,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     root = Path(data_dir)
     if not root.is_dir():
         raise InputError(f"--data-dir {root}: not a directory")
-    tables = {name: _locate(root, name, cols) for name, cols in REQUIRED.items()}
+    tables = {name: locate(root, "", name, cols) for name, cols in REQUIRED.items()}
     s = _sql_tables(tables)
     t_start = time.perf_counter()
     att = Attrition()
@@ -273,14 +256,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
                           pl.col("subject_id").cast(pl.Int64), window_start=pl.lit(None, dtype=pl.Int32),
                           window_end=pl.lit(None, dtype=pl.Int32), intime=pl.col("stay_id"))
         )
-        sizes = cohort.group_by("center_id").len()
-        keep = sizes.filter(pl.col("len") >= opts.min_center_stays)["center_id"]
-        n_before = cohort.height
-        cohort = cohort.filter(pl.col("center_id").is_in(keep.implode()))
-        att.add(f"hospitals with >= {opts.min_center_stays} stays", n_before, cohort.height)
-        if cohort.height == 0:
-            raise InputError(f"empty cohort after the filter --min-center-stays {opts.min_center_stays} "
-                             f"(largest hospital has {int(sizes['len'].max() or 0)} stays)")
+        cohort = drop_small_centers(cohort, opts.min_center_stays, att, noun="hospital")
         cohort = cohort.with_columns(split=grouped_stratified_split(cohort, opts.split_fractions, opts.seed))
         centers = center_metadata(cohort)
         # A hospital's "care unit" is its most common unit type; hospital attributes are added.

@@ -331,6 +331,22 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     return cohort, att, timings
 
 
+def drop_small_centers(cohort: pl.DataFrame, min_stays: int, att: Attrition, noun: str = "center") -> pl.DataFrame:
+    """Drop the stays of centers holding fewer than ``min_stays`` stays (an attrition row).
+
+    Raises:
+        InputError: no center is left (the message names the filter and the largest center).
+    """
+    sizes = cohort.group_by("center_id").len()
+    keep = sizes.filter(pl.col("len") >= min_stays)["center_id"]
+    out = cohort.filter(pl.col("center_id").is_in(keep.implode()))
+    att.add(f"{noun}s with >= {min_stays} stays", cohort.height, out.height)
+    if out.height == 0:
+        raise InputError(f"empty cohort after the filter --min-center-stays {min_stays} "
+                         f"(largest {noun} has {int(sizes['len'].max() or 0)} stays)")
+    return out
+
+
 def center_metadata(cohort: pl.DataFrame) -> pl.DataFrame:
     """Per-center table with split sizes and the metadata vector v_i (ABPS Sec. 4.1, 6.3).
 
@@ -387,14 +403,7 @@ def run_etl(mimic_dir: str | Path, out: str | Path, opts: EtlOptions | None = No
         cohort = assign_centers(cohort, opts.partition, window_years=opts.window_years,
                                 window_origin=opts.window_origin, n_centers=opts.n_centers,
                                 alpha=opts.alpha, seed=opts.seed)
-        sizes = cohort.group_by("center_id").len()
-        keep = sizes.filter(pl.col("len") >= opts.min_center_stays)["center_id"]
-        n_before = cohort.height
-        cohort = cohort.filter(pl.col("center_id").is_in(keep.implode()))
-        att.add(f"centers with >= {opts.min_center_stays} stays", n_before, cohort.height)
-        if cohort.height == 0:
-            raise InputError(f"empty cohort after the filter --min-center-stays {opts.min_center_stays} "
-                             f"(largest center has {int(sizes['len'].max() or 0)} stays)")
+        cohort = drop_small_centers(cohort, opts.min_center_stays, att)
         cohort = cohort.with_columns(split=grouped_stratified_split(cohort, opts.split_fractions, opts.seed))
         centers = center_metadata(cohort)
         cohort = cohort.select(COHORT_COLUMNS).sort("stay_id")

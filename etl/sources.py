@@ -84,17 +84,20 @@ def _reason(exc: BaseException) -> str:
 def locate(root: Path, module: str, name: str, required: tuple[str, ...]) -> Table:
     """Find ``<root>/<module>/<name>.{parquet,csv.gz,csv}`` and check its columns.
 
+    ``module`` may be empty for sources whose tables lie directly in ``root`` (eICU).
+
     Raises:
         InputError: the table is missing, unreadable, or lacks a required column
             (the message names the file and the column).
     """
-    base = root / module
+    base = root / module if module else root
+    label = f"{module}/{name}" if module else name
     for suffix in SUFFIXES:
         path = base / f"{name}{suffix}"
         if path.is_file():
             break
     else:
-        raise InputError(f"missing table {module}/{name} (.csv.gz, .csv or .parquet) under {root}")
+        raise InputError(f"missing table {label} (.csv.gz, .csv or .parquet) under {root}")
     if path.suffix == ".parquet":
         try:
             cols = tuple(

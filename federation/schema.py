@@ -6,21 +6,9 @@ so that it does not depend on a particular ETL source being importable.
 
 from __future__ import annotations
 
-#: The 12 updated-Charlson condition flags (Quan et al. 2011), in contract order.
-CCI_COLUMNS: tuple[str, ...] = (
-    "cci_chf",
-    "cci_dementia",
-    "cci_chronic_pulmonary",
-    "cci_rheumatic",
-    "cci_mild_liver",
-    "cci_diabetes_complicated",
-    "cci_paraplegia",
-    "cci_renal",
-    "cci_malignancy",
-    "cci_severe_liver",
-    "cci_metastatic",
-    "cci_aids",
-)
+#: The 12 updated-Charlson condition flags (Quan et al. 2011), in contract order (one source:
+#: :data:`etl.charlson.CCI_COLUMNS`).
+from etl.charlson import CCI_COLUMNS  # noqa: E402
 
 #: First-24 h vital signs, in contract order.
 VITALS: tuple[str, ...] = ("heart_rate", "sbp", "dbp", "mbp", "resp_rate", "spo2", "temperature")
