@@ -1,14 +1,12 @@
 """Column contract of the cohort files, as the runtime reads them (docs/data_dictionary.md).
 
-These names are schema facts fixed by the ETL contract; the runtime keeps its own copy
-so that it does not depend on a particular ETL source being importable.
+These names are schema facts fixed by the ETL contract. The Charlson column list has a single
+source, :data:`etl.charlson.CCI_COLUMNS`.
 """
 
 from __future__ import annotations
 
-#: The 12 updated-Charlson condition flags (Quan et al. 2011), in contract order (one source:
-#: :data:`etl.charlson.CCI_COLUMNS`).
-from etl.charlson import CCI_COLUMNS  # noqa: E402
+from etl.charlson import CCI_COLUMNS  # the 12 updated-Charlson flags (Quan et al. 2011), in contract order
 
 #: First-24 h vital signs, in contract order.
 VITALS: tuple[str, ...] = ("heart_rate", "sbp", "dbp", "mbp", "resp_rate", "spo2", "temperature")
