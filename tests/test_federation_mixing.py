@@ -110,3 +110,20 @@ def test_variance_correction_restores_mean_input_variance():
     eye = torch.eye(n)
     same = variance_correct(eye, params, mix_params(eye, params, ("w1",), bf16=False))
     assert torch.allclose(same["w1"], params["w1"], atol=1e-5)
+
+
+def test_variance_correction_option_runs_in_the_round_loop(tmp_path):
+    """`exchange.variance_correction` reaches the runner: after a FedAvg round every center holds
+    the same average, rescaled to the mean variance of the centers' layers."""
+    from federation.gossip.variance import layer_variance
+    from federation.runner import run_one
+
+    write_fedprox_cohort(tmp_path / "c", n_centers=5, seed=2, mean_size=100, shared=0.8)
+    data = FederatedData.from_cohort(tmp_path / "c")
+    plain = run_one(build_config("fedavg", {}, None, 1), data, seed=3, keep_params=True)
+    vc_cfg = build_config("fedavg", {}, {"method": "fedavg", "exchange": {"variance_correction": True}}, 1)
+    vc = run_one(vc_cfg, data, seed=3, keep_params=True)
+    assert vc.rounds_run == 1 and vc.rel_bandwidth == plain.rel_bandwidth
+    w_plain, w_vc = plain.params["w2"], vc.params["w2"]
+    assert torch.allclose(w_vc[0], w_vc[1])                       # still a consensus
+    assert float(layer_variance(w_vc)[0]) > float(layer_variance(w_plain)[0])  # variance restored upward
