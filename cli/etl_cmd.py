@@ -34,7 +34,7 @@ def etl_command(
     min_age: float = typer.Option(18, help="Minimum age in years (inclusive)."),
     max_age: float = typer.Option(95, help="Maximum age in years (inclusive)."),
     min_center_stays: Optional[int] = typer.Option(None, help="Centers with fewer stays are dropped (default 50 for mimic, 10 for eicu)."),
-    vitals_from_hours: float = typer.Option(0.0, help="Vital window start relative to intime, hours (0: [intime, +24h]; -6: mimic-code)."),
+    vitals_from_hours: float = typer.Option(0.0, help="Vital window start relative to intime, hours (0: intime to intime + 24 h; -6: mimic-code's window)."),
     comorbidity_source: str = typer.Option("same-admission", help="same-admission | earlier-admissions (leakage-free)."),
     split: str = typer.Option("0.7,0.15,0.15", help="train,val,test fractions."),
     n_centers: int = typer.Option(20, help="Number of centers (dirichlet / iid)."),
@@ -69,8 +69,8 @@ def etl_command(
     else:
         raise InputError(f"unknown --source '{source}' (choose from mimic, eicu)")
     small = rep["stays_per_center"]["min"]
-    if small < 11:
-        typer.echo(f"warning: the smallest center holds {small} stays; per-center metadata of centers under 11 "
+    if small < 10:
+        typer.echo(f"warning: the smallest center holds {small} stays; per-center metadata of centers under 10 "
                    "stays can single out patients (raise --min-center-stays before sharing centers.parquet)",
                    err=True)
     typer.echo(

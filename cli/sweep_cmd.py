@@ -15,15 +15,16 @@ from cli.app import app
 from etl.errors import InputError
 
 
-@app.command("sweep")
+@app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def sweep(
+    ctx: typer.Context,
     config: Path = typer.Option(..., "--config", help="sweep YAML (e.g. configs/table1.yaml)"),
     engine: Optional[str] = typer.Option(None, "--engine", help="local (process pool) or ray; default from the file"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
     cohort: Optional[Path] = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
     rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
-    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="override the file's seeds (repeat the option)"),
+    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
     experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the file's)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
@@ -38,6 +39,9 @@ def sweep(
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminate)
+    from cli.train_cmd import _parse_seeds
+
+    seeds = _parse_seeds(seeds, list(ctx.args)) or None
     spec, base = load_sweep(config)
     cohort_dir = cohort or (Path(spec.cohort) if spec.cohort else None)
     if cohort_dir is None:

@@ -53,7 +53,7 @@ def _parse_params(items: list[str]) -> dict[str, object]:
 )
 def train(
     ctx: typer.Context,
-    method: Optional[str] = typer.Option(None, "--method", help="method name (see the error for the list)"),
+    method: Optional[str] = typer.Option(None, "--method", help="method: local, centralized, fedavg, fedprox, feddyn, moon, fedavg-pq, fedavg-x, decefl, defta, wpfed, bnn-fl, abps, abps+p, abps+q, abps+p+q+k1, abps-hom, abps-div, abps-align, abps-x"),
     cohort: Optional[Path] = typer.Option(None, "--cohort", help="directory with cohort.parquet + centers.parquet"),
     seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
@@ -80,8 +80,13 @@ def train(
         if name not in _BENCHMARKS:
             raise InputError(f"{config}: benchmark must be one of {', '.join(_BENCHMARKS)}, got {name!r}")
         mod = importlib.import_module(_BENCHMARKS[name])
-        # only what the user set overrides the benchmark config's own seeds / output / experiment
-        mod.cli_run(file_cfg, rounds, seed_list or None, output, tracking_uri, experiment)
+        # only what the user set overrides the benchmark config's own seeds / experiment; the
+        # results file defaults to the config's `output`, else results.json as for clinical runs
+        out_path = output or file_cfg.get("output") or Path("results.json")
+        typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
+                   f"(per-round metrics go to MLflow as they come; results -> {out_path})", err=True)
+        mod.cli_run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
+        typer.echo(f"{name} benchmark done -> {out_path}")
         return
     seed_list = seed_list or [11]
     output = output or Path("results.json")
@@ -115,7 +120,13 @@ def train(
     def fmt(stat: dict) -> str:
         return "undefined" if stat["mean"] is None else f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
 
+    n = doc["n_centers"]
+    scored = min(n - r["n_excluded_test"] for r in doc["seeds"].values())
     typer.echo(
-        f"{cfg.method}: AUROC {fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds), "
-        f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg -> {output}"
+        f"{cfg.method}: AUROC {fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds; mean over the "
+        f"{scored} of {n} centers whose test split holds both classes), "
+        f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
     )
+    if scored < n / 2:
+        typer.echo(f"warning: only {scored} of {n} centers have both classes in their test split; "
+                   "the mean AUROC rests on few centers", err=True)

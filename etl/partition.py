@@ -109,9 +109,12 @@ def grouped_stratified_split(
 
     Each subject is one unit. Subjects are stratified by (center of their first stay, whether any
     of their stays has label 1); within a stratum of m subjects in random order, the subject at
-    rank r gets the position ``u = ((r + o) mod m + 0.5) / m`` for a random offset o, and goes to
-    train if u < f_train, val if u < f_train + f_val, else test. This gives each center and label
-    the requested proportions up to one subject, without a patient crossing splits.
+    rank r gets the position ``u = (r + o) / m`` for one uniform random start o in [0, 1) per
+    stratum (systematic sampling), and goes to train if u < f_train, val if u < f_train + f_val,
+    else test. Every subject's u is uniform on [0, 1), so each split receives exactly its fraction
+    in expectation even in strata of one or two subjects (a center's only death lands in test with
+    probability f_test), and large strata get the requested counts up to one subject; no patient
+    crosses splits.
 
     Args:
         stays: columns subject_id, center_id, label, intime (for "first stay").
@@ -141,8 +144,8 @@ def grouped_stratified_split(
     size = np.bincount(key, minlength=n_strata)
     first = np.concatenate([[0], np.cumsum(size)[:-1]])
     rank = np.arange(len(key)) - first[key]
-    offset = np.floor(rng.random(n_strata) * size).astype(np.int64)
-    u = (((rank + offset[key]) % size[key]) + 0.5) / size[key]
+    offset = rng.random(n_strata)  # systematic sampling with a continuous random start
+    u = (rank + offset[key]) / size[key]
     split = np.where(u < f[0], "train", np.where(u < f[0] + f[1], "val", "test"))
     mapping = pl.DataFrame({"subject_id": subj["subject_id"], "split": split})
     return stays.select("subject_id").join(mapping, on="subject_id", how="left", maintain_order="left")["split"]

@@ -18,6 +18,8 @@ are zero and never enter a loss, a batch or a metric.
 
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,27 @@ from federation.schema import (
 )
 
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
+
+
+def cohort_id(cohort_dir: str | Path) -> str:
+    """SHA-256 (first 16 hex digits) of ``cohort.parquet`` then ``centers.parquet`` bytes.
+
+    Identifies the cohort's content, not its path (a copied cohort resumes the same sweep cells;
+    runs on different cohorts are never pooled by ``abps report``).
+
+    Raises:
+        InputError: a file is missing.
+    """
+    h = hashlib.sha256()
+    for name in ("cohort.parquet", "centers.parquet"):
+        p = Path(cohort_dir) / name
+        if not p.is_file():
+            raise InputError(f"{p}: file not found (expected {name} from `abps etl`)")
+        h.update(name.encode())
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path, centers_path: Path) -> None:

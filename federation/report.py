@@ -114,6 +114,7 @@ class CellRun:
     label: str
     method: str
     seed: int
+    cohort: str | None
     config_hash: str | None
     start_time: int
     final_auroc_mean: float
@@ -144,13 +145,29 @@ def _all_finished(client: Any, exp_id: str) -> list[Any]:
             return out
 
 
+def _label(method: str, params: dict[str, str]) -> str:
+    """Row label of an ``abps train`` run: the method, plus the goal when the run set one that
+    its preset does not (``abps --goal diversity`` is not the base ABPS row)."""
+    goal = str(params.get("params.goal", "none")).lower()
+    if goal in ("none", ""):
+        return method
+    try:
+        from federation.methods import get_method
+
+        preset = str(get_method(method).default_config.get("params", {}).get("goal") or "none").lower()
+    except Exception:  # a method this build does not know: keep the goal in the label
+        preset = "none"
+    return method if goal == preset else f"{method} [goal={goal}]"
+
+
 def _cell_from_run(r: Any) -> CellRun | None:
     m, t = r.data.metrics, r.data.tags
     if "final_auroc_mean" not in m or "method" not in t or "seed" not in t:
         return None
     method = t["method"]
     return CellRun(
-        run_id=r.info.run_id, label=t.get("abps.label", method), method=method, seed=int(t["seed"]),
+        run_id=r.info.run_id, label=t.get("abps.label") or _label(method, r.data.params), method=method,
+        seed=int(t["seed"]), cohort=t.get("abps.cohort_id"),
         config_hash=t.get("abps.config_hash"), start_time=int(r.info.start_time or 0),
         final_auroc_mean=float(m["final_auroc_mean"]),
         model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
@@ -192,7 +209,15 @@ def collect_runs(client: Any, exp_id: str) -> Collected:
             c = _cell_from_run(r)
             if c is not None:
                 cells.append(c)
-    out.cells, out.notes = dedupe_cells(cells)
+    cohorts = {c.cohort for c in cells if c.cohort}
+    if len(cohorts) > 1:  # never pool runs on different cohorts: keep the most recent run's cohort
+        latest = max((c for c in cells if c.cohort), key=lambda c: c.start_time).cohort
+        dropped = [c for c in cells if c.cohort not in (latest, None)]
+        cells = [c for c in cells if c.cohort in (latest, None)]
+        out.notes.append(f"{len(dropped)} run(s) on {len(cohorts) - 1} other cohort(s) ignored (cohort {latest} "
+                         "kept); give each cohort its own --experiment")
+    out.cells, notes = dedupe_cells(cells)
+    out.notes.extend(notes)
     return out
 
 
@@ -271,8 +296,8 @@ def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
             if basis == "fedavg" else
             "Bandwidth: no FedAvg run in this experiment; the runtime's rel_bandwidth "
             "(n × full fp32 model × reference_rounds) is shown.")
-    return _md_table(head, body) + "\n" + note + " AUROC: final-round mean test AUROC across centers; " \
-        "std across seeds (population).\n"
+    return _md_table(head, body) + "\n" + note + " AUROC: mean test AUROC across centers at the final round (at the best validation round for " \
+        "methods with early stopping, e.g. ABPS-X and FedAvg-X); std across seeds (population).\n"
 
 
 def _csv_text(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -18,10 +18,11 @@ import torch
 from etl.errors import InputError
 from etl.io import atomic_write_text
 from federation.config import RunConfig
-from federation.data import FederatedData
+from federation.data import FederatedData, cohort_id
 from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
+from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
 from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys, mix_params,
                                variance_correct)
@@ -191,17 +192,6 @@ def _method_artifacts(method: Method, ctx: Context) -> dict[str, Any]:
     return dict(art(ctx) if callable(art) else art)
 
 
-def _finite(obj: Any) -> Any:
-    """``obj`` with every NaN / infinity replaced by None, so results.json is strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> dict[str, Any]:
     """results.json content: config, per-seed summaries, and mean / std across seeds."""
     def agg(key: str) -> dict[str, float]:
@@ -261,6 +251,7 @@ def run_training(
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
+    cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
@@ -269,8 +260,8 @@ def run_training(
     with bar, (tracker.parent(f"{cfg.method}", parent_params) if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
-            with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed}, {"method": cfg.method,
-                                                                            "seed": str(seed)})
+            with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
+                                {"method": cfg.method, "seed": str(seed), "abps.cohort_id": cid})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -293,10 +284,11 @@ def run_training(
                     tracker.log_json(cfg.model_dump(mode="json"), "config.json")
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
+        doc["n_centers"] = data.n_centers
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
-        atomic_write_text(output, json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n")
+        atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n")
     return doc
 
 

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
 from federation.config import RunConfig, build_config, deep_merge, load_yaml
+from federation.data import cohort_id
 
 __all__ = [
     "MethodEntry", "Resources", "SweepSpec", "Cell", "SweepOutcome", "load_sweep", "expand_cells",
@@ -180,23 +181,6 @@ def canonical_json(obj: Any) -> str:
 
     Raises ValueError for NaN / infinity (they have no canonical JSON form)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
-
-
-def cohort_id(cohort_dir: str | Path) -> str:
-    """SHA-256 (first 16 hex digits) of ``cohort.parquet`` then ``centers.parquet`` bytes.
-
-    Identifies the cohort's content, not its path, so a copied cohort resumes the same cells.
-    Raises InputError when a file is missing."""
-    h = hashlib.sha256()
-    for name in ("cohort.parquet", "centers.parquet"):
-        p = Path(cohort_dir) / name
-        if not p.is_file():
-            raise InputError(f"{p}: file not found (expected {name} from `abps etl`)")
-        h.update(name.encode())
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def config_hash(cfg: RunConfig, cohort: str) -> str:

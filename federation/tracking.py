@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -47,9 +48,23 @@ def flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(flatten(v, key + "."))
         elif isinstance(v, (list, tuple)):
             out[key] = json.dumps(list(v))
+        elif v is None:
+            out[key] = "none"  # one spelling for "not set" across methods (compare view, filters)
         else:
             out[key] = v
     return out
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN / infinity replaced by None, so that it is strict JSON
+    (JavaScript's ``JSON.parse``, used by the MLflow UI, rejects ``NaN``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def _check_no_identifiers(obj: Any) -> None:
@@ -163,6 +178,6 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, os.path.basename(artifact_file))
             with open(path, "w") as fh:
-                json.dump(obj, fh, indent=2, allow_nan=True)
+                json.dump(finite(obj), fh, indent=2, allow_nan=False)
             sub = os.path.dirname(artifact_file) or None
             self.client.log_artifact(self.run_id, path, artifact_path=sub)

@@ -99,3 +99,13 @@ def test_bernoulli_jsd_hand_value_and_groups():
     within, across = jsd_within_across(np.array([0.1, 0.1, 0.3]), np.array(["a", "a", "b"]))
     assert within == pytest.approx(0.0, abs=1e-15)
     assert across == pytest.approx(h(m) - (h(p) + h(q)) / 2)
+
+
+def test_split_puts_small_strata_in_every_split_with_the_right_probability():
+    """Strata of one subject (a center's only death) reach test with probability f_test."""
+    n = 4000
+    s = pl.DataFrame({"subject_id": np.arange(n), "center_id": [f"c{i}" for i in range(n)],
+                      "label": np.ones(n, dtype=np.int8), "intime": np.zeros(n)})
+    share = grouped_stratified_split(s, (0.7, 0.15, 0.15), seed=1).value_counts(normalize=True)
+    got = dict(zip(share["split"], share["proportion"]))
+    assert got["test"] == pytest.approx(0.15, abs=0.02) and got["val"] == pytest.approx(0.15, abs=0.02)

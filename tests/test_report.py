@@ -186,3 +186,23 @@ def test_report_from_a_tiny_sweep(tmp_path):
     div_bytes = statistics.fmean(s["model_bytes"] for s in by_label["abps-div"])
     assert rows["abps-div"]["bandwidth"] == pytest.approx(div_bytes / fed_bytes)
     assert 0 < rows["abps-div"]["bandwidth"] < 1  # kappa 1, bf16, personalized head: less than the star
+
+
+def test_report_keeps_goal_runs_apart_and_never_pools_cohorts(tmp_path):
+    """`abps train --method abps --goal diversity` is its own row, and runs on another cohort in
+    the same experiment are left out (with a note) instead of being averaged in."""
+    from federation.config import build_config
+    from federation.runner import run_training
+    from federation.synthetic import write_fedprox_cohort
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    a = write_fedprox_cohort(tmp_path / "a", n_centers=4, seed=1, mean_size=60, shared=0.8)
+    b = write_fedprox_cohort(tmp_path / "b", n_centers=4, seed=2, mean_size=60, shared=0.8)
+    for method, params, cohort in (("fedavg", {}, b), ("fedavg", {}, a), ("abps", {}, a),
+                                   ("abps", {"goal": "diversity"}, a)):
+        cfg = build_config(method, {}, {"method": method, "params": params}, 1)
+        run_training(cfg, cohort, [5], tracking_uri=uri, experiment="mix", progress=False)
+    doc = rp.write_report("mix", tmp_path / "rep", tracking_uri=uri, log_to_mlflow=False)
+    labels = sorted(r["label"] for r in doc["sections"]["table1"]["rows"])
+    assert labels == ["abps", "abps [goal=diversity]", "fedavg"]
+    assert any("other cohort" in n for n in doc["notes"])
