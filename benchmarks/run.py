@@ -27,11 +27,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
+        argv_saved = sys.argv
+        sys.argv = [name]  # each benchmark parses its own defaults, not the runner's arguments
         try:
             importlib.import_module(name).main()
         except Exception as exc:  # keep going: one broken benchmark must not hide the others
             failures += 1
             print(f"!! {name} failed: {exc.__class__.__name__}: {exc}", flush=True)
+        finally:
+            sys.argv = argv_saved
         print(f"== {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
     return failures
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from federation.methods.bnn import (
 from federation.synthetic import centers_table, generate_fedprox_cohort, write_fedprox_cohort
 
 torch.set_num_threads(1)
-RUNNER_DISPATCHES = "run_standalone" in inspect.getsource(federation.runner)
 
 
 @pytest.fixture(scope="module")
@@ -137,17 +135,12 @@ def test_momentum_is_rejected(cohort: Path) -> None:
         run_bnn(cfg, data, seed=1)
 
 
-def test_point_estimate_loop_cannot_train_bnn(cohort: Path) -> None:
+def test_runner_dispatches_bnn_to_its_own_trainer(cohort: Path) -> None:
     data = FederatedData.from_cohort(cohort)
     cfg = build_config("bnn-fl", {}, {"reference_rounds": 1, "params": {"eval_samples": 0}}, 1)
-    if RUNNER_DISPATCHES:
-        assert federation.runner.run_one(cfg, data, 11).rel_bandwidth == pytest.approx(2.0)
-    else:
-        with pytest.raises(TypeError, match="run_standalone"):
-            federation.runner.run_one(cfg, data, 11)
+    assert federation.runner.run_one(cfg, data, 11).rel_bandwidth == pytest.approx(2.0)
 
 
-@pytest.mark.skipif(not RUNNER_DISPATCHES, reason="federation.runner does not dispatch to run_standalone yet")
 def test_cli_train_end_to_end(cohort: Path, tmp_path: Path) -> None:
     from cli.app import main
 

@@ -202,8 +202,7 @@ def test_cifar10_path_on_fake_batches(tmp_path):
 
 def test_same_seed_same_result():
     from etl.images import FASHION_MNIST_DIR
-    if not FASHION_MNIST_DIR.is_dir():
-        pytest.skip("dataset-fashion-mnist not installed")
+    assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"
     cfg = {"benchmark": "sage", "n_clients": 4, "graph": "ba", "ba_m": 2, "alpha_dir": 0.5,
            "train_samples": 1200, "test_samples": 200, "selectors": ["SAGE-OS"]}
     a = cli_run(cfg, rounds=2, seeds=[3], tracking_uri="none")

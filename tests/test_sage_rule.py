@@ -182,7 +182,6 @@ def test_always_commit_has_no_safety_remark1():
 
 # --- end to end on real Fashion-MNIST --------------------------------------------------------
 
-@pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="dataset-fashion-mnist not installed")
 def test_all_eight_selectors_end_to_end(tmp_path):
     import json
 
