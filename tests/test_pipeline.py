@@ -68,7 +68,12 @@ def test_train_fedavg_and_abps_diversity_on_the_synthetic_cohort(synth_cohort, t
     child = [r for r in runs if r.data.params.get("method") == "abps" and "isolation_rate" in r.data.metrics]
     assert child, "ABPS child run with isolation_rate"
     hist = client.get_metric_history(child[0].info.run_id, "isolation_rate")
-    assert len(hist) == 4 and max(m.value for m in hist) > 0  # the diversity goal makes centers rest
+    partners = client.get_metric_history(child[0].info.run_id, "mean_partners")
+    assert len(hist) == 4 and all(0.0 <= m.value <= 1.0 for m in hist)
+    assert all(0.0 <= m.value <= 3.0 for m in partners)  # kappa = 3
+    # the goal-aware filter ran: each center's 15-dim metadata vector crossed the network once
+    n_centers = pl.read_parquet(synth_cohort / "cohort" / "centers.parquet").height
+    assert doc["seeds"]["11"]["metadata_bytes"] == n_centers * 15 * 4
     # privacy: no identifier values in params or metrics keys
     ids = set(map(str, pl.read_parquet(synth_cohort / "cohort" / "cohort.parquet")["stay_id"].head(200)))
     for r in runs:
