@@ -160,11 +160,32 @@ def run_one(
                 best = (sv.mean, r, (_clone(train_params), last_val.clone(), last_test.clone()))
             elif r - best[1] >= es.patience:
                 break
+    return finalize_run(
+        cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
+        keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
+        artifacts=lambda: _method_artifacts(method, ctx),
+    )
+
+
+def finalize_run(
+    cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
+    rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
+    keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+) -> RunResult:
+    """End of a run (shared by every round loop): restore the best round when early stopping is
+    on, summarize the last val / test AUROC ``[n]`` and build the :class:`RunResult`.
+
+    Args:
+        best: ``(best mean val AUROC, best round index, (params, val, test) snapshot or None)``.
+        params: the live stacked parameters (restored in place).
+        keep: called after the restore to store the final parameters in the result.
+        artifacts: called for the method's MLflow artifacts.
+    """
     best_round = rounds_run
-    if es.enabled and best[2] is not None:
+    if cfg.early_stopping.enabled and best[2] is not None:
         restored, last_val, last_test = best[2]
-        for k in train_params:
-            train_params[k].copy_(restored[k])
+        for k in params:
+            params[k].copy_(restored[k])
         best_round = best[1] + 1
     sv, st = summarize(last_val), summarize(last_test)
     s_tr, s_va, s_te = (data.splits[s].n for s in ("train", "val", "test"))
@@ -179,8 +200,8 @@ def run_one(
         n_excluded_test=st.n_excluded, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
         probe_bytes=ledger.probe_bytes, metadata_bytes=ledger.metadata_bytes,
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
-        params={k: v.clone() for k, v in eval_params().items()} if keep_params else None,
-        artifacts=_method_artifacts(method, ctx),
+        params=keep() if keep is not None else None,
+        artifacts=artifacts() if artifacts is not None else {},
     )
 
 

@@ -151,7 +151,6 @@ def decide_anchor(kind: str, table: ProbeTable, delta: float, lam: float,
     radius = sage.confidence_radius(sched[None, :], table.degree[:, None].clamp(min=1),
                                     table.n_stages[:, None].clamp(min=1), delta, loss_bound)
     no_anchor = table.n_stages == 0
-    l_last = (table.n_stages - 1).clamp(min=0)
     rg_peer = uniform_neighbour(table.cand, table.degree, generator)
 
     if kind == "sage_os":

@@ -231,7 +231,7 @@ def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCall
         InputError: ``exchange.server_momentum`` > 0 (not defined for posterior moments).
     """
     from federation.methods.baselines import fedavg_matrix
-    from federation.runner import RunResult
+    from federation.runner import finalize_run
 
     if cfg.exchange.server_momentum > 0:
         raise InputError("bnn-fl: exchange.server_momentum is not supported (set it to 0)")
@@ -283,26 +283,7 @@ def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCall
                 best = (sv.mean, r, ({k: v.clone() for k, v in params.items()}, last_val.clone(), last_test.clone()))
             elif r - best[1] >= es.patience:
                 break
-    best_round = rounds_run
-    if es.enabled and best[2] is not None:
-        restored, last_val, last_test = best[2]
-        for k in params:
-            params[k].copy_(restored[k])
-        best_round = best[1] + 1
-    sv, st = summarize(last_val), summarize(last_test)
-    s_tr, s_va, s_te = (data.splits[s].n for s in ("train", "val", "test"))
-    per_center = {
-        cid: {"val_auroc": float(last_val[i]), "test_auroc": float(last_test[i]), "n_train": int(s_tr[i]),
-              "n_val": int(s_va[i]), "n_test": int(s_te[i])}
-        for i, cid in enumerate(data.center_ids)
-    }
-    return RunResult(
-        method=cfg.method, seed=seed, rounds_run=rounds_run, best_round=best_round,
-        final_auroc_mean=st.mean, final_auroc_std=st.std, final_val_auroc_mean=sv.mean,
-        n_excluded_test=st.n_excluded, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
-        probe_bytes=ledger.probe_bytes, metadata_bytes=ledger.metadata_bytes,
-        rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
-    )
+    return finalize_run(cfg, data, seed, ledger, history, rounds_run, best, params, last_val, last_test)
 
 
 class BnnFL(Method):
