@@ -25,5 +25,5 @@ def report(
     from federation.report import write_report
 
     doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log)
-    done = ", ".join(doc["sections"]) or "no section (no finished runs)"
+    done = ", ".join(doc["sections"]) or "no section (no FINISHED run with a defined final AUROC: check that the runs finished and that some centers' test splits hold both classes)"
     typer.echo(f"report of {experiment}: {done} -> {out / 'report.md'}")

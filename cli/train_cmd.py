@@ -27,6 +27,8 @@ def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
             seeds.append(int(tok))
         except ValueError:
             raise InputError(f"unexpected argument {tok!r} (--seeds takes integers)") from None
+    if any(s < 0 for s in seeds):
+        raise InputError("--seeds must be non-negative integers")
     if len(set(seeds)) != len(seeds):
         raise InputError("--seeds holds a seed twice")
     return seeds
@@ -82,9 +84,13 @@ def train(
         mod = importlib.import_module(_BENCHMARKS[name])
         # only what the user set overrides the benchmark config's own seeds / experiment; the
         # results file defaults to the config's `output`, else results.json as for clinical runs
+        cfg_seeds = file_cfg.get("seeds")
+        if cfg_seeds is not None and (not isinstance(cfg_seeds, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cfg_seeds)):
+            raise InputError(f"{config}: seeds must be a list of non-negative integers")
         out_path = output or file_cfg.get("output") or Path("results.json")
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
-                   f"(per-round metrics go to MLflow as they come; results -> {out_path})", err=True)
+                   f"(per-round metrics go to MLflow as they come; results -> {out_path})")
         mod.cli_run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
         typer.echo(f"{name} benchmark done -> {out_path}")
         return

@@ -101,6 +101,25 @@ def load_idx_dataset(root: str | Path = FASHION_MNIST_DIR, name: str = "fashion-
                         yte.astype(np.int64), 10, name)
 
 
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickler for CIFAR-10 batches that builds only plain containers and numpy arrays.
+
+    A pickle can run arbitrary code while loading; a CIFAR folder given by the user is
+    untrusted input, so any other global (``os.system``, ...) is refused.
+    """
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):  # noqa: D102
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR-10 batch")
+
+
 def load_cifar10(root: str | Path) -> ImageDataset:
     """Load the CIFAR-10 python batches (``data_batch_1..5``, ``test_batch``) as uint8 [N, 3, 32, 32].
 
@@ -115,7 +134,7 @@ def load_cifar10(root: str | Path) -> ImageDataset:
         path = root / name
         try:
             with path.open("rb") as fh:
-                d = pickle.load(fh, encoding="bytes")
+                d = _CifarUnpickler(fh, encoding="bytes").load()
             x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
             y = np.asarray(d[b"labels"], dtype=np.int64)
         except FileNotFoundError:

@@ -98,7 +98,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise InputError(f"{p}: config file not found")
     try:
-        doc = yaml.safe_load(p.read_text()) or {}
+        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not a UTF-8 text file") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
     if not isinstance(doc, dict):

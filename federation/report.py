@@ -631,6 +631,11 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
         raise InputError(f"--experiment {experiment!r}: no such MLflow experiment in {uri}")
     with atomic_output_dir(out_dir) as tmp:
         doc = build_report(client, exp.experiment_id, experiment, Path(tmp))
+        # files of sections this report does not have (left by an earlier report in the same
+        # folder) are removed, so a folder never mixes two experiments' tables
+        stale = _ALL_REPORT_FILES - {p.name for p in Path(tmp).iterdir()}
+        for name in stale:
+            (Path(out_dir) / name).unlink(missing_ok=True)
     if log_to_mlflow:
         from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
@@ -646,6 +651,11 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
         client.set_terminated(run.info.run_id, "FINISHED")
         doc["report_run_id"] = run.info.run_id
     return doc
+
+
+_ALL_REPORT_FILES = frozenset(
+    {"report.md", "report.json", "table1.md", "table1.csv", "fig3.png", "sage_fig3.png", "vv_table1.md",
+     "vv_table1.csv"} | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
 
 
 def _written(doc: dict[str, Any], out: Path) -> set[str]:

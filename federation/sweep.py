@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from etl.errors import InputError
 from federation.config import RunConfig, build_config, deep_merge, load_yaml
-from federation.data import cohort_id
+from federation.data import FederatedData, cohort_id
 
 __all__ = [
     "MethodEntry", "Resources", "SweepSpec", "Cell", "SweepOutcome", "load_sweep", "expand_cells",
@@ -118,7 +118,7 @@ class SweepSpec(_Strict):
     name: str = "sweep"
     experiment: str | None = None
     cohort: str | None = None
-    seeds: list[int] = Field(default_factory=lambda: [11, 22, 33, 44, 55], min_length=1)
+    seeds: list[StrictInt] = Field(default_factory=lambda: [11, 22, 33, 44, 55], min_length=1)
     rounds: int | None = Field(None, ge=1)
     methods: list[MethodEntry] = Field(min_length=1)
     options: dict[str, list[Any]] = Field(default_factory=dict)
@@ -139,6 +139,8 @@ class SweepSpec(_Strict):
     def _unique_seeds(cls, v: list[int]) -> list[int]:
         if len(set(v)) != len(v):
             raise ValueError("a seed is listed twice")
+        if any(s < 0 for s in v):
+            raise ValueError("seeds must be non-negative")
         return v
 
     @field_validator("options")
@@ -485,7 +487,7 @@ def _run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init)
     clean = False
     try:
         futs = {pool.submit(run_cell, c.config.model_dump(mode="json"), cohort, c.seed, threads): c for c in cells}
@@ -506,6 +508,37 @@ def _run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
         pool.shutdown(wait=clean, cancel_futures=not clean)
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (InputError) when a ``host:port`` / ``ray://host:port`` Ray address does not
+    accept a TCP connection: ``ray.init`` itself retries an unreachable address forever."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    if target == "auto" or ":" not in target:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError):
+        raise InputError(f"--address {address}: cannot reach a Ray cluster there "
+                         f"(no answer within {timeout_s:g} s)") from None
+
+
+def _worker_init() -> None:
+    """Pool worker start-up: die with the driver (Linux ``PR_SET_PDEATHSIG``), so a ``kill -9``
+    of ``abps sweep`` leaves no orphaned workers holding memory."""
+    import ctypes
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
 def _run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address: str | None,
              num_cpus: float) -> Iterable[CellResult]:
     try:
@@ -515,6 +548,7 @@ def _run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address
     started = False
     if not ray.is_initialized():
         if address:
+            _check_reachable(address)
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
@@ -645,8 +679,13 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     if workers < 1:
         raise InputError("--workers must be >= 1")
     address = address or spec.address
+    if address and engine != "ray":
+        raise InputError("--address applies to --engine ray only")
+    if address:
+        _check_reachable(address)  # before any MLflow run is opened
     cohort_dir = str(Path(cohort_dir).resolve())
     cid = cohort_id(cohort_dir)
+    FederatedData.from_cohort(cohort_dir)  # a bad cohort fails here, before any MLflow run
     cells = expand_cells(spec, base_dir, cid, rounds, seeds)
     s_hash = sweep_hash(cells)
     all_keys = sorted({k for c in cells for k in cell_params(c, cid)})

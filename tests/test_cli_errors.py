@@ -134,3 +134,44 @@ def test_undefined_auroc_is_null_in_strict_json(tiny_cohort, tmp_path):
 
     doc = finite({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
     assert json.loads(json.dumps(doc, allow_nan=False)) == {"a": None, "b": [1.0, None], "c": {"d": 2}}
+
+
+def test_seeds_yaml_and_sweep_address_errors(tiny_cohort, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    one_line_error(run("train", "--method", "abps", "--cohort", str(tiny_cohort), "--seeds", "-5", "--rounds", "1",
+                       "--tracking-uri", uri), "--seeds")
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    one_line_error(run("sweep", "--config", str(binary), "--cohort", str(tiny_cohort), "--tracking-uri", uri),
+                   "UTF-8")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text("name: s\nseeds: [1]\nrounds: 1\nmethods: [fedavg]\n")
+    one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
+                       "--address", "127.0.0.1:1"), "--address")
+    one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
+                       "--engine", "ray", "--address", "127.0.0.1:1"), "cannot reach")
+    bad = tmp_path / "badcohort"
+    bad.mkdir()
+    (bad / "cohort.parquet").write_text("junk")
+    (bad / "centers.parquet").write_text("junk")
+    one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(bad), "--tracking-uri", uri), "Parquet")
+    exp = mlflow.MlflowClient(tracking_uri=uri).get_experiment_by_name("s")
+    assert exp is None or not mlflow.MlflowClient(tracking_uri=uri).search_runs([exp.experiment_id])
+
+
+def test_cifar_loader_refuses_code_in_pickles(tmp_path):
+    import os
+    import pickle
+
+    from etl.errors import InputError
+    from etl.images import load_cifar10
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'PWNED'}",))
+
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (tmp_path / name).write_bytes(pickle.dumps({b"data": Evil(), b"labels": [0]}))
+    with pytest.raises(InputError, match="not a CIFAR-10 python batch"):
+        load_cifar10(tmp_path)
+    assert not (tmp_path / "PWNED").exists()

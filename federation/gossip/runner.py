@@ -71,6 +71,8 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     grid = config.get("grid") or {}
     if not isinstance(grid, dict) or any(not isinstance(v, list) or not v for v in grid.values()):
         raise InputError("vv config: grid must map option names to non-empty lists")
+    if "arms" in config and not config["arms"]:
+        raise InputError("vv config: `arms` is empty (list at least one arm, or leave it out for plain vs corrected)")
     arms = config.get("arms") or [{"name": "plain", "averaging": "plain"},
                                   {"name": "variance_corrected", "averaging": "variance_corrected"}]
     names = [a.get("name") if isinstance(a, dict) else None for a in arms]
