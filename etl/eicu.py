@@ -21,6 +21,7 @@ needs no change; the mapping of eICU fields onto it is documented in docs/eicu.m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from etl.errors import InputError
 from etl.io import atomic_output_dir, atomic_write_text
 from etl.mimic import COHORT_COLUMNS, Attrition, drop_small_centers, EtlOptions, _frame, _json_default, center_metadata
 from etl.partition import grouped_stratified_split
-from etl.sources import Table, locate, wrap_duckdb_error
+from etl.sources import Table, duckdb_errors, locate
 
 REQUIRED = {
     "patient": ("patientunitstayid", "patienthealthsystemstayid", "uniquepid", "gender", "age", "ethnicity",
@@ -227,7 +228,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     with atomic_output_dir(out) as tmp:
         con = duckdb.connect(":memory:")
         con.execute(f"SET threads = {int(opts.threads)}")
-        try:
+        with contextlib.closing(con), duckdb_errors(list(tables.values())):
             con.execute(f"CREATE TEMP TABLE all_stays AS {_stays_sql(s)}")
             n_all = con.execute("SELECT count(*) FROM all_stays").fetchall()[0][0]
             n_lab = con.execute("SELECT count(*) FROM all_stays WHERE label IS NOT NULL").fetchall()[0][0]
@@ -243,12 +244,6 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
             cci = _frame(con, _comorbidity_sql(s, opts.comorbidity_source))
             kept = _frame(con, "SELECT * FROM kept ORDER BY stay_id")
             hosp = _frame(con, f"SELECT CAST(hospitalid AS BIGINT) AS hospitalid, numbedscategory, teachingstatus, region FROM {s['hospital']}")
-        except duckdb.InterruptException:
-            raise KeyboardInterrupt from None
-        except duckdb.Error as exc:
-            raise wrap_duckdb_error(exc, list(tables.values())) from None
-        finally:
-            con.close()
         cohort = (
             kept.join(vitals, on="stay_id", how="left").join(cci, on="stay_id", how="left")
             .with_columns([pl.col(c).fill_null(0).cast(pl.Int8) for c in charlson.CCI_COLUMNS])

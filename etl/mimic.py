@@ -11,6 +11,7 @@ Outputs (``docs/data_dictionary.md``): ``cohort.parquet``, ``centers.parquet``,
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -25,7 +26,7 @@ from etl import charlson
 from etl.errors import InputError
 from etl.io import atomic_output_dir, atomic_write_text
 from etl.partition import PARTITIONS, assign_centers, grouped_stratified_split
-from etl.sources import Table, locate, wrap_duckdb_error
+from etl.sources import Table, duckdb_errors, locate
 
 #: Exact ``icustays.first_careunit`` strings -> short names (reference/mimic-iv-etl-facts.md).
 CARE_UNITS: dict[str, str] = {
@@ -266,7 +267,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     att = Attrition()
     timings: dict[str, float] = {}
     units = _short_units(opts.care_units)
-    try:
+    with contextlib.closing(con), duckdb_errors(list(tables.values())):
         t0 = time.perf_counter()
         for name, key in (("patients", "subject_id"), ("admissions", "hadm_id"), ("icustays", "stay_id")):
             dup = con.execute(f"SELECT count(*) - count(DISTINCT {key}) FROM {tables[name].scan_sql(TYPES)}").fetchall()[0][0]
@@ -313,12 +314,6 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
         cci = _frame(con, _charlson_sql(tables, opts.comorbidity_source))
         timings["charlson_s"] = time.perf_counter() - t0
         kept = _frame(con, "SELECT * FROM kept ORDER BY stay_id")
-    except duckdb.InterruptException:
-        raise KeyboardInterrupt from None
-    except duckdb.Error as exc:
-        raise wrap_duckdb_error(exc, list(tables.values())) from None
-    finally:
-        con.close()
 
     cohort = (
         kept.join(vitals, on="stay_id", how="left")

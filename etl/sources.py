@@ -9,10 +9,12 @@ to their types, all others stay VARCHAR.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 
@@ -112,6 +114,18 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...]) -> Tab
         if col not in cols:
             raise InputError(f"{path}: missing column '{col}'")
     return Table(name, path, cols)
+
+
+@contextlib.contextmanager
+def duckdb_errors(tables: list[Table]) -> Iterator[None]:
+    """Translate DuckDB errors raised while scanning ``tables``: an interrupt stays an interrupt
+    (KeyboardInterrupt), anything else becomes a one-line InputError (:func:`wrap_duckdb_error`)."""
+    try:
+        yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
+    except duckdb.Error as exc:
+        raise wrap_duckdb_error(exc, tables) from None
 
 
 def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table]) -> InputError:

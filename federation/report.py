@@ -68,7 +68,6 @@ FAMILY: dict[str, str] = {
 }
 _COLOURS = {"star": "tab:blue", "decentralized": "tab:green", "abps": "tab:orange", "abps-x": "darkred",
             "goal": "tab:purple", "local": "tab:olive", "centralized": "gray", "other": "tab:gray"}
-_IDENTIFIERS = {"stay_id", "subject_id", "hadm_id"}
 
 SAGE_SELECTORS = ("LOCAL", "RG", "PENS", "PFedDST", "AQ-128", "SAGE-NF", "Vanilla SAGE", "SAGE-OS")
 
@@ -547,17 +546,6 @@ def vv_table(runs: Sequence[Any]) -> tuple[str, str]:
 # the report
 
 
-def _check_no_identifiers(obj: Any) -> None:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if str(k).lower() in _IDENTIFIERS:
-                raise ValueError(f"refusing to write a report with the identifier key {k!r}")
-            _check_no_identifiers(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _check_no_identifiers(v)
-
-
 def build_report(client: Any, exp_id: str, experiment: str, out: Path) -> dict[str, Any]:
     """Write every section into the folder ``out`` (already created); returns the report document."""
     col = collect_runs(client, exp_id)
@@ -606,7 +594,9 @@ def build_report(client: Any, exp_id: str, experiment: str, out: Path) -> dict[s
                      "section skipped.\n")
     if col.notes:
         parts.append("\n## Notes\n\n" + "".join(f"* {n}\n" for n in col.notes))
-    _check_no_identifiers(doc)
+    from federation.tracking import check_no_identifiers
+
+    check_no_identifiers(doc)
     (out / "report.md").write_text("\n".join(parts))
     (out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=True, default=str) + "\n")
     return doc

@@ -380,9 +380,9 @@ def _stale_runs(client: Any, exp_id: str) -> dict[tuple[str, int], list[str]]:
 
 def _log_json(client: Any, run_id: str, obj: Any, name: str) -> None:
     """JSON artifact ``name`` on ``run_id``; refuses patient identifier keys (tracking policy)."""
-    from federation.tracking import _check_no_identifiers
+    from federation.tracking import check_no_identifiers
 
-    _check_no_identifiers(obj)
+    check_no_identifiers(obj)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, os.path.basename(name))
         with open(path, "w") as fh:

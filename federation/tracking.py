@@ -67,15 +67,17 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def _check_no_identifiers(obj: Any) -> None:
+def check_no_identifiers(obj: Any) -> None:
+    """Raise ValueError when any mapping key in ``obj`` (nested dicts / lists) names a patient
+    identifier (stay_id, subject_id, hadm_id): such a document never leaves the ETL outputs."""
     if isinstance(obj, dict):
         for k, v in obj.items():
             if str(k).lower() in _FORBIDDEN_KEYS:
-                raise ValueError(f"refusing to log a document with the patient identifier key {k!r}")
-            _check_no_identifiers(v)
+                raise ValueError(f"refusing to write a document with the patient identifier key {k!r}")
+            check_no_identifiers(v)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            _check_no_identifiers(v)
+            check_no_identifiers(v)
 
 
 class Tracker:
@@ -174,7 +176,7 @@ class Tracker:
 
         Raises ValueError when a mapping key names a patient identifier.
         """
-        _check_no_identifiers(obj)
+        check_no_identifiers(obj)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, os.path.basename(artifact_file))
             with open(path, "w") as fh:
