@@ -174,6 +174,20 @@ def propose_reject(
     )
 
 
+def center_weights(weights: Tensor | None, n: int) -> Tensor:
+    """FedAvg weights ``[n]`` float64: ``weights`` (e.g. n_train) checked positive, or all ones.
+
+    Raises:
+        ValueError: ``weights`` is not ``[n]`` or has a non-positive entry.
+    """
+    if weights is None:
+        return torch.ones(n, dtype=torch.float64)
+    w = weights.to(torch.float64).reshape(-1)
+    if w.numel() != n or not bool((w > 0).all()):
+        raise ValueError(f"weights must be [{n}] and positive")
+    return w
+
+
 def fedavg_mixing(partners: Tensor, weights: Tensor | None = None) -> Tensor:
     """Row-stochastic mixing matrix of the ABPS exchange (Algorithm 1 line 23).
 
@@ -191,11 +205,6 @@ def fedavg_mixing(partners: Tensor, weights: Tensor | None = None) -> Tensor:
     """
     n = partners.shape[0]
     members = partners.to(torch.bool) | torch.eye(n, dtype=torch.bool)
-    if weights is None:
-        w = torch.ones(n, dtype=torch.float64)
-    else:
-        w = weights.to(torch.float64).reshape(-1)
-        if w.numel() != n or not bool((w > 0).all()):
-            raise ValueError(f"weights must be [{n}] and positive")
+    w = center_weights(weights, n)
     m = members.to(torch.float64) * w[None, :]
     return m / m.sum(dim=1, keepdim=True)

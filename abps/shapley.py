@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from abps.matching import center_weights
+
 __all__ = [
     "shapley_matrix",
     "exact_shapley",
@@ -202,12 +204,7 @@ def build_coalitions(
     n = partners.shape[0]
     p = partners.to(torch.bool).clone()
     p.fill_diagonal_(False)
-    if weights is None:
-        w = torch.ones(n, dtype=torch.float64)
-    else:
-        w = weights.to(torch.float64).reshape(-1)
-        if w.numel() != n or not bool((w > 0).all()):
-            raise ValueError(f"weights must be [{n}] and positive")
+    w = center_weights(weights, n)
     if not 1 <= exact_max <= 20:
         raise ValueError(f"exact_max must be in [1, 20], got {exact_max}")
     if num_permutations < 1:

@@ -328,7 +328,14 @@ class StackedEngine:
                     grads = torch.autograd.grad(loss_c.sum(), [sub[k] for k in PARAM_NAMES])
                     with torch.no_grad():
                         self.adam_step(ps, dict(zip(PARAM_NAMES, grads)), st, c1, start=c0)
-        for k in PARAM_NAMES:
+        return self.scatter_back(params, state, ps, st, order, PARAM_NAMES)
+
+    @staticmethod
+    def scatter_back(params: Params, state: AdamState, ps: Params, st: AdamState, order: torch.Tensor,
+                     keys: tuple[str, ...]) -> Params:
+        """Write size-sorted copies (``ps``, ``st``; row r is center ``order[r]``) back into
+        ``params`` / ``state`` in center order, in place; returns ``params``."""
+        for k in keys:
             params[k].index_copy_(0, order, ps[k])
             state.m[k].index_copy_(0, order, st.m[k])
             state.v[k].index_copy_(0, order, st.v[k])

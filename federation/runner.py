@@ -143,14 +143,7 @@ def run_one(
         params_now = eval_params()
         last_val, last_test = _evaluate(engine, params_now, "val"), _evaluate(engine, params_now, "test")
         sv, st = summarize(last_val), summarize(last_test)
-        metrics = {
-            "val_auroc_mean": sv.mean, "val_auroc_std": sv.std, "test_auroc_mean": st.mean,
-            "test_auroc_std": st.std, "val_excluded": float(sv.n_excluded), "test_excluded": float(st.n_excluded),
-            "round_bytes": float(rb.model_bytes), "cum_bytes": float(ledger.model_bytes),
-            "cum_probe_bytes": float(ledger.probe_bytes), "cum_metadata_bytes": float(ledger.metadata_bytes),
-            "rel_bandwidth": ledger.relative_bandwidth, "edges": float(rb.edges),
-            **{k: float(v) for k, v in extras.items()},
-        }
+        metrics = {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
         history.append({"round": float(r + 1), **metrics})
         rounds_run = r + 1
         if on_round is not None:
@@ -165,6 +158,19 @@ def run_one(
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
     )
+
+
+def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]:
+    """The metrics every method logs per round (MLflow keys shared by all runs of an experiment,
+    so the compare view lines them up): val / test AUROC summaries (:func:`summarize`), the
+    round's ledger record ``rb`` and the ledger's cumulative bytes."""
+    return {
+        "val_auroc_mean": sv.mean, "val_auroc_std": sv.std, "test_auroc_mean": st.mean,
+        "test_auroc_std": st.std, "val_excluded": float(sv.n_excluded), "test_excluded": float(st.n_excluded),
+        "round_bytes": float(rb.model_bytes), "cum_bytes": float(ledger.model_bytes),
+        "cum_probe_bytes": float(ledger.probe_bytes), "cum_metadata_bytes": float(ledger.metadata_bytes),
+        "rel_bandwidth": ledger.relative_bandwidth, "edges": float(rb.edges),
+    }
 
 
 def finalize_run(

@@ -173,12 +173,7 @@ class StackedBayesEngine(StackedEngine):
                 grads = torch.autograd.grad(loss_c.sum(), [sub[k] for k in keys])
                 with torch.no_grad():
                     self.adam_step(ps, dict(zip(keys, grads)), st, a)
-        for k in keys:
-            params[k].index_copy_(0, order, ps[k])
-            state.m[k].index_copy_(0, order, st.m[k])
-            state.v[k].index_copy_(0, order, st.v[k])
-        state.t.index_copy_(0, order, st.t)
-        return params
+        return self.scatter_back(params, state, ps, st, order, keys)
 
     @torch.no_grad()
     def predict_proba(self, params: Params, split: str, samples: int, round_idx: int = 0) -> torch.Tensor:
@@ -231,7 +226,7 @@ def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCall
         InputError: ``exchange.server_momentum`` > 0 (not defined for posterior moments).
     """
     from federation.methods.baselines import fedavg_matrix
-    from federation.runner import finalize_run
+    from federation.runner import finalize_run, round_metrics
 
     if cfg.exchange.server_momentum > 0:
         raise InputError("bnn-fl: exchange.server_momentum is not supported (set it to 0)")
@@ -266,14 +261,8 @@ def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCall
         rb = ledger.record(r, None, data.n_centers, 2 * payload, bpp)
         last_val, last_test = evaluate("val", r), evaluate("test", r)
         sv, st = summarize(last_val), summarize(last_test)
-        metrics = {
-            "val_auroc_mean": sv.mean, "val_auroc_std": sv.std, "test_auroc_mean": st.mean,
-            "test_auroc_std": st.std, "val_excluded": float(sv.n_excluded), "test_excluded": float(st.n_excluded),
-            "round_bytes": float(rb.model_bytes), "cum_bytes": float(ledger.model_bytes),
-            "cum_probe_bytes": float(ledger.probe_bytes), "cum_metadata_bytes": float(ledger.metadata_bytes),
-            "rel_bandwidth": ledger.relative_bandwidth, "edges": float(rb.edges),
-            "posterior_sigma": float(mean_posterior_sigma(params).mean()),
-        }
+        metrics = {**round_metrics(sv, st, rb, ledger),
+                   "posterior_sigma": float(mean_posterior_sigma(params).mean())}
         history.append({"round": float(r + 1), **metrics})
         rounds_run = r + 1
         if on_round is not None:
