@@ -89,3 +89,16 @@ def test_simulation_rejects_wrong_image_shape():
                        rng.integers(0, 256, (64, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, 64), 10, "cifar")
     with pytest.raises(InputError, match="28x28"):
         simulate(_cfg(), bad, 0)
+
+
+def test_transfer_learning_connects_on_the_acquisition_schedule(tiny_data):
+    # Sec. III-C3: a node checks its own-data accuracy after each training step (ticks 9, 19, ...):
+    # with threshold 0 every node has connected both its k = 2 waiting peers by the tick-20 evaluation.
+    r = simulate(_cfg(transfer_threshold=0.0), tiny_data, seed=0)
+    assert r.degree_mean.tolist() == [0.0, 2.0, 2.0]
+    # The threshold tied to the reaching target keeps the paper's ratio 0.8 / 0.9.
+    cfg = _cfg(transfer_threshold="target", target_accuracy=0.7)
+    assert cfg.transfer_accuracy == pytest.approx(0.7 * 0.8 / 0.9)
+    assert _cfg(transfer_threshold=0.8).transfer_accuracy == 0.8
+    with pytest.raises(ValueError):
+        _cfg(transfer_threshold=1.5)

@@ -29,8 +29,9 @@ accuracy on one fixed test subset in one batched forward pass.
 Variants (Sec. III-C): ``topology: star`` (Star(N): node 0 is the hub, the federated-learning
 variant III-C1); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
 transfer-learning variant III-C3: nodes start unconnected, the base graph's peers form a waiting
-list, and at each evaluation a node whose accuracy on its own data is >= the threshold (0.8 in the
-paper) connects to one more peer; buffer sizes follow the current degree so R stays constant).
+list, and after each of its training steps (``transfer_check``) a node whose accuracy on its own
+data is >= the threshold (0.8 in the paper, or tied to the target) connects to one more peer;
+buffer sizes follow the current degree so R stays constant).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accurac
 from federation.variance import correct_flat, flat_layer_variance
 
 
+#: Sec. III-C3 threshold (0.8) over the paper's reaching target (0.9 on MNIST).
+TL_THRESHOLD_RATIO = 0.8 / 0.9
+
+
 class GossipConfig(BaseModel):
     """One gossip-learning simulation (defaults: the paper's baseline network, Sec. III-A).
 
@@ -66,7 +71,12 @@ class GossipConfig(BaseModel):
         beta: weight of the old model in eq. (1) (0.5 baseline; 0 = model replacement).
         averaging: "plain" (eq. (1)) or "variance_corrected" (Algorithm 3 then eq. (1)).
         compression_ratio: share of weights sent per message (Sec. III-C2; 1 = whole model).
-        transfer_threshold: own-data accuracy that lets a node add a peer (Sec. III-C3; None = off).
+        transfer_threshold: own-data accuracy that lets a node add a peer (Sec. III-C3; None = off;
+            ``"target"`` = ``target_accuracy * 0.8 / 0.9``, the paper's threshold-to-target ratio,
+            so a lowered reaching target lowers the threshold with it).
+        transfer_check: when a node tests its own-data accuracy: ``"acquisition"`` (after each of
+            its training steps, the paper's rule "once its accuracy reaches 0.8") or
+            ``"evaluation"`` (only at evaluation ticks, the earlier reading).
         batch_size: samples per acquisition (64).
         lr, momentum, weight_decay, lr_gamma, lr_power: SGD and Caffe "inv" policy.
         partition: "iid" or "dirichlet"; alpha: Dirichlet concentration (0.5).
@@ -90,7 +100,8 @@ class GossipConfig(BaseModel):
     beta: float = Field(0.5, ge=0.0, le=1.0)
     averaging: Literal["plain", "variance_corrected"] = "plain"
     compression_ratio: float = Field(1.0, gt=0.0, le=1.0)
-    transfer_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    transfer_threshold: float | Literal["target"] | None = None
+    transfer_check: Literal["acquisition", "evaluation"] = "acquisition"
     batch_size: int = Field(64, ge=1)
     lr: float = Field(0.01, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
@@ -117,6 +128,20 @@ class GossipConfig(BaseModel):
         elif not (1 <= v[0] <= v[1]):
             raise ValueError("t_acquisition range must satisfy 1 <= lo <= hi")
         return v
+
+    @field_validator("transfer_threshold")
+    @classmethod
+    def _check_threshold(cls, v):
+        if isinstance(v, float) and not 0.0 <= v <= 1.0:
+            raise ValueError("transfer_threshold must be in [0, 1] or 'target'")
+        return v
+
+    @property
+    def transfer_accuracy(self) -> float | None:
+        """The own-data accuracy that lets a node connect one more peer (None: variant off)."""
+        if self.transfer_threshold == "target":
+            return self.target_accuracy * TL_THRESHOLD_RATIO
+        return self.transfer_threshold
 
     @model_validator(mode="after")
     def _check_graph(self):
@@ -277,6 +302,7 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
     src = torch.from_numpy(np.concatenate([und[:, 0], und[:, 1]]))
     dst = torch.from_numpy(np.concatenate([und[:, 1], und[:, 0]]))
     transfer = cfg.transfer_threshold is not None
+    tl_acc = cfg.transfer_accuracy
     edge_on = torch.zeros(len(src), dtype=torch.bool) if transfer else torch.ones(len(src), dtype=torch.bool)
     base_deg = torch.bincount(dst, minlength=n)
     # waiting list of the transfer-learning variant: each node's base peers in a random order
@@ -344,10 +370,10 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
                     m[f"var_{name}_node{var_node}"] = float(lv[var_node, j])
                     m[f"diff_{name}"] = float(diff[name])
                 on_eval(t, m)
-            if transfer and t < cfg.ticks:
+            if transfer and cfg.transfer_check == "evaluation" and t < cfg.ticks:
                 own_x, own_y = sampler.draw(torch.arange(n), cfg.own_subset)
                 own_acc = accuracy_own(flat, own_x, own_y, layout)
-                _connect_next_peer(own_acc >= cfg.transfer_threshold, waiting, wait_ptr, base_deg, edge_on, edge_index)
+                _connect_next_peer(own_acc >= tl_acc, waiting, wait_ptr, base_deg, edge_on, edge_index)
         if t == cfg.ticks:
             break
 
@@ -361,6 +387,15 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         next_train[active] += draw_interval(active.numel())
         n_steps += int(active.numel())
         train_s += time.perf_counter() - ts
+        if transfer and cfg.transfer_check == "acquisition":
+            # Sec. III-C3: a node that just trained checks its own-data accuracy and, at >= the
+            # threshold, connects to its next waiting peer before it sends.
+            pending = active[wait_ptr[active] < base_deg[active]]
+            if pending.numel():
+                own_x, own_y = sampler.draw(pending, cfg.own_subset)
+                ok = torch.zeros(n, dtype=torch.bool)
+                ok[pending] = accuracy_own(flat.index_select(0, pending), own_x, own_y, layout) >= tl_acc
+                _connect_next_peer(ok, waiting, wait_ptr, base_deg, edge_on, edge_index)
 
         # ---- 2. send to current peers: A_t [N, n_active] sparse
         is_active = torch.zeros(n, dtype=torch.bool)
@@ -425,7 +460,7 @@ def _connect_next_peer(eligible: torch.Tensor, waiting: torch.Tensor, wait_ptr: 
     """Transfer-learning variant (Sec. III-C3): each eligible node connects to its next waiting peer.
 
     Peers already connected (by the other side) are skipped. Connections are mutual: both
-    directed edges are switched on. Runs only at evaluation ticks.
+    directed edges are switched on. Runs at most once per node and acquisition (or evaluation).
     """
     todo = torch.nonzero(eligible & (wait_ptr < base_deg)).flatten().tolist()
     for i in todo:  # at most N per evaluation; not the per-tick hot path
