@@ -26,8 +26,9 @@ variances ``[N, L]``, count ``[N]``), which is all Algorithm 3 needs (lines 2 an
 does not grow with the buffer size. Evaluation every ``eval_every`` ticks computes every node's
 accuracy on one fixed test subset in one batched forward pass.
 
-Variants (Sec. III-C): ``topology: star`` (Star(N): node 0 is the hub, the federated-learning
-variant III-C1); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
+Variants (Sec. III-C, IV, VI-A): ``topology: star`` (Star(N): node 0 is the hub, the
+federated-learning variant III-C1); ``initial_model: broadcast_average`` (the global broadcast of
+Fig. 6); ``server: true`` (Fig. 8's federated-learning reference: a non-training server); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
 transfer-learning variant III-C3: nodes start unconnected, the base graph's peers form a waiting
 list, and after each of its training steps (``transfer_check``) a node whose accuracy on its own
 data is >= the threshold (0.8 in the paper, or tied to the target) connects to one more peer;
@@ -87,6 +88,15 @@ class GossipConfig(BaseModel):
         plateau_smooth: moving-average width for eq. (2) on the noisy mean accuracy.
         engine: "grouped" or "vmap" (federation.gossip.model).
         variance_node: node whose layer variances are reported (Fig. 7 used node 49; None = last).
+        initial_model: "independent" Xavier draws per node (the paper's gossip setting);
+            "broadcast_average" = the global broadcast of Sec. IV / Fig. 6: before any training every
+            node is replaced by the average of all independent initial models; "shared" = every
+            node starts from node 0's draw (federated learning's w_0, Algorithm 1 line 2).
+        server: Fig. 8's federated-learning reference (Sec. VI-A): needs ``topology: star``; node 0
+            is a parameter server that never trains; when its buffer holds one model from each
+            of the N - 1 clients it averages them (eq. (1), ``beta``; Algorithm 3 if
+            ``averaging: variance_corrected``) and sends the new global model to every client,
+            which replaces its own (Algorithm 1). ``n_nodes`` counts the server (51 = 50 clients).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -118,6 +128,8 @@ class GossipConfig(BaseModel):
     plateau_smooth: int = Field(3, ge=1)
     engine: Literal["grouped", "vmap"] = "grouped"
     variance_node: int | None = None
+    initial_model: Literal["independent", "broadcast_average", "shared"] = "independent"
+    server: bool = False
 
     @field_validator("t_acquisition")
     @classmethod
@@ -147,6 +159,8 @@ class GossipConfig(BaseModel):
     def _check_graph(self):
         if self.topology == "regular" and (self.degree >= self.n_nodes or (self.n_nodes * self.degree) % 2):
             raise ValueError(f"Regular(N={self.n_nodes}, k={self.degree}) needs k < N and N*k even")
+        if self.server and self.topology != "star":
+            raise ValueError("server: true needs topology: star (node 0 is the parameter server)")
         if self.plateau_smooth % 2 == 0:
             raise ValueError("plateau_smooth must be odd")
         if self.variance_node is not None and not 0 <= self.variance_node < self.n_nodes:
@@ -325,6 +339,10 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
 
     # ---- state
     flat = init_stacked(n, gen, layout)
+    if cfg.initial_model == "broadcast_average":      # Sec. IV, Fig. 6: global broadcast at t = 0
+        flat[:] = flat.mean(0, keepdim=True)
+    elif cfg.initial_model == "shared":               # one w_0 for every node (Algorithm 1)
+        flat[:] = flat[0:1].clone()
     mom = torch.zeros_like(flat)
     iters = torch.zeros(n, dtype=torch.int64)
     n_layers = len(layout.names)
@@ -340,6 +358,8 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         return torch.randint(lo, hi + 1, (k,), generator=gen, dtype=torch.int64)
 
     next_train = draw_interval(n) - 1
+    if cfg.server:
+        next_train[0] = cfg.ticks + 1                 # the parameter server never trains
     var_node = n - 1 if cfg.variance_node is None else cfg.variance_node
     weight_cols = [layout.names.index(f"{name}.weight") for name in LAYERS]
 
@@ -442,6 +462,11 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         buf_sum.index_fill_(0, full, 0.0)
         buf_cnt[full] = 0.0
         n_avg += int(full.numel())
+        if cfg.server and bool((full == 0).any()):
+            # Algorithm 1: the server sends the new global model; every client replaces its own.
+            flat[1:] = flat[0:1]
+            n_msg += n - 1
+            params_sent += float((n - 1) * layout.total)
         if t_first_avg is None:
             t_first_avg = t
 
