@@ -11,6 +11,7 @@ import torch
 from etl.images import FASHION_MNIST_DIR
 from federation.images import sage
 from federation.images import selectors as sel
+from federation.images.models import FMNIST_SPEC, StackedModel
 
 
 # --- eq. (7) --------------------------------------------------------------------------------
@@ -206,6 +207,20 @@ def test_all_eight_selectors_end_to_end(tmp_path):
     assert table["AQ-128"]["budget_consumed"] >= table["SAGE-OS"]["budget_consumed"]
     assert table["AQ-128"]["budget_consumed"] >= table["Vanilla SAGE"]["budget_consumed"]
     assert 1.0 < table["PENS"]["comm_oh"] <= 2.0 and 1.0 < table["PFedDST"]["comm_oh"] <= 2.0
+    # Traffic through federation.ledger: omega (encoder + decoder) on each undirected edge used;
+    # probe bytes = sum d m x (784 image bytes out + 10 float32 logits back).
+    assert table["LOCAL"]["model_bytes"] == 0 and table["LOCAL"]["probe_bytes"] == 0
+    assert table["RG"]["probe_bytes"] == 0
+    omega = 4 * sum(v[0].numel() for n, v in StackedModel(FMNIST_SPEC, 1, 0).params.items()
+                    if n.startswith(("encoder.", "decoder.")))
+    for name in ("RG", "SAGE-OS", "PENS"):
+        hist = res["runs"]["0"][{"RG": "rg", "SAGE-OS": "sage_os", "PENS": "pens"}[name]]["history"]
+        assert table[name]["model_bytes"] == sum(h["edges"] for h in hist) * omega
+        # each receiver takes >= 1 model; an undirected edge carries at most two of them
+        assert all(6 / 2 <= h["edges"] <= h["model_exchanges"] for h in hist)
+        assert table[name]["probe_bytes"] == sum(round(h.get("probe_evaluations", 0.0) * (784 + 40))
+                                                 for h in hist)
+    assert table["SAGE-OS"]["probe_bytes"] > 0
     for row in table.values():
         assert 0.0 <= row["global_acc"] <= 1.0 and 0.0 <= row["macro_f1"] <= 1.0
         assert row["worst_client_acc"] <= row["client_acc"]
