@@ -282,3 +282,18 @@ def test_pfeddst_choices_match_hand_computation():
     # Uniform native average of the receiver and its peer.
     W = sel.mixing_matrix(dec, 0.5, None, native_average=True)
     assert W[0].tolist() == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_sage_os_cumulative_stage_cost_reading():
+    # Reading "cumulative": C_{l+1} = lambda d_k m_{l+1}. Receiver 1 (A = 0, d = 6) stops at m = 32:
+    # 2e-3 * 6 * 64 = 0.768 >= 2 r_2 = 0.621, where the literal increment 2e-3 * 6 * 32 = 0.384 does not.
+    # Receiver 0 at m = 16: 2e-3 * 6 * 32 = 0.384 < A + 2 r_1 = 0.75 + 0.878 -> continues, certified at 32.
+    dec = sel.decide_anchor("sage_os", _hand_table(), 0.1, 2e-3, torch.Generator().manual_seed(0),
+                            stage_cost="cumulative")
+    assert dec.anchors_used.tolist() == [32, 32, 0]
+    assert dec.certified.tolist() == [True, False, False]
+    assert dec.cost_gossip.tolist() == [False, True, False]
+    assert float(sage.cost_stop(2e-3, 6, 0, 64, torch.tensor(0.0), sage.confidence_radius(32, 6, 4, 0.1)))
+    assert not float(sage.cost_stop(2e-3, 6, 32, 64, torch.tensor(0.0), sage.confidence_radius(32, 6, 4, 0.1)))
+    # eq. (28): 6 * (32 + 32) / (128 * 18) = 1/6 (literal reading: 0.25, test above).
+    assert 1 - sage.evidence_saving(dec.anchors_used, torch.full((3,), 6), 128) == pytest.approx(1 / 6)

@@ -77,6 +77,7 @@ class SageConfig(BaseModel):
     schedule: list[int] = [16, 32, 64, 128]
     delta: float = Field(0.1, gt=0, lt=1)
     lambda_cost: float = Field(2e-3, ge=0)
+    stage_cost: Literal["increment", "cumulative"] = "increment"
     eval_every: int = Field(1, ge=1)
     train_samples: int | None = Field(None, ge=1)
     test_samples: int | None = Field(None, ge=1)
@@ -342,6 +343,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         params = {"config": name, "seed": seed, "dataset": cfg.dataset, "graph": cfg.graph,
                   "alpha_dir": cfg.alpha_dir, "n_clients": cfg.n_clients, "rounds": cfg.rounds,
                   "schedule": cfg.schedule, "delta": cfg.delta, "lambda_cost": cfg.lambda_cost,
+                  "stage_cost": cfg.stage_cost,
                   "alpha_mix": cfg.alpha_mix, "recon_weight": cfg.recon_weight}
         parent = tracker.parent(f"{name}-seed{seed}", params) if tracker else contextlib.nullcontext()
         with parent:
