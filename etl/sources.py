@@ -255,6 +255,9 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
     its column's type, the column (found by :func:`diagnose` when DuckDB does not say). It never
     repeats row content (DuckDB quotes offending lines and values; those are dropped).
     """
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return InputError("DuckDB ran out of memory within --memory-limit (raise --memory-limit; "
+                          "DuckDB spills to disk but some steps need a minimum)")
     text = str(exc)
     culprit = next((t for t in tables if str(t.path) in text), None)
     kind = "unreadable gzip" if ("gzip" in text.lower() or "zlib" in text.lower()) else "malformed data"
