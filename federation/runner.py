@@ -17,6 +17,7 @@ import torch
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
+from federation.checks import NonFiniteError, check_finite, check_finite_params, run_context
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
 from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
@@ -64,9 +65,13 @@ def _clone(p: Params) -> Params:
     return {k: v.clone() for k, v in p.items()}
 
 
-def _evaluate(engine: StackedEngine, params: Params, split: str) -> torch.Tensor:
+def _evaluate(engine: StackedEngine, params: Params, split: str, where: tuple = (None, None, None)) -> torch.Tensor:
+    """Per-center AUROC ``[n]`` of ``split``; ``where`` = (method, seed, round) for the error
+    raised when a real row's score is not finite (:func:`federation.checks.check_finite`)."""
     s = engine.data.splits[split]
-    return batched_auroc(engine.predict(params, split), s.y, s.mask)
+    scores = engine.predict(params, split)
+    check_finite(f"{split} scores", scores[s.mask], *where)
+    return batched_auroc(scores, s.y, s.mask)
 
 
 def run_one(
@@ -87,7 +92,12 @@ def run_one(
     cls = get_method(cfg.method)
     standalone = getattr(cls, "run_standalone", None)
     if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
-        return standalone(cfg, data, seed, on_round)
+        try:
+            return standalone(cfg, data, seed, on_round)
+        except NonFiniteError as exc:  # say which run, as the loop below does
+            msg = str(exc)
+            raise NonFiniteError(msg if msg.startswith(cfg.method) else run_context(cfg.method, seed, None) + msg) \
+                from None
     method: Method = cls(cls.Params.model_validate(cfg.params))
     engine = StackedEngine(data, cfg.engine, seed)
     train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
@@ -120,6 +130,8 @@ def run_one(
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
         train_engine.train_round(train_params, state, r, local_loss)
+        where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.checks)
+        check_finite_params("parameters after local training", train_params, *where)
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
@@ -127,6 +139,7 @@ def run_one(
             if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
                 raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{data.n_centers}, "
                                  f"{data.n_centers}], got {list(plan.w.shape)}")
+            check_finite("mixing matrix W", plan.w, *where)
             check_row_stochastic(plan.w)
             mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
             if cfg.exchange.variance_correction:
@@ -140,8 +153,11 @@ def run_one(
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, plan.metadata_bytes)
         extras = method.after_exchange(ctx, r, plan)
+        for k, v in extras.items():
+            check_finite(f"method output {k!r}", v, *where)
         params_now = eval_params()
-        last_val, last_test = _evaluate(engine, params_now, "val"), _evaluate(engine, params_now, "test")
+        check_finite_params("parameters after the exchange", params_now, *where)
+        last_val, last_test = _evaluate(engine, params_now, "val", where), _evaluate(engine, params_now, "test", where)
         sv, st = summarize(last_val), summarize(last_test)
         metrics = {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
         history.append({"round": float(r + 1), **metrics})
