@@ -278,7 +278,7 @@ def run_training(
     """
     from pydantic import ValidationError
 
-    from federation.tracking import Tracker
+    from federation.tracking import COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker
 
     cls = get_method(cfg.method)
     try:  # bad method parameters fail before any MLflow run starts
@@ -300,11 +300,12 @@ def run_training(
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
-    with bar, (tracker.parent(f"{cfg.method}", parent_params) if tracker else _null()):
+    with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
+                                                              COHORT_TAG: cid}) if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
-                                {"method": cfg.method, "seed": str(seed), "abps.cohort_id": cid})
+                                {KIND_TAG: KIND_RUN, METHOD_TAG: cfg.method, SEED_TAG: str(seed), COHORT_TAG: cid})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -317,10 +318,7 @@ def run_training(
                 res = run_one(cfg, data, seed, on_round)
                 results.append(res)
                 if tracker:
-                    tracker.log_metrics({"final_auroc_mean": res.final_auroc_mean,
-                                         "final_auroc_std": res.final_auroc_std,
-                                         "rounds_run": float(res.rounds_run),
-                                         "best_round": float(res.best_round)}, res.rounds_run)
+                    tracker.log_final(res.summary())
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
