@@ -326,11 +326,25 @@ def run_training(
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
+        doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
         atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n")
     return doc
+
+
+def dropped_message(dropped: dict[str, int], n_kept: int) -> str | None:
+    """The console line for the centers :meth:`FederatedData.from_cohort` left out (counts only),
+    e.g. ``note: 32 of 95 centers (37 stays, 8 deaths) left out: fewer than 1 train row(s)``;
+    None when none was."""
+    k = int(dropped.get("centers", 0))
+    if not k:
+        return None
+    m = int(dropped.get("min_train", 1))
+    why = "no train rows" if m <= 1 else f"fewer than {m} train rows"
+    return (f"note: {k} of {k + n_kept} centers ({dropped.get('stays', 0)} stays, {dropped.get('deaths', 0)} "
+            f"deaths) left out: {why}")
 
 
 class _null:
