@@ -121,6 +121,11 @@ def train(
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
                        progress=not no_progress)
+    from federation.runner import dropped_message
+
+    note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])
+    if note:
+        typer.echo(note, err=True)
     s = doc["summary"]
 
     def fmt(stat: dict) -> str:

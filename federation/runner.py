@@ -17,6 +17,7 @@ import torch
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
+from federation.checks import NonFiniteError, check_finite, check_finite_params, run_context
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
 from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
@@ -64,9 +65,13 @@ def _clone(p: Params) -> Params:
     return {k: v.clone() for k, v in p.items()}
 
 
-def _evaluate(engine: StackedEngine, params: Params, split: str) -> torch.Tensor:
+def _evaluate(engine: StackedEngine, params: Params, split: str, where: tuple = (None, None, None)) -> torch.Tensor:
+    """Per-center AUROC ``[n]`` of ``split``; ``where`` = (method, seed, round) for the error
+    raised when a real row's score is not finite (:func:`federation.checks.check_finite`)."""
     s = engine.data.splits[split]
-    return batched_auroc(engine.predict(params, split), s.y, s.mask)
+    scores = engine.predict(params, split)
+    check_finite(f"{split} scores", scores[s.mask], *where)
+    return batched_auroc(scores, s.y, s.mask)
 
 
 def run_one(
@@ -87,7 +92,12 @@ def run_one(
     cls = get_method(cfg.method)
     standalone = getattr(cls, "run_standalone", None)
     if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
-        return standalone(cfg, data, seed, on_round)
+        try:
+            return standalone(cfg, data, seed, on_round)
+        except NonFiniteError as exc:  # say which run, as the loop below does
+            msg = str(exc)
+            raise NonFiniteError(msg if msg.startswith(cfg.method) else run_context(cfg.method, seed, None) + msg) \
+                from None
     method: Method = cls(cls.Params.model_validate(cfg.params))
     engine = StackedEngine(data, cfg.engine, seed)
     train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
@@ -120,6 +130,8 @@ def run_one(
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
         train_engine.train_round(train_params, state, r, local_loss)
+        where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.checks)
+        check_finite_params("parameters after local training", train_params, *where)
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
@@ -127,6 +139,7 @@ def run_one(
             if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
                 raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{data.n_centers}, "
                                  f"{data.n_centers}], got {list(plan.w.shape)}")
+            check_finite("mixing matrix W", plan.w, *where)
             check_row_stochastic(plan.w)
             mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
             if cfg.exchange.variance_correction:
@@ -140,8 +153,11 @@ def run_one(
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, plan.metadata_bytes)
         extras = method.after_exchange(ctx, r, plan)
+        for k, v in extras.items():
+            check_finite(f"method output {k!r}", v, *where)
         params_now = eval_params()
-        last_val, last_test = _evaluate(engine, params_now, "val"), _evaluate(engine, params_now, "test")
+        check_finite_params("parameters after the exchange", params_now, *where)
+        last_val, last_test = _evaluate(engine, params_now, "val", where), _evaluate(engine, params_now, "test", where)
         sv, st = summarize(last_val), summarize(last_test)
         metrics = {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
         history.append({"round": float(r + 1), **metrics})
@@ -262,7 +278,7 @@ def run_training(
     """
     from pydantic import ValidationError
 
-    from federation.tracking import Tracker
+    from federation.tracking import COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker
 
     cls = get_method(cfg.method)
     try:  # bad method parameters fail before any MLflow run starts
@@ -284,11 +300,12 @@ def run_training(
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
-    with bar, (tracker.parent(f"{cfg.method}", parent_params) if tracker else _null()):
+    with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
+                                                              COHORT_TAG: cid}) if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
-                                {"method": cfg.method, "seed": str(seed), "abps.cohort_id": cid})
+                                {KIND_TAG: KIND_RUN, METHOD_TAG: cfg.method, SEED_TAG: str(seed), COHORT_TAG: cid})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -301,10 +318,7 @@ def run_training(
                 res = run_one(cfg, data, seed, on_round)
                 results.append(res)
                 if tracker:
-                    tracker.log_metrics({"final_auroc_mean": res.final_auroc_mean,
-                                         "final_auroc_std": res.final_auroc_std,
-                                         "rounds_run": float(res.rounds_run),
-                                         "best_round": float(res.best_round)}, res.rounds_run)
+                    tracker.log_final(res.summary())
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
@@ -312,11 +326,25 @@ def run_training(
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
+        doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
         atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n")
     return doc
+
+
+def dropped_message(dropped: dict[str, int], n_kept: int) -> str | None:
+    """The console line for the centers :meth:`FederatedData.from_cohort` left out (counts only),
+    e.g. ``note: 32 of 95 centers (37 stays, 8 deaths) left out: fewer than 1 train row(s)``;
+    None when none was."""
+    k = int(dropped.get("centers", 0))
+    if not k:
+        return None
+    m = int(dropped.get("min_train", 1))
+    why = "no train rows" if m <= 1 else f"fewer than {m} train rows"
+    return (f"note: {k} of {k + n_kept} centers ({dropped.get('stays', 0)} stays, {dropped.get('deaths', 0)} "
+            f"deaths) left out: {why}")
 
 
 class _null:
