@@ -37,8 +37,10 @@ a Bayesian MLP the point-estimate engine does not hold). A method object may exp
 mapping`` called once after the last round (aggregates keyed by center_id only); the runner
 logs each entry as an MLflow artifact of the seed's run.
 
-Register a method by name with :func:`federation.methods.registry.register_method`.
-Class attributes: ``name``, ``Params`` (pydantic model of the method's own parameters,
+Register a method class with the decorator :func:`federation.methods.registry.register`
+(``@register(display_name=..., family=..., paper_order=...)``).
+Class attributes: ``name``, ``display_name`` (Table 1 row name), ``family`` (Figure 3 colour
+group), ``paper_order`` (Table 1 row index, None when the paper has no such row), ``Params`` (pydantic model of the method's own parameters,
 from the config's ``params:`` mapping), ``default_config`` (a partial run config merged under
 the user's: e.g. FedAvg-X turns on a 2-layer head, bf16, momentum, early stopping) and
 ``pooled`` (True only for Centralized: one model trained on the union of train rows).
@@ -172,6 +174,9 @@ class Method:
     """Base class of a federated method (see the module docstring for the protocol)."""
 
     name: ClassVar[str] = "method"
+    display_name: ClassVar[str] = "method"
+    family: ClassVar[str] = "other"
+    paper_order: ClassVar[int | None] = None
     Params: ClassVar[type[BaseModel]] = NoParams
     default_config: ClassVar[dict[str, Any]] = {}
     pooled: ClassVar[bool] = False

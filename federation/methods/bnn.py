@@ -42,6 +42,7 @@ from federation.data import FederatedData
 from federation.engine import PARAM_NAMES, AdamState, Params, StackedEngine, forward, init_params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods.base import Context, Method, RoundPlan
+from federation.methods.registry import register
 from federation.metrics import batched_auroc, summarize
 from federation.mixing import exchanged_keys, mix
 
@@ -275,6 +276,7 @@ def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCall
     return finalize_run(cfg, data, seed, ledger, history, rounds_run, best, params, last_val, last_test)
 
 
+@register(display_name="BNN+FL", family="star", paper_order=9)
 class BnnFL(Method):
     """BNN+FL (ABPS paper Sec. 6.2 / Table 1; Saile et al. 2024 style): mean-field Bayesian MLP
     trained by Bayes by Backprop, FedAvg of posterior means and variances (2.00x FedAvg's bytes).
@@ -296,14 +298,6 @@ class BnnFL(Method):
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         raise TypeError("bnn-fl has no mixing plan for the point-estimate engine; use BnnFL.run_standalone")
 
-
-def _register() -> None:
-    from federation.methods.registry import register_method
-
-    register_method(BnnFL.name, BnnFL)
-
-
-_register()
 
 __all__ = ["BnnFL", "BnnParams", "StackedBayesEngine", "aggregate_posteriors", "gaussian_kl", "mean_posterior_sigma",
            "run_bnn", "softplus_inv"]
