@@ -3,7 +3,7 @@
 Clinical runs read a cohort directory (``abps etl`` / ``abps synth fedprox`` output), log
 to MLflow (one parent run, one child per seed) and write results.json. A ``--config`` YAML
 whose top level has ``benchmark: sage`` or ``benchmark: vv`` is handed to the image
-benchmark runners instead (``federation.images.sage.cli_run`` / ``federation.gossip.cli_run``).
+benchmark runners instead (``federation.images.cli_run`` / ``federation.gossip.cli_run``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typer.core import TyperCommand
 from cli.app import app
 from etl.errors import InputError
 
-_BENCHMARKS = {"sage": "federation.images.sage", "vv": "federation.gossip"}
+_BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
 
 
 def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
