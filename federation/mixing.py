@@ -43,9 +43,15 @@ def wire(x: torch.Tensor, bf16: bool) -> torch.Tensor:
 
 
 def check_row_stochastic(w: torch.Tensor, atol: float = 1e-6) -> None:
-    """Raise ValueError unless ``w`` is ``[m, n]`` with non-negative entries and rows summing to 1."""
+    """Raise ValueError unless ``w`` is ``[m, n]`` with finite, non-negative entries and rows
+    summing to 1 (``atol``). A NaN or infinite entry is refused first: every comparison with NaN
+    is false, so a 0/0 row would otherwise pass both other checks (issue 13, case 1)."""
     if w.dim() != 2:
         raise ValueError(f"mixing matrix must be 2-D, got shape {tuple(w.shape)}")
+    bad = ~torch.isfinite(w)
+    if bool(bad.any()):
+        rows = int(bad.any(1).sum())
+        raise ValueError(f"mixing matrix has non-finite entries (NaN or infinity) in {rows} row(s)")
     if bool((w < -atol).any()):
         raise ValueError("mixing matrix has negative entries")
     err = float((w.double().sum(1) - 1).abs().max()) if w.numel() else 0.0
