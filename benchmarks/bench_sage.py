@@ -31,7 +31,8 @@ def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "
           test_samples: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Time ``rounds`` rounds of each selector; returns the measurements as a dict."""
     from federation.images import selectors as sel
-    from federation.images.data import make_graph, make_shards, neighbour_table, subsample
+    from federation.graphs import neighbour_table
+    from federation.images.data import make_graph, make_shards, subsample
     from federation.images.run import load_dataset, parse_config, run_selector
 
     torch.set_num_threads(threads)

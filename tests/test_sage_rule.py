@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from etl.images import FASHION_MNIST_DIR
 from federation.images import sage
 from federation.images import selectors as sel
 from federation.images.models import FMNIST_SPEC, StackedModel

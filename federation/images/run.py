@@ -26,7 +26,8 @@ from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, ImageDataset, load_cifar10, load_idx_dataset
 from etl.io import atomic_write_text
 from federation.images import selectors as sel
-from federation.images.data import ClientShards, make_graph, make_shards, neighbour_table, subsample
+from federation.graphs import neighbour_table
+from federation.images.data import ClientShards, make_graph, make_shards, subsample
 from federation.images.metrics import accuracy, confusion_matrices, macro_f1
 from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, StackedModel
 from federation.images.probe import draw_anchors, empty_table, probe
