@@ -21,7 +21,8 @@ import json
 import math
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +37,10 @@ from etl.partition import PARTITIONS, assign_centers, grouped_stratified_split
 from etl.report import cohort_report, report_markdown
 from etl.schema import CARE_UNITS, COHORT_COLUMNS, DEFAULT_CARE_UNITS
 from etl.sources import Table, check_key
-from etl.sql import concept_sql  # noqa: F401  (re-exported: the ETL's one SQL loader)
+from etl.sql import concept_sql
+
+__all__ = ["EtlOptions", "connect", "concept_sql", "frame", "scalar", "Attrition", "check_keys",
+           "drop_small_centers", "center_metadata", "finish"]
 
 COMORBIDITY_SOURCES = ("same-admission", "earlier-admissions")
 SOURCES = ("mimic", "eicu")
@@ -270,8 +274,6 @@ def finish(
     Returns:
         The cohort report dict (also written as cohort_report.json / .md under ``tmp``).
     """
-    import time
-
     if partition != "hospital":
         cohort = assign_centers(cohort, partition, window_years=opts.window_years,
                                 window_origin=opts.window_origin, n_centers=opts.n_centers,

@@ -163,7 +163,8 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     kinds: tuple[str, ...] = ()
     if path.suffix == ".parquet":
         try:
-            desc = duckdb.connect().sql(f"DESCRIBE SELECT * FROM read_parquet('{_quote(path)}')").fetchall()
+            with contextlib.closing(duckdb.connect()) as con:
+                desc = con.sql(f"DESCRIBE SELECT * FROM read_parquet('{_quote(path)}')").fetchall()
         except duckdb.Error as exc:
             raise InputError(f"{path}: unreadable Parquet ({exc.__class__.__name__})") from None
         cols = tuple(r[0].lower() for r in desc)
