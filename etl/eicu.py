@@ -128,7 +128,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     t_start = time.perf_counter()
     att = Attrition()
     with atomic_output_dir(out) as tmp:
-        con = connect(opts, tmp)
+        con = connect(opts.threads, opts.memory_limit, tmp)
         with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
             tables = check_keys(con, tables, KEYS, types, att, root)
             s = {k: v.scan_sql(types) for k, v in tables.items()}
