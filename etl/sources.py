@@ -241,18 +241,19 @@ def diagnose(tables: list[Table], types: dict[str, str]) -> tuple[Table, str] | 
     """
     with contextlib.closing(connect()) as con:
         for t in tables:
-            for col, kind in zip(t.columns, t.kinds or ("VARCHAR",) * len(t.columns)):
-                want = types.get(col)
-                if want is None or not kind.startswith("VARCHAR"):
-                    continue
-                try:
-                    bad = con.execute(
-                        f"SELECT count(*) FROM {t.varchar_scan()} "
-                        f"WHERE {col} IS NOT NULL AND TRY_CAST({col} AS {want}) IS NULL").fetchall()[0][0]
-                except duckdb.Error:
-                    continue
-                if bad:
-                    return t, col
+            cols = [(c, types[c]) for c, kind in zip(t.columns, t.kinds or ("VARCHAR",) * len(t.columns))
+                    if c in types and kind.startswith("VARCHAR")]
+            if not cols:
+                continue
+            checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND TRY_CAST({c} AS {w}) IS NULL)"
+                               for c, w in cols)
+            try:
+                bad = con.execute(f"SELECT {checks} FROM {t.varchar_scan()}").fetchall()[0]
+            except duckdb.Error:
+                continue
+            for (c, _), n in zip(cols, bad):
+                if n:
+                    return t, c
     return None
 
 
