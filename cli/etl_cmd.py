@@ -42,6 +42,9 @@ def etl_command(
     seed: int = typer.Option(0, help="Seed of the split and random partitions."),
     threads: int = typer.Option(2, help="DuckDB threads (both sources; the output does not depend on it)."),
     memory_limit: str = typer.Option("2GB", help="DuckDB memory limit (both sources; spills to disk above it)."),
+    task: str = typer.Option("in-hospital-mortality", "--task",
+                             help="Outcome written to label: in-hospital-mortality | icu-mortality | los-3 | los-7 "
+                                  "(docs/tasks.md)."),
 ) -> None:
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
     from etl.mimic import EtlOptions, run_etl
@@ -58,7 +61,7 @@ def etl_command(
         min_center_stays=min_center_stays if min_center_stays is not None else (10 if source == "eicu" else 50),
         vitals_from_hours=vitals_from_hours, comorbidity_source=comorbidity_source,
         split_fractions=_fractions(split), n_centers=n_centers, alpha=alpha, seed=seed,
-        threads=threads, memory_limit=memory_limit,
+        threads=threads, memory_limit=memory_limit, task=task,
     )
     if source == "mimic":
         rep = run_etl(src_dir, out, opts)
@@ -78,5 +81,5 @@ def etl_command(
                    "stays can single out patients (raise --min-center-stays before sharing centers.parquet)",
                    err=True)
     typer.echo(
-        f"cohort: {rep['stays']} stays, {rep['centers']} centers, mortality {rep['mortality']:.3f} -> {out}"
+        f"cohort: {rep['stays']} stays, {rep['centers']} centers, {rep['task']} rate {rep['label_rate']:.3f} -> {out}"
     )

@@ -36,7 +36,9 @@ from etl import charlson
 from etl.errors import InputError
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
+from etl.report import rate_table
 from etl.sources import Table, duckdb_errors, locate
+from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 REQUIRED = {
     "patient": ("patientunitstayid", "patienthealthsystemstayid", "uniquepid", "gender", "age", "ethnicity",
@@ -94,14 +96,13 @@ def _decorate_centers(hosp: pl.DataFrame) -> Callable[[pl.DataFrame, pl.DataFram
 
 
 def _per_hospital(report: dict, cohort: pl.DataFrame, centers: pl.DataFrame) -> str:
-    per_h = (cohort.group_by("center_id").agg(pl.len().alias("stays"), pl.col("label").sum().cast(pl.Int64).alias("deaths"))
-             .with_columns((pl.col("deaths") / pl.col("stays")).alias("mortality"))
+    per_h = (rate_table(cohort, "center_id")
              .join(centers.select("center_id", "region", "numbedscategory", "teachingstatus"), on="center_id")
              .sort("center_id"))
     report["per_hospital"] = per_h.to_dicts()
-    md = "\n## Per hospital\n\n| center_id | region | beds | teaching | stays | deaths | mortality |\n|---|---|---|---|---|---|---|\n"
+    md = "\n## Per hospital\n\n| center_id | region | beds | teaching | stays | positives | label_rate |\n|---|---|---|---|---|---|---|\n"
     return md + "\n".join(f"| {r['center_id']} | {r['region']} | {r['numbedscategory']} | {r['teachingstatus']} | "
-                          f"{r['stays']} | {r['deaths']} | {r['mortality']:.4f} |" for r in report["per_hospital"]) + "\n"
+                          f"{r['stays']} | {r['positives']} | {r['label_rate']:.4f} |" for r in report["per_hospital"]) + "\n"
 
 
 def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None = None) -> dict:
@@ -122,8 +123,9 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     root = Path(data_dir)
     if not root.is_dir():
         raise InputError(f"--data-dir {root}: not a directory")
-    types = {k.lower(): v for k, v in TYPES.items()}
-    tables: dict[str, Table] = {name: locate(root, "", name, cols, types) for name, cols in REQUIRED.items()}
+    types = {k.lower(): v for k, v in {**TYPES, **column_types(opts.task, "eicu")}.items()}
+    tables: dict[str, Table] = {name: locate(root, "", name, cols + required_columns(opts.task, "eicu", name), types)
+                                for name, cols in REQUIRED.items()}
     inputs = {name: str(t.path.relative_to(root)) for name, t in tables.items()}
     t_start = time.perf_counter()
     att = Attrition()
@@ -133,10 +135,12 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
             tables = check_keys(con, tables, KEYS, types, att, root)
             s = {k: v.scan_sql(types) for k, v in tables.items()}
             con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql("eicu", "stays", patient=s["patient"]))
+            relabel(con, "eicu", opts.task, s)
             n_all = scalar(con, "SELECT count(*) FROM all_stays")
             n_lab = scalar(con, "SELECT count(*) FROM all_stays WHERE label IS NOT NULL")
             att.add("unit stays", n_all, n_all)
-            att.add("known hospital discharge status", n_all, n_lab)
+            att.add("known hospital discharge status" if opts.task == DEFAULT_TASK else f"known {opts.task} label",
+                    n_all, n_lab)
             con.execute("CREATE TEMP TABLE kept AS SELECT * FROM all_stays WHERE label IS NOT NULL AND age BETWEEN ? AND ?",
                         [opts.min_age, opts.max_age])
             n_age = scalar(con, "SELECT count(*) FROM kept")

@@ -26,6 +26,7 @@ from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
 from etl.sources import Table, duckdb_errors, locate
+from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
 
@@ -52,10 +53,11 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _locate_all(mimic_dir: Path) -> dict[str, Table]:
+def _locate_all(mimic_dir: Path, task: str, types: dict[str, str]) -> dict[str, Table]:
     if not mimic_dir.is_dir():
         raise InputError(f"--mimic-dir {mimic_dir}: not a directory")
-    return {name: locate(mimic_dir, module, name, cols, TYPES) for (module, name), cols in REQUIRED.items()}
+    return {name: locate(mimic_dir, module, name, cols + required_columns(task, "mimic", name), types)
+            for (module, name), cols in REQUIRED.items()}
 
 
 def _care_unit_rows() -> str:
@@ -79,16 +81,17 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
             conflicting duplicate keys, or an empty cohort after a filter.
     """
     mimic_dir = Path(mimic_dir)
-    tables = _locate_all(mimic_dir)
+    types = {**TYPES, **column_types(opts.task, "mimic")}
+    tables = _locate_all(mimic_dir, opts.task, types)
     inputs = {name: str(t.path.relative_to(mimic_dir)) for name, t in tables.items()}
     con = connect(opts.threads, opts.memory_limit, scratch)
     att = Attrition()
     timings: dict[str, float] = {}
     units = sorted({CARE_UNITS.get(u, u) for u in opts.care_units})
-    with contextlib.closing(con), duckdb_errors(list(tables.values()), TYPES):
+    with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
-        tables = check_keys(con, tables, KEYS, TYPES, att, mimic_dir)
-        s = {name: t.scan_sql(TYPES) for name, t in tables.items()}
+        tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
+        s = {name: t.scan_sql(types) for name, t in tables.items()}
         bad = scalar(con, f"SELECT count(*) FROM {s['admissions']} "
                           "WHERE hospital_expire_flag IS NOT NULL AND hospital_expire_flag NOT IN (0, 1)")
         if bad:
@@ -97,6 +100,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
         con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql(
             "mimic", "stays", icustays=s["icustays"], admissions=s["admissions"], patients=s["patients"],
             care_units=_care_unit_rows()))
+        relabel(con, "mimic", opts.task, s)
         n_icu = scalar(con, f"SELECT count(*) FROM {s['icustays']}")
         n_join = scalar(con, "SELECT count(*) FROM all_stays")
         att.add("ICU stays with admission and patient records", n_icu, n_join)
@@ -104,7 +108,8 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
             raise InputError("empty cohort: no ICU stay joins an admission and a patient "
                              "(check icustays, admissions and patients)")
         n_label = scalar(con, "SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL")
-        att.add("known in-hospital outcome and intime", n_join, n_label)
+        known = "in-hospital outcome" if opts.task == DEFAULT_TASK else f"{opts.task} label"
+        att.add(f"known {known} and intime", n_join, n_label)
         n_age = scalar(con, "SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL "
                             "AND age BETWEEN ? AND ?", [opts.min_age, opts.max_age])
         att.add(f"age {opts.min_age:g} to {opts.max_age:g}", n_label, n_age)

@@ -38,6 +38,7 @@ from etl.report import cohort_report, report_markdown
 from etl.schema import CARE_UNITS, COHORT_COLUMNS, DEFAULT_CARE_UNITS
 from etl.sources import Table, check_key, connect
 from etl.sql import concept_sql
+from etl.tasks import DEFAULT_TASK, get_task
 
 __all__ = ["EtlOptions", "connect", "concept_sql", "frame", "scalar", "Attrition", "check_keys",
            "drop_small_centers", "center_metadata", "finish"]
@@ -66,6 +67,7 @@ class EtlOptions:
         n_centers, alpha: dirichlet / iid parameters.
         seed: seed of the split and of random partitions.
         threads, memory_limit: DuckDB resources (both sources).
+        task: the outcome written to ``label`` (:data:`etl.tasks.TASKS`; docs/tasks.md).
     """
 
     partition: str = "careunit-year"
@@ -83,6 +85,7 @@ class EtlOptions:
     seed: int = 0
     threads: int = 2
     memory_limit: str = "2GB"
+    task: str = DEFAULT_TASK
     extra: dict = field(default_factory=dict)
 
     def validate(self, source: str = "mimic") -> None:
@@ -117,6 +120,7 @@ class EtlOptions:
             raise InputError(f"--seed must be >= 0, got {self.seed}")
         if self.window_years < 1:
             raise InputError(f"--window-years must be >= 1, got {self.window_years}")
+        get_task(self.task, source)
         self._refuse_unused(source)
 
     def _refuse_unused(self, source: str) -> None:
@@ -276,6 +280,7 @@ def finish(
         timings["total_s"] = time.perf_counter() - t_start
     report = cohort_report(cohort, centers, att.rows, opts, timings)
     report["source"] = source
+    report["task"] = opts.task
     report["options"]["partition"] = partition
     report["inputs"] = inputs
     md = report_markdown(report)

@@ -1,4 +1,4 @@
-"""The cohort report: attrition, stays and mortality per unit / window, partition statistics.
+"""The cohort report: attrition, stays and label rate per unit / window, partition statistics.
 
 Everything here is a cohort-level aggregate; no identifier or patient row is ever written.
 The partition statistics are those the ABPS paper quotes for its careunit-by-year federation
@@ -74,14 +74,19 @@ def jsd_within_across(rates: np.ndarray, groups: np.ndarray) -> tuple[float, flo
     return within, across
 
 
-def _rate_table(cohort: pl.DataFrame, key: str) -> list[dict]:
-    t = (
+def rate_table(cohort: pl.DataFrame, key: str) -> pl.DataFrame:
+    """Stays, positives (label = 1) and label rate per value of ``key`` (the task's outcome:
+    deaths and mortality for the mortality tasks), sorted by ``key``."""
+    return (
         cohort.group_by(key)
-        .agg(pl.len().alias("stays"), pl.col("label").sum().cast(pl.Int64).alias("deaths"))
-        .with_columns((pl.col("deaths") / pl.col("stays")).alias("mortality"))
+        .agg(pl.len().alias("stays"), pl.col("label").sum().cast(pl.Int64).alias("positives"))
+        .with_columns((pl.col("positives") / pl.col("stays")).alias("label_rate"))
         .sort(key)
     )
-    return t.to_dicts()
+
+
+def _rate_table(cohort: pl.DataFrame, key: str) -> list[dict]:
+    return rate_table(cohort, key).to_dicts()
 
 
 def cohort_report(cohort: pl.DataFrame, centers: pl.DataFrame, attrition: list[dict], opts, timings: dict) -> dict:
@@ -103,7 +108,8 @@ def cohort_report(cohort: pl.DataFrame, centers: pl.DataFrame, attrition: list[d
         "attrition": attrition,
         "stays": cohort.height,
         "patients": cohort["subject_id"].n_unique(),
-        "mortality": float(cohort["label"].mean()),
+        "task": getattr(opts, "task", "in-hospital-mortality"),
+        "label_rate": float(cohort["label"].mean()),
         "centers": centers.height,
         "stays_per_center": {"min": int(sizes.min()), "median": float(sizes.median()), "max": int(sizes.max())},
         "splits": {s: int((cohort["split"] == s).sum()) for s in ("train", "val", "test")},
@@ -160,7 +166,7 @@ def report_markdown(rep: dict) -> str:
     lines = [
         "# Cohort report",
         "",
-        f"Stays: {rep['stays']} (patients: {rep['patients']}), in-hospital mortality {rep['mortality']:.4f}, "
+        f"Task: `{rep['task']}`. Stays: {rep['stays']} (patients: {rep['patients']}), label rate {rep['label_rate']:.4f}, "
         f"centers: {rep['centers']} (stays per center min {rep['stays_per_center']['min']}, "
         f"median {rep['stays_per_center']['median']:.0f}, max {rep['stays_per_center']['max']}).",
         f"Partition: `{rep['options'].get('partition')}`; splits: "
@@ -172,11 +178,11 @@ def report_markdown(rep: dict) -> str:
         "",
         "## Per care unit",
         "",
-        _md_table(rep["per_care_unit"], ["care_unit", "stays", "deaths", "mortality"]),
+        _md_table(rep["per_care_unit"], ["care_unit", "stays", "positives", "label_rate"]),
         "",
     ]
     if "per_window" in rep:
-        lines += ["## Per window (shifted years)", "", _md_table(rep["per_window"], ["window", "stays", "deaths", "mortality"]), ""]
+        lines += ["## Per window (shifted years)", "", _md_table(rep["per_window"], ["window", "stays", "positives", "label_rate"]), ""]
     lines += ["## Partition statistics", ""]
     for k, v in rep["partition_statistics"].items():
         lines.append(f"- {k}: {'n/a' if v is None else f'{v:.4f}'}")
