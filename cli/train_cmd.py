@@ -153,6 +153,10 @@ def train(
         f"{scored} of {n} centers whose test split holds both classes), "
         f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
     )
+    from federation.evaluation import clinical_line
+
+    if (line := clinical_line(doc["seeds"])) is not None:
+        typer.echo(line)
     if scored < n / 2:
         typer.echo(f"warning: only {scored} of {n} centers have both classes in their test split; "
                    "the mean AUROC rests on few centers", err=True)

@@ -28,6 +28,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
+from federation.evaluation import group_codes
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -125,6 +126,10 @@ class FederatedData:
         meta: ``[n, 15]`` float32 metadata vectors v_i (ABPS Sec. 4.1; META_COLUMNS order).
         meta_base: ``[n, 3]`` float32 base vector (pos rate, ln n_train, year/2030).
         care_units: care unit per center.
+        groups: ``{split: [n, max_rows, 3]}`` int64 subgroup codes per row (sex, age band, race
+            group; :func:`federation.evaluation.group_codes`), -1 on unknown values and padding;
+            empty when the frames lack gender / age / race. Never a model feature: only the
+            end-of-run subgroup table reads it.
         dropped: what :meth:`from_frames` left out, as counts only (no ids): ``{"centers",
             "stays", "deaths", "min_train"}`` for the centers with fewer than ``min_train`` train
             rows (all their stays, every split); all zero when none.
@@ -137,6 +142,7 @@ class FederatedData:
     meta_base: torch.Tensor
     care_units: list[str] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_centers(self) -> int:
@@ -271,6 +277,9 @@ class FederatedData:
         y_all = torch.from_numpy(cohort["label"].cast(pl.Float32).to_numpy().copy())
         split_all = cohort["split"].to_numpy()
         c_t = torch.from_numpy(np.array(c_all, dtype=np.int64))
+        has_groups = all(c in cohort.columns for c in ("gender", "age", "race"))
+        g_all = torch.from_numpy(group_codes(cohort)) if has_groups else None
+        groups: dict[str, torch.Tensor] = {}
 
         splits: dict[str, SplitTensors] = {}
         for s in SPLITS:
@@ -290,6 +299,9 @@ class FederatedData:
             y[cs_sorted, pos] = y_all[src]
             mask[cs_sorted, pos] = True
             splits[s] = SplitTensors(x, y, mask, counts)
+            if g_all is not None:
+                groups[s] = torch.full((n, m, g_all.shape[1]), -1, dtype=torch.int64)
+                groups[s][cs_sorted, pos] = g_all[src]
 
         meta = torch.tensor(centers.select(list(META_COLUMNS)).fill_null(0.0).to_numpy(), dtype=torch.float32)
         care = centers["care_unit"].to_list() if "care_unit" in centers.columns else ["" for _ in center_ids]
@@ -301,6 +313,7 @@ class FederatedData:
             meta_base=meta[:, : len(META_BASE_COLUMNS)].clone(),
             care_units=care,
             dropped=dropped,
+            groups=groups,
         )
 
 

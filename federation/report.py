@@ -547,6 +547,10 @@ def build_report(client: Any, exp_id: str, experiment: str, out: Path) -> dict[s
         parts += ["## ABPS Table 1\n", md, "\n## ABPS Figure 3\n",
                   "![Figure 3](fig3.png)\n\nPareto front (bytes vs AUROC): "
                   + (", ".join(DISPLAY.get(x, x) for x in front) or "none") + "\n"]
+        from federation.clinical_report import clinical_sections  # issue 19: calibration, worst centers, fairness
+
+        cmd, doc["sections"]["clinical"] = clinical_sections(client, col.cells, out)
+        parts.append(cmd)
     else:
         parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
     if col.sage:
@@ -629,13 +633,16 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
 
 _ALL_REPORT_FILES = frozenset(
     {"report.md", "report.json", "table1.md", "table1.csv", "fig3.png", "sage_fig3.png", "vv_table1.md",
-     "vv_table1.csv"} | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
+     "vv_table1.csv", "clinical.md", "clinical.csv", "fairness.md", "fairness.csv"}
+    | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
 
 
 def _written(doc: dict[str, Any], out: Path) -> set[str]:
     names = {"report.md", "report.json"}
     if "table1" in doc["sections"]:
         names |= {"table1.md", "table1.csv", "fig3.png"}
+    if doc["sections"].get("clinical", {}).get("rows"):
+        names |= {"clinical.md", "clinical.csv", "fairness.md", "fairness.csv"}
     if "sage" in doc["sections"]:
         names |= {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")} | {"sage_fig3.png"}
     if "vv" in doc["sections"]:

@@ -20,6 +20,7 @@ from etl.io import atomic_write_text
 from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
+from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical
 from federation.engine import AdamState, Params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
@@ -53,12 +54,16 @@ class RunResult:
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
     params: Params | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
+    clinical: ClinicalEvaluation | None = None
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts)."""
-        skip = ("history", "per_center", "params", "artifacts")
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        method artifacts; the clinical figures' across-center summary, federation.evaluation)."""
+        skip = ("history", "per_center", "params", "artifacts", "clinical")
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
+        if self.clinical is not None:
+            out["clinical"] = self.clinical.summary()
+        return out
 
 
 def _clone(p: Params) -> Params:
@@ -167,6 +172,8 @@ def run_one(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
+        clinical=lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
+                                          method.score_kind, seed),
     )
 
 
@@ -187,6 +194,7 @@ def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
     rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
     keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    clinical: Callable[[int], ClinicalEvaluation] | None = None,
 ) -> RunResult:
     """End of a run (shared by every round loop): restore the best round when early stopping is
     on, summarize the last val / test AUROC ``[n]`` and build the :class:`RunResult`.
@@ -196,6 +204,9 @@ def finalize_run(
         params: the live stacked parameters (restored in place).
         keep: called after the restore to store the final parameters in the result.
         artifacts: called for the method's MLflow artifacts.
+        clinical: called after the restore with the 0-based index of the reported round; returns
+            the clinical figures of the test split (federation/evaluation.py), whose per-center
+            values join ``per_center``.
     """
     best_round = rounds_run
     if cfg.early_stopping.enabled and best[2] is not None:
@@ -210,6 +221,9 @@ def finalize_run(
               "n_val": int(s_va[i]), "n_test": int(s_te[i])}
         for i, cid in enumerate(data.center_ids)
     }
+    clin = clinical(best_round - 1) if clinical is not None and best_round > 0 else None
+    for row in clin.per_center if clin is not None else ():
+        per_center[row["center_id"]].update({k: v for k, v in row.items() if k not in ("center_id", "n_test", "auroc")})
     return RunResult(
         method=cfg.method, seed=seed, rounds_run=rounds_run, best_round=best_round,
         final_auroc_mean=st.mean, final_auroc_std=st.std, final_val_auroc_mean=sv.mean,
@@ -218,6 +232,7 @@ def finalize_run(
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
         params=keep() if keep is not None else None,
         artifacts=artifacts() if artifacts is not None else {},
+        clinical=clin,
     )
 
 
@@ -313,6 +328,7 @@ def run_training(
                 results.append(res)
                 if tracker:
                     tracker.log_final(res.summary())
+                    log_clinical(tracker, res.clinical, res.rounds_run)
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)

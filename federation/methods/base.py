@@ -186,6 +186,8 @@ class Method:
     pooled: ClassVar[bool] = False
     #: payloads of the exchanged block's size that one model transfer carries (ledger bytes)
     payloads_per_link: ClassVar[int] = 1
+    #: what :meth:`scores` returns: ``"logit"`` or ``"probability"`` (calibration figures, federation/evaluation.py)
+    score_kind: ClassVar[str] = "logit"
 
     def __init__(self, params: BaseModel | None = None) -> None:
         self.p = params if params is not None else self.Params()

@@ -249,6 +249,8 @@ class BnnFL(Method):
     def aggregate(self, ctx: Context, w: torch.Tensor, params: Params) -> Params:
         return aggregate_posteriors(params, w, ctx.exchanged, ctx.bf16)
 
+    score_kind = "probability"  # scores are predictive-mean probabilities (federation.evaluation)
+
     def scores(self, ctx: Context, params: Params, split: str, round_idx: int) -> torch.Tensor:
         """``[n, rows]`` predictive mean probability (:meth:`StackedBayesEngine.predict_proba`,
         ``eval_samples`` weight draws keyed by the round)."""
