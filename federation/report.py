@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from etl.errors import InputError
+from federation.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, GRID_CELL_TAG, HASH_TAG, KIND_REPORT,
+                                 KIND_SWEEP, KIND_TAG, KIND_TRAIN, LABEL_TAG, METHOD_TAG, SEED_TAG, SELECTOR_TAG,
+                                 Tracker, check_no_identifiers, finite)
 
 __all__ = ["CellRun", "Table1Row", "pareto_front", "mean_std", "collect_runs", "table1", "table1_markdown",
            "build_report", "write_report", "PAPER_ORDER", "DISPLAY"]
@@ -132,18 +135,6 @@ class Collected:
     notes: list[str] = field(default_factory=list)
 
 
-def _all_finished(client: Any, exp_id: str) -> list[Any]:
-    out: list[Any] = []
-    token = None
-    while True:
-        page = client.search_runs([exp_id], filter_string="attributes.status = 'FINISHED'", max_results=1000,
-                                  page_token=token)
-        out.extend(page)
-        token = page.token
-        if not token:
-            return out
-
-
 def _label(method: str, params: dict[str, str]) -> str:
     """Row label of an ``abps train`` run: the method, plus the goal when the run set one that
     its preset does not (``abps --goal diversity`` is not the base ABPS row)."""
@@ -161,13 +152,13 @@ def _label(method: str, params: dict[str, str]) -> str:
 
 def _cell_from_run(r: Any) -> CellRun | None:
     m, t = r.data.metrics, r.data.tags
-    if "final_auroc_mean" not in m or "method" not in t or "seed" not in t:
+    if "final_auroc_mean" not in m or METHOD_TAG not in t or SEED_TAG not in t:
         return None
-    method = t["method"]
+    method = t[METHOD_TAG]
     return CellRun(
-        run_id=r.info.run_id, label=t.get("abps.label") or _label(method, r.data.params), method=method,
-        seed=int(t["seed"]), cohort=t.get("abps.cohort_id"),
-        config_hash=t.get("abps.config_hash"), start_time=int(r.info.start_time or 0),
+        run_id=r.info.run_id, label=t.get(LABEL_TAG) or _label(method, r.data.params), method=method,
+        seed=int(t[SEED_TAG]), cohort=t.get(COHORT_TAG),
+        config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
         final_auroc_mean=float(m["final_auroc_mean"]),
         model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
         rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)))
@@ -194,17 +185,18 @@ def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
     return kept, notes
 
 
-def collect_runs(client: Any, exp_id: str) -> Collected:
-    """FINISHED runs of the experiment split into clinical cells, SAGE and variance-correction runs."""
+def collect_runs(tracker: Tracker) -> Collected:
+    """FINISHED runs of the tracker's experiment split into clinical cells, SAGE and
+    variance-correction runs."""
     out = Collected()
     cells = []
-    for r in _all_finished(client, exp_id):
-        bench = r.data.tags.get("benchmark")
-        if bench == "sage" and "selector" in r.data.tags:
+    for r in tracker.search("attributes.status = 'FINISHED'"):
+        bench = r.data.tags.get(BENCHMARK_TAG)
+        if bench == "sage" and SELECTOR_TAG in r.data.tags:
             out.sage.append(r)
-        elif bench == "vv" and "arm" in r.data.tags:
+        elif bench == "vv" and ARM_TAG in r.data.tags:
             out.vv.append(r)
-        elif r.data.tags.get("abps.kind") not in ("sweep", "report"):
+        elif r.data.tags.get(KIND_TAG) not in (KIND_SWEEP, KIND_REPORT, KIND_TRAIN):
             c = _cell_from_run(r)
             if c is not None:
                 cells.append(c)
@@ -400,7 +392,7 @@ def sage_tables(client: Any, runs: Sequence[Any]) -> dict[str, Any]:
     for r in sorted(runs, key=lambda r: r.info.start_time or 0):
         p = r.data.params
         cfg = p.get("config") or f"{p.get('dataset')}-{p.get('graph')}-{p.get('alpha_dir')}"
-        latest[(cfg, r.data.tags["selector"], p.get("seed", "?"))] = r
+        latest[(cfg, r.data.tags[SELECTOR_TAG], p.get("seed", "?"))] = r
     vals: dict[tuple[str, str], dict[str, list[float]]] = {}
     alpha: dict[str, float] = {}
     meta: dict[str, tuple[str, str, float]] = {}
@@ -514,7 +506,7 @@ def vv_table(runs: Sequence[Any]) -> tuple[str, str]:
     Reaching times are means over the seeds that reached the target, shown with ``(k/N)``."""
     latest: dict[tuple[str, str, str], Any] = {}
     for r in sorted(runs, key=lambda r: r.info.start_time or 0):
-        latest[(r.data.tags.get("cell", ""), r.data.tags["arm"], r.data.params.get("seed", "?"))] = r
+        latest[(r.data.tags.get(GRID_CELL_TAG, ""), r.data.tags[ARM_TAG], r.data.params.get("seed", "?"))] = r
     groups: dict[tuple[str, str], list[Any]] = {}
     for (cell, arm, _seed), r in latest.items():
         groups.setdefault((cell, arm), []).append(r)
@@ -546,9 +538,10 @@ def vv_table(runs: Sequence[Any]) -> tuple[str, str]:
 # the report
 
 
-def build_report(client: Any, exp_id: str, experiment: str, out: Path) -> dict[str, Any]:
+def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]:
     """Write every section into the folder ``out`` (already created); returns the report document."""
-    col = collect_runs(client, exp_id)
+    client = tracker.client
+    col = collect_runs(tracker)
     doc: dict[str, Any] = {"experiment": experiment, "sections": {}, "notes": list(col.notes)}
     parts = [f"# Report: experiment `{experiment}`\n"]
     if col.cells:
@@ -594,11 +587,9 @@ def build_report(client: Any, exp_id: str, experiment: str, out: Path) -> dict[s
                      "section skipped.\n")
     if col.notes:
         parts.append("\n## Notes\n\n" + "".join(f"* {n}\n" for n in col.notes))
-    from federation.tracking import check_no_identifiers
-
     check_no_identifiers(doc)
     (out / "report.md").write_text("\n".join(parts))
-    (out / "report.json").write_text(json.dumps(doc, indent=2, allow_nan=True, default=str) + "\n")
+    (out / "report.json").write_text(json.dumps(finite(doc), indent=2, allow_nan=False, default=str) + "\n")
     return doc
 
 
@@ -609,37 +600,22 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
     Raises:
         InputError: the experiment does not exist in the store.
     """
-    from mlflow.tracking import MlflowClient
-
     from etl.io import atomic_output_dir
-    from federation.tracking import default_tracking_uri
 
-    uri = tracking_uri or default_tracking_uri()
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise InputError(f"--experiment {experiment!r}: no such MLflow experiment in {uri}")
+    tracker = Tracker(tracking_uri, experiment, create=False)
     with atomic_output_dir(out_dir) as tmp:
-        doc = build_report(client, exp.experiment_id, experiment, Path(tmp))
+        doc = build_report(tracker, experiment, Path(tmp))
         # files of sections this report does not have (left by an earlier report in the same
         # folder) are removed, so a folder never mixes two experiments' tables
         stale = _ALL_REPORT_FILES - {p.name for p in Path(tmp).iterdir()}
         for name in stale:
             (Path(out_dir) / name).unlink(missing_ok=True)
     if log_to_mlflow:
-        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
-
-        run = client.create_run(exp.experiment_id, run_name="report",
-                                tags={MLFLOW_RUN_NAME: "report", "abps.kind": "report"})
-        try:
+        with tracker.run("report", tags={KIND_TAG: KIND_REPORT}) as rid:
             for p in sorted(Path(out_dir).iterdir()):
                 if p.is_file() and p.name in _written(doc, Path(out_dir)):
-                    client.log_artifact(run.info.run_id, str(p))
-        except BaseException:
-            client.set_terminated(run.info.run_id, "FAILED")
-            raise
-        client.set_terminated(run.info.run_id, "FINISHED")
-        doc["report_run_id"] = run.info.run_id
+                    tracker.log_file(p)
+        doc["report_run_id"] = rid
     return doc
 
 

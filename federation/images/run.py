@@ -29,6 +29,7 @@ from federation.images.data import ClientShards, make_graph, make_shards, neighb
 from federation.images.metrics import accuracy, confusion_matrices, macro_f1
 from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, StackedModel
 from federation.images.sage import evidence_saving, truncate_schedule
+from federation.tracking import BENCHMARK_TAG, SELECTOR_TAG
 
 
 class PensOptions(BaseModel):
@@ -397,7 +398,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         with parent:
             for s in cfg.selectors:
                 child = (tracker.child(f"{name}-{sel.DISPLAY[s]}-seed{seed}", {**params, "selector": sel.DISPLAY[s]},
-                                       {"benchmark": "sage", "selector": sel.DISPLAY[s]})
+                                       {BENCHMARK_TAG: "sage", SELECTOR_TAG: sel.DISPLAY[s]})
                          if tracker else contextlib.nullcontext())
                 with child:
                     out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker)
