@@ -28,7 +28,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.schema import (
+from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
     META_BASE_COLUMNS,

@@ -17,15 +17,15 @@ import torch
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
-from federation.checks import NonFiniteError, check_finite, check_finite_params, run_context
+from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
-from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
+from federation.engine import AdamState, Params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys, mix_params,
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys,
                                variance_correct)
 
 RoundCallback = Callable[[int, dict[str, float]], None]
@@ -65,11 +65,13 @@ def _clone(p: Params) -> Params:
     return {k: v.clone() for k, v in p.items()}
 
 
-def _evaluate(engine: StackedEngine, params: Params, split: str, where: tuple = (None, None, None)) -> torch.Tensor:
-    """Per-center AUROC ``[n]`` of ``split``; ``where`` = (method, seed, round) for the error
-    raised when a real row's score is not finite (:func:`federation.checks.check_finite`)."""
-    s = engine.data.splits[split]
-    scores = engine.predict(params, split)
+def _evaluate(method: Method, ctx: Context, params: Params, split: str, round_idx: int,
+              where: tuple = (None, None, None)) -> torch.Tensor:
+    """``[n]`` per-center AUROC of the method's scores (:meth:`Method.scores`) on ``split``;
+    ``where`` = (method, seed, round) for the error raised when a real row's score is not
+    finite (:func:`federation.checks.check_finite`)."""
+    s = ctx.data.splits[split]
+    scores = method.scores(ctx, params, split, round_idx)
     check_finite(f"{split} scores", scores[s.mask], *where)
     return batched_auroc(scores, s.y, s.mask)
 
@@ -90,17 +92,9 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
-    standalone = getattr(cls, "run_standalone", None)
-    if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
-        try:
-            return standalone(cfg, data, seed, on_round)
-        except NonFiniteError as exc:  # say which run, as the loop below does
-            msg = str(exc)
-            raise NonFiniteError(msg if msg.startswith(cfg.method) else run_context(cfg.method, seed, None) + msg) \
-                from None
     method: Method = cls(cls.Params.model_validate(cfg.params))
-    engine = StackedEngine(data, cfg.engine, seed)
-    train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
+    engine = method.make_engine(data, cfg, seed)
+    train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
     sizes = n_params(data.d, engine.hidden)
     ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
@@ -117,7 +111,7 @@ def run_one(
     ctx.params = eval_params()
     method.setup(ctx)
     local_loss = (lambda p, b: method.local_loss(ctx, p, b)) if cls.has_local_loss() else None
-    payload = sum(sizes[k] for k in ex)
+    payload = sum(sizes[k] for k in ex) * cls.payloads_per_link
     bpp = 2 if cfg.exchange.bf16_wire else 4
     momentum: Params | None = None
     es = cfg.early_stopping
@@ -141,15 +135,15 @@ def run_one(
                                  f"{data.n_centers}], got {list(plan.w.shape)}")
             check_finite("mixing matrix W", plan.w, *where)
             check_row_stochastic(plan.w)
-            mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
+            mixed = method.aggregate(ctx, plan.w, train_params)
             if cfg.exchange.variance_correction:
                 mixed = variance_correct(plan.w, train_params, mixed)
-            prev = {k: ctx.round_start[k] for k in ex}
+            prev = {k: ctx.round_start[k] for k in mixed}
             mixed = method.after_mix(ctx, r, prev, mixed)
             if cfg.exchange.server_momentum > 0:
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
-            for k in ex:
-                train_params[k].copy_(mixed[k])
+            for k, v in mixed.items():
+                train_params[k].copy_(v)
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, plan.metadata_bytes)
         extras = method.after_exchange(ctx, r, plan)
@@ -157,7 +151,7 @@ def run_one(
             check_finite(f"method output {k!r}", v, *where)
         params_now = eval_params()
         check_finite_params("parameters after the exchange", params_now, *where)
-        last_val, last_test = _evaluate(engine, params_now, "val", where), _evaluate(engine, params_now, "test", where)
+        last_val, last_test = (_evaluate(method, ctx, params_now, s, r, where) for s in ("val", "test"))
         sv, st = summarize(last_val), summarize(last_test)
         metrics = {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
         history.append({"round": float(r + 1), **metrics})
