@@ -32,7 +32,8 @@ Modules: :mod:`~federation.report.collect` (reading MLflow), :mod:`~federation.r
 :mod:`~federation.report.build` (the document, :func:`write_report`).
 """
 
-from federation.report.abps_table1 import DISPLAY, FAMILY, PAPER_ORDER, Table1Row, figure3, table1, table1_markdown
+from federation.report.abps_table1 import (_COLOURS, DISPLAY, FAMILY, PAPER_ORDER, Table1Row, figure3,  # noqa: F401
+                                          table1, table1_markdown)
 from federation.report.build import build_report, write_report
 from federation.report.collect import CellRun, Collected, collect_runs, dedupe_cells
 from federation.report.common import mean_std, pareto_front
