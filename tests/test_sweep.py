@@ -110,6 +110,9 @@ def test_bad_sweep_files(tmp_path):
     p.write_text("methods: [fedavg]\nseeds: [1, 1]\n")
     with pytest.raises(InputError, match="seeds"):
         sw.load_sweep(p)
+    p.write_text("methods: [fedavg]\nengine: ray\n")  # renamed (issue 16 item 7)
+    with pytest.raises(InputError, match="`engine:` .* is now called `executor:`"):
+        sw.load_sweep(p)
     with pytest.raises(InputError, match="unknown --method"):
         sw.expand_cells(_spec({"methods": ["nosuch"]}), tmp_path, "c")
     with pytest.raises(InputError, match="sweep entry 'fedavg' engine.lr=-1.*engine.lr"):
@@ -235,11 +238,8 @@ def test_local_and_ray_engines_and_worker_counts_give_identical_metrics(cohort, 
         assert v == ref, k
 
 
-def test_executor_key_rename_is_said(tmp_path):
-    p = tmp_path / "s.yaml"
-    p.write_text("methods: [fedavg]\nengine: ray\n")
-    with pytest.raises(InputError, match="`engine:` .* is now called `executor:`"):
-        sw.load_sweep(p)
+def test_executor_key(tmp_path):
+    p = tmp_path / "s.yaml"  # the old `engine:` key is refused in test_bad_sweep_files
     p.write_text("methods: [fedavg]\nexecutor: ray\nworkers: 3\n")
     spec, _ = sw.load_sweep(p)
     assert spec.executor == "ray" and spec.workers == 3
@@ -306,3 +306,14 @@ def test_a_running_sweep_logs_rounds_live(cohort, tmp_path, monkeypatch):
     out = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     assert seen == [("RUNNING", 1), ("RUNNING", 2), ("RUNNING", 3)]
     assert MlflowClient(uri).get_run(next(iter(out.ran.values()))).info.status == "FINISHED"
+
+
+def test_engine_option_is_renamed(tmp_path, capsys):
+    from cli.app import main
+
+    p = tmp_path / "s.yaml"
+    p.write_text("methods: [fedavg]\n")
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--config", str(p), "--engine", "ray", "--cohort", str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --engine is now called --executor (local or ray)"
