@@ -294,8 +294,8 @@ def run_training(
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
-    with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid}) if tracker else _null()):
+    with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, COHORT_TAG: cid})
+               if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
