@@ -153,7 +153,6 @@ def train(
     cls = get_method(method)
     cohort = cohort if cohort is not None else project.default_cohort()
     output = output or project.run_output(experiment, cls.name)
-    project.check_output(output, force)
     if goal is not None:
         if "goal" not in getattr(cls.Params, "model_fields", {}):
             raise InputError(f"--goal applies to the ABPS methods only, not {method!r}")
@@ -167,7 +166,7 @@ def train(
 
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
-                       progress=not no_progress)
+                       progress=not no_progress, overwrite=force)
     s = doc["summary"]
 
     def fmt(stat: dict) -> str:
