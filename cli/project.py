@@ -15,6 +15,7 @@ Only paths go into the state file: no data, no identifiers.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -22,12 +23,15 @@ from pathlib import Path
 from etl.errors import InputError
 from etl.io import atomic_write_text
 
-STATE = Path(".abps") / "state.json"
+def _state_path() -> Path:
+    """``.abps/state.json`` in the project folder; the ``ABPS_STATE`` environment variable names
+    another file (the test suite sets it so that tests never touch a checkout's own record)."""
+    return Path(os.environ.get("ABPS_STATE") or Path(".abps") / "state.json")
 
 
 def _read_state() -> dict:
     try:
-        doc = json.loads(STATE.read_text(encoding="utf-8"))
+        doc = json.loads(_state_path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
@@ -39,8 +43,7 @@ def record_etl(out: Path, source: str) -> None:
     import typer
 
     doc = {**_read_state(), "cohort": str(Path(out).resolve()), "source": source}
-    STATE.parent.mkdir(exist_ok=True)
-    atomic_write_text(STATE, json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(_state_path(), json.dumps(doc, indent=2) + "\n")
     typer.echo("next: abps train --goal diversity   (trains on this cohort, the project's default from now on)")
 
 

@@ -38,6 +38,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty project folder as the working directory."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MIMIC_DIR", raising=False)
+    monkeypatch.delenv("ABPS_STATE", raising=False)  # the project's own .abps/state.json
     return tmp_path
 
 
