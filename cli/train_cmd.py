@@ -3,7 +3,7 @@
 Clinical runs read a cohort directory (``abps etl`` / ``abps synth fedprox`` output), log
 to MLflow (one parent run, one child per seed) and write results.json. A ``--config`` YAML
 whose top level has ``benchmark: sage`` or ``benchmark: vv`` is handed to the image
-benchmark runners instead (``federation.images.sage.cli_run`` / ``federation.gossip.cli_run``).
+benchmark runners instead (``federation.images.cli_run`` / ``federation.gossip.cli_run``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from cli import project
 from cli.app import app
 from etl.errors import InputError
 
-_BENCHMARKS = {"sage": "federation.images.sage", "vv": "federation.gossip"}
+_BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
 
 
 def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
@@ -167,6 +167,11 @@ def train(
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
                        progress=not no_progress, overwrite=force)
+    from federation.runner import dropped_message
+
+    note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])
+    if note:
+        typer.echo(note, err=True)
     s = doc["summary"]
 
     def fmt(stat: dict) -> str:
