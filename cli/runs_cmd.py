@@ -81,13 +81,15 @@ def runs(
         value = client.get_run(c.run_id).data.metrics.get("isolation_rate")
         isolation.setdefault(c.label, []).append(math.nan if value is None else value)
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
-    for head in ("method", "seeds", "AUROC mean +- std", "bandwidth" + (" (x FedAvg)" if basis == "fedavg" else " (x ref.)"),
-                 "isolation"):
+    for head in ("method", "seeds", "AUROC mean +- std", "bandwidth (x FedAvg)", "isolation"):
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
         iso = mean_std(isolation.get(r.label, []))[0]
         table.add_row(r.label, r.seeds, f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}",
                       f"{_fmt(r.bandwidth, '.2f')}x", _fmt(iso, '.2f'))
     Console(width=max(100, Console().width)).print(table)
+    if basis != "fedavg":
+        col.notes.append("no FedAvg run in this experiment: bandwidth is relative to FedAvg's reference traffic "
+                         "(every center sends the full fp32 model each of reference_rounds rounds)")
     for note in col.notes:
         typer.echo(f"note: {note}")
