@@ -23,6 +23,7 @@ from pathlib import Path
 from etl.errors import InputError
 from etl.io import atomic_write_text
 
+
 def _state_path() -> Path:
     """``.abps/state.json`` in the project folder; the ``ABPS_STATE`` environment variable names
     another file (the test suite sets it so that tests never touch a checkout's own record)."""

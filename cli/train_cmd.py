@@ -151,7 +151,9 @@ def train(
     from federation.runner import run_training
 
     cls = get_method(method)
-    cohort = cohort if cohort is not None else project.default_cohort()
+    if cohort is None:
+        cohort = project.default_cohort()
+        typer.echo(f"cohort: {cohort} (this project's default; --cohort DIR for another)", err=True)
     output = output or project.run_output(experiment, cls.name)
     if goal is not None:
         if "goal" not in getattr(cls.Params, "model_fields", {}):
