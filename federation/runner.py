@@ -259,6 +259,7 @@ def run_training(
     experiment: str = "abps",
     progress: bool = True,
     track: bool = True,
+    overwrite: bool = True,
 ) -> dict[str, Any]:
     """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
 
@@ -267,8 +268,11 @@ def run_training(
     per-center metrics keyed by center_id), ``config.json``; the parent gets
     ``results.json``. Nothing row-level is logged.
 
+    ``overwrite=False`` refuses an ``output`` that exists (``abps train`` without ``--force``).
+
     Raises:
-        InputError: bad cohort directory or unknown method.
+        InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
+            cohort's files, or (with ``overwrite=False``) an existing file.
     """
     from pydantic import ValidationError
 
@@ -287,6 +291,8 @@ def run_training(
             raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
+        if not overwrite and out.exists():
+            raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []

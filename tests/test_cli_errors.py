@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ CLI = [sys.executable, "-c", "from cli.app import main; main()"]
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]})
 
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
