@@ -43,6 +43,17 @@ def small() -> FederatedData:
     return _data(24, seed=1)
 
 
+def _ctx(data: FederatedData, cfg) -> Context:
+    """A Context on freshly initialized parameters (no training)."""
+    engine = StackedEngine(data, cfg.engine, 5)
+    params = engine.init_params()
+    ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
+    return Context(cfg=cfg, data=data, engine=engine, seed=5, ledger=Ledger(data.n_centers, 1), exchanged=ex,
+                   head=hd, bf16=cfg.exchange.bf16_wire, params=params,
+                   round_start={k: v.clone() for k, v in params.items()},
+                   pre_exchange={k: v.clone() for k, v in params.items()})
+
+
 def _cfg(name: str, rounds: int):
     return build_config(name, get_method(name).default_config, None, rounds=rounds)
 
@@ -165,6 +176,18 @@ def test_short_runs_log_isolation_and_are_deterministic(small, monkeypatch):
     assert all(h["mean_partners"] <= 1.0 for h in div.history)
     again = run_one(_cfg("abps-div", 3), small, 11)
     assert again.history == div.history
+    # per-seed isolation figures (results.json "method_summary") agree with the per-round history
+    ms = div.method_summary
+    assert ms["rest_share_mean"] == pytest.approx(sum(iso) / 3)
+    assert ms["partners_mean"] == pytest.approx(sum(h["mean_partners"] for h in div.history) / 3)
+    props = sum(h["proposals"] for h in div.history)
+    acc = sum(h["acceptance_rate"] * h["proposals"] for h in div.history)
+    assert ms["run_acceptance_rate"] == pytest.approx(acc / props)
+    rested = ms["rounds_rested"]
+    assert set(rested) <= set(small.center_ids) and all(1 <= v <= 3 for v in rested.values())
+    assert sum(rested.values()) == round(sum(iso) * small.n_centers)
+    assert ms["centers_ever_rested"] == len(rested)
+    assert div.summary()["method_summary"] == ms
 
 
 def test_belief_artifact_center_ids_only(small):
@@ -192,3 +215,53 @@ def test_belief_artifact_center_ids_only(small):
     assert all(r["best_peer"] is None or r["best_peer"] in small.center_ids for r in rows)
     assert sum(r["pulls"] for r in rows) > 0
     json.dumps(rows)  # serializable as an MLflow JSON artifact
+
+
+def test_random_partners_ablation(small):
+    """random-partners: same filter and capacity as ABPS, uniformly random partners, no Shapley."""
+    from abps.method import RandomPartnersMethod, SelectionParams
+
+    cls = get_method("random-partners")
+    assert cls is RandomPartnersMethod and cls.Params is SelectionParams
+    doc = load_yaml(CONFIGS / "random-partners.yaml")
+    cfg = build_config("random-partners", cls.default_config, doc, rounds=4)
+    assert (cfg.exchange.head_layers, cfg.exchange.bf16_wire) == (1, True)
+    assert SelectionParams.model_validate(cfg.params).kappa == 1
+    table1 = load_yaml(CONFIGS / "table1.yaml")
+    assert {"method": "random-partners", "config": "random-partners.yaml"} in table1["methods"]
+    with pytest.raises(Exception, match="gamma"):
+        SelectionParams.model_validate({"gamma": 2.0})  # no beliefs: no UCB parameters
+    res = run_one(cfg, small, 11)
+    for h in res.history:
+        assert "mean_phi" not in h and "coalitions_evaluated" not in h
+        # no threshold: only full receivers refuse, and each accepted proposal is one partnership
+        assert h["acceptance_rate"] * h["proposals"] == pytest.approx(h["partnerships"])
+        assert h["mean_partners"] <= 1.0
+    # kappa 1, no filter: the matching is maximal (two unmatched centers would be each other's free
+    # candidates), so at most one center rests per round
+    assert all(h["isolation_rate"] <= 1 / small.n_centers for h in res.history)
+    assert res.method_summary["partners_mean"] == pytest.approx(sum(h["mean_partners"] for h in res.history) / 4)
+    assert run_one(cfg, small, 11).history == res.history
+    # with the diversity goal, the candidate sets are ABPS's (same filter code)
+    div = build_config("random-partners", cls.default_config, {"params": {"goal": "diversity"}}, rounds=1)
+    m = cls(SelectionParams.model_validate(div.params))
+    ab = AbpsMethod(AbpsParams(goal="diversity", kappa=1))
+    ctx = _ctx(small, div)
+    m.setup(ctx)
+    ab.setup(ctx)
+    assert torch.equal(m.candidates, ab.candidates)
+    plan = m.plan_round(ctx, 0)
+    assert bool((plan.adjacency <= m.candidates | m.candidates.T).all())
+
+
+def test_watched_centers_share_and_auroc(small):
+    watched = list(small.center_ids[:6])
+    cfg = build_config("abps+p+q+k1", get_method("abps+p+q+k1").default_config,
+                       {"params": {"watch_centers": watched}}, rounds=2)
+    res = run_one(cfg, small, 11)
+    for h in res.history:
+        assert 0.0 <= h["watched_partnership_share"] <= 1.0
+        assert 0.5 < h["unwatched_test_auroc_mean"] <= 1.0
+    with pytest.raises(ValueError, match="unknown center_id"):
+        bad = build_config("abps", {}, {"params": {"watch_centers": ["nope"]}}, rounds=1)
+        run_one(bad, small, 11)

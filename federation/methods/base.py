@@ -35,7 +35,10 @@ static method): :func:`federation.runner.run_one` then hands the whole run to it
 a Bayesian MLP the point-estimate engine does not hold). A method object may expose
 ``artifacts``: a mapping ``{file name: JSON-able object}`` or a hook ``artifacts(ctx) ->
 mapping`` called once after the last round (aggregates keyed by center_id only); the runner
-logs each entry as an MLflow artifact of the seed's run.
+logs each entry as an MLflow artifact of the seed's run. A method object may also define
+``final_metrics(ctx) -> dict`` (called once after the last round; aggregates keyed by
+center_id only): the runner stores it as ``method_summary`` in the seed's results.json entry
+and logs its numeric entries as final MLflow metrics (ABPS: per-seed isolation figures).
 
 Register a method by name with :func:`federation.methods.registry.register_method`.
 Class attributes: ``name``, ``Params`` (pydantic model of the method's own parameters,
