@@ -56,8 +56,9 @@ class SelectionParams(BaseModel):
         weighting: FedAvg weights of the exchange and of every coalition: ``samples`` (n_train) or ``uniform``.
         watch_centers: center_ids whose partnerships are counted apart (the harmful-center study,
             :mod:`abps.harmful`): adds per-round ``watched_partnership_share`` (partnerships with at
-            least one watched center / all partnerships) and ``unwatched_test_auroc_mean`` (mean test
-            AUROC of the other centers after the exchange).
+            least one watched center / all partnerships), ``mixed_partnership_share`` (exactly one
+            watched end) and ``unwatched_test_auroc_mean`` (mean test AUROC of the other centers after
+            the exchange).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -224,7 +225,8 @@ class AbpsMethod(Method):
         """Book one round's matching into the run counters; the round's selection metrics.
 
         Keys: isolation_rate, mean_partners, acceptance_rate, proposals, partnerships; with
-        ``watch_centers`` also watched_partnership_share and unwatched_test_auroc_mean.
+        ``watch_centers`` also watched_partnership_share (at least one end watched),
+        mixed_partnership_share (exactly one end watched) and unwatched_test_auroc_mean.
         """
         deg = m.degree
         self.rested += (deg == 0).to(torch.long)
@@ -244,7 +246,9 @@ class AbpsMethod(Method):
             edges = int(upper.sum())
             w = self.watched
             touched = int((upper & (w[:, None] | w[None, :])).sum())
+            mixed = int((upper & (w[:, None] ^ w[None, :])).sum())
             out["watched_partnership_share"] = touched / edges if edges else float("nan")
+            out["mixed_partnership_share"] = mixed / edges if edges else float("nan")
             auroc = ctx.evaluate("test")[~w]
             ok = torch.isfinite(auroc)
             out["unwatched_test_auroc_mean"] = float(auroc[ok].mean()) if ok.any() else float("nan")
