@@ -173,6 +173,39 @@ def test_tmc_close_to_exact_on_seven_players():
     assert shapley_from_utilities(trunc, _star_utilities(trunc, 0, game)).phi[0, 1:].abs().max().item() == 0.0
 
 
+def test_tmc_truncation_rule_by_hand():
+    """Truncation rule (Ghorbani & Zou 2019, Algorithm 1): walking permutation b, the marginal of the
+    L-th partner is U(prefix_L) - U(prefix_{L-1}), and is set to 0 once some earlier prefix (the empty
+    one included) is within ``tol`` of U(P_i). Additive game on 6 partners of center 0,
+    U(S) = 0.6 + sum_{k in S} w_k, w = (.04, .02, .01, .005, 0, 0): U(P_0) = 0.675. With tol = 0.012 a
+    prefix is "close" once it holds 0.063 or more, i.e. once .04, .02 and one of .01 / .005 are in."""
+    n = 7
+    p = torch.zeros(n, n, dtype=torch.bool)
+    p[0, 1:] = p[1:, 0] = True
+    w = [0.04, 0.02, 0.01, 0.005, 0.0, 0.0]
+
+    def game(s):
+        return 0.6 + sum(w[j - 1] for j in s)
+
+    plan = build_coalitions(p, exact_max=5, num_permutations=3, truncation_tol=0.012, rng=np.random.default_rng(4))
+    phi = shapley_from_utilities(plan, _star_utilities(plan, 0, game)).phi[0, 1:]
+    perms = plan.tmc_groups[0].perms[0].tolist()  # [B, 6] orders over partners 1..6 (indices 0..5)
+    expected = [0.0] * 6
+    for order in perms:  # the reference walk, one partner at a time
+        total, stop = 0.0, False
+        for k in order:
+            if abs(0.075 - total) < 0.012:
+                stop = True
+            expected[k] += 0.0 if stop else w[k]
+            total += w[k]
+    assert phi.tolist() == pytest.approx([e / 3 for e in expected], abs=1e-12)
+    # without truncation an additive game gives every partner exactly its weight, whatever the order
+    plain = build_coalitions(p, exact_max=5, num_permutations=3, rng=np.random.default_rng(4))
+    assert shapley_from_utilities(plain, _star_utilities(plain, 0, game)).phi[0, 1:].tolist() == pytest.approx(w)
+    # some permutation must actually have been truncated, or the test would not test the rule
+    assert sum(expected) < 3 * sum(w) - 1e-9
+
+
 # ---------------------------------------------------------------- matching (Sec. 4.3)
 
 

@@ -265,3 +265,41 @@ def test_watched_centers_share_and_auroc(small):
     with pytest.raises(ValueError, match="unknown center_id"):
         bad = build_config("abps", {}, {"params": {"watch_centers": ["nope"]}}, rounds=1)
         run_one(bad, small, 11)
+
+
+def test_tmc_shapley_kappa_above_five_against_exact():
+    """kappa 6 on 7 centers: every center holds all 6 peers, so |P_i| = 6 > 5 takes the TMC path
+    (paper: B = 8, no truncation). On the same round's coalition utilities, TMC with B = 8 keeps
+    efficiency exactly (eq. 19) and with B = 400 permutations is within 0.01 of exact Shapley."""
+    from abps.shapley import build_coalitions, shapley_from_utilities
+
+    data = _data(7, seed=2)
+    got = {}
+    for b in (8, 400):
+        cfg = build_config("abps", {}, {"params": {"kappa": 6, "tmc_permutations": b}}, rounds=1)
+
+        class Spy(AbpsMethod):
+            def after_exchange(self, ctx, round_idx, plan):
+                out = super().after_exchange(ctx, round_idx, plan)
+                exact = build_coalitions(self.last.partners, self.weights, exact_max=6)
+                util = ctx.evaluate_mixtures(exact.mixing, exact.targets, split="val").double()
+                got[b] = (self.last_credit, shapley_from_utilities(exact, util), self.last.degree.clone())
+                return out
+
+        from federation.methods.registry import METHODS
+
+        METHODS["abps-tmc-spy"] = Spy
+        try:
+            run_one(cfg.model_copy(update={"method": "abps-tmc-spy"}), data, 11)
+        finally:
+            METHODS.pop("abps-tmc-spy")
+    tmc8, exact, deg = got[8]
+    assert deg.tolist() == [6] * 7
+    ok = torch.isfinite(exact.u_full)
+    assert ok.sum() >= 5
+    eff = torch.nansum(tmc8.phi, dim=1)[ok]
+    assert torch.allclose(eff, (exact.u_full - exact.u_local)[ok], atol=1e-9)
+    tmc400, exact400, _ = got[400]
+    both = torch.isfinite(tmc400.phi) & torch.isfinite(exact400.phi)
+    assert both.sum() >= 30
+    assert (tmc400.phi[both] - exact400.phi[both]).abs().max().item() < 0.01
