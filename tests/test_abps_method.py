@@ -303,3 +303,19 @@ def test_tmc_shapley_kappa_above_five_against_exact():
     both = torch.isfinite(tmc400.phi) & torch.isfinite(exact400.phi)
     assert both.sum() >= 30
     assert (tmc400.phi[both] - exact400.phi[both]).abs().max().item() < 0.01
+
+
+def test_report_shows_rest_share():
+    """`abps report`'s Table 1 carries the per-seed rest share (final MLflow metric rest_share_mean)."""
+    from federation.report import CellRun, table1, table1_markdown
+
+    def cell(method, seed, rest):
+        return CellRun(run_id=f"{method}{seed}", label=method, method=method, seed=seed, cohort="c", config_hash=None,
+                       start_time=0, final_auroc_mean=0.7, model_bytes=100.0, rel_bandwidth=1.0, rounds_run=3.0,
+                       rest_share=rest)
+
+    rows, _ = table1([cell("fedavg", 11, float("nan")), cell("abps-div", 11, 0.3), cell("abps-div", 22, 0.4)])
+    by = {r.label: r for r in rows}
+    assert by["abps-div"].rest_share == pytest.approx(0.35) and by["fedavg"].rest_share != by["fedavg"].rest_share
+    md = table1_markdown(rows, "fedavg")
+    assert "Rest share" in md and "35.0 %" in md and "| –" in md
