@@ -497,3 +497,24 @@ def test_when_ucb_can_fall_below_tau_acc():
     assert max_resting_gamma(0.40, 15, 10) > 0.1
     # a peer believed useful can never be refused; at t = 1 any gamma works for a harmful one
     assert max_resting_gamma(0.55, 50, 10) == 0.0 and max_resting_gamma(0.3, 1, 0) == math.inf
+
+
+def test_fidelity_study_choice_rule():
+    """benchmarks.bench_fidelity: the distance outside the targets (diversity rests 20-60 %,
+    homogeneity / alignment rest <= 5 % with E|P| >= 0.95) and the choice of the closest reading."""
+    from benchmarks.bench_fidelity import choose, readings, target_distance
+
+    def rows(div_rest, hom_rest, hom_p, ali_rest, ali_p):
+        return {"diversity": {"rest": div_rest, "partners": 1 - div_rest},
+                "homogeneity": {"rest": hom_rest, "partners": hom_p},
+                "alignment": {"rest": ali_rest, "partners": ali_p}}
+
+    meets = rows(0.41, 0.01, 0.99, 0.02, 0.98)
+    assert target_distance(meets) == 0.0
+    # diversity 2.5 % (0.175 short), homogeneity 10.4 % rest (0.054 over) with E|P| 0.896 (0.054 short)
+    miss = rows(0.025, 0.104, 0.896, 0.017, 0.983)
+    assert target_distance(miss) == pytest.approx(0.175 + 0.054 + 0.054)
+    assert choose({"a": miss, "b": meets}) == "b"
+    # tie on targets: the one closer to the paper (rest 41 %, E|P| 0.59 / 0.99 / 0.99) wins
+    assert choose({"far": rows(0.25, 0.0, 0.96, 0.0, 0.96), "near": meets}) == "near"
+    assert len(readings([2.0, 1.0, 0.1])) == 12
