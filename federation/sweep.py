@@ -425,6 +425,9 @@ def _log_cell(client: Any, exp_id: str, parent_id: str, cell: Cell, cohort: str,
         final_step = int(s["rounds_run"])
         metrics.extend(Metric(k, float(s[k]), ts, final_step) for k in _FINAL_KEYS
                        if k in s and s[k] is not None and not (isinstance(s[k], float) and math.isnan(s[k])))
+        # the method's end-of-run summary (ABPS: rest_share_mean, partners_mean, ...), numbers only
+        metrics.extend(Metric(k, float(v), ts, final_step) for k, v in (s.get("method_summary") or {}).items()
+                       if isinstance(v, (int, float)) and math.isfinite(float(v)))
         for lo in range(0, len(metrics), 1000):
             client.log_batch(rid, metrics=metrics[lo:lo + 1000])
         client.log_batch(rid, tags=[RunTag("abps.cell_seconds", f"{result.get('seconds', 0.0):.2f}")])
@@ -586,6 +589,8 @@ class SweepOutcome:
         ran: key -> child run id of the cells computed and logged now.
         failed: key -> one-line error of the cells that raised.
         summaries: key -> final summary of the cells computed now.
+        dropped: per distinct ``min_train`` of the cells, the centers the cohort loses (counts
+            only, :attr:`FederatedData.dropped`) and the number kept.
     """
 
     parent_run_id: str
@@ -595,6 +600,7 @@ class SweepOutcome:
     ran: dict[tuple[str, int], str] = field(default_factory=dict)
     failed: dict[tuple[str, int], str] = field(default_factory=dict)
     summaries: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    dropped: list[dict[str, int]] = field(default_factory=list)
 
 
 class _SweepProgress:
@@ -687,13 +693,17 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     cid = cohort_id(cohort_dir)
     FederatedData.from_cohort(cohort_dir)  # a bad cohort fails here, before any MLflow run
     cells = expand_cells(spec, base_dir, cid, rounds, seeds)
+    dropped = []
+    for m in sorted({c.config.min_train for c in cells}):
+        d = FederatedData.from_cohort(cohort_dir, min_train=m)
+        dropped.append({**d.dropped, "kept": d.n_centers})
     s_hash = sweep_hash(cells)
     all_keys = sorted({k for c in cells for k in cell_params(c, cid)})
 
     tracker = Tracker(tracking_uri, experiment or spec.experiment or spec.name)
     client, exp_id = tracker.client, tracker.experiment_id
     parent = _open_parent(client, exp_id, spec, cells, cid, s_hash, engine, workers)
-    out = SweepOutcome(parent, exp_id, cells)
+    out = SweepOutcome(parent, exp_id, cells, dropped=dropped)
     try:
         done = finished_cells(client, exp_id)
         todo = [c for c in cells if c.key not in done]
@@ -726,7 +736,7 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                 bar.finish(True, f"{cell.run_name} AUROC {res['summary']['final_auroc_mean']:.3f}")
         _log_json(client, parent, {"cells": [{"label": c.label, "method": c.method, "seed": c.seed,
                                               "config_hash": c.config_hash} for c in cells],
-                                   "cohort_id": cid}, "sweep.json")
+                                   "cohort_id": cid, "dropped_centers": dropped}, "sweep.json")
     except BaseException:
         client.set_terminated(parent, "FAILED")
         raise
