@@ -54,6 +54,17 @@ def _ctx(data: FederatedData, cfg) -> Context:
                    pre_exchange={k: v.clone() for k, v in params.items()})
 
 
+def _run_spy(spy: type, cfg, data: FederatedData, seed: int):
+    """run_one with ``spy`` (a subclass of a registered method) registered under a temporary name."""
+    from federation.methods.registry import METHODS
+
+    METHODS["abps-spy-test"] = spy
+    try:
+        return run_one(cfg.model_copy(update={"method": "abps-spy-test"}), data, seed)
+    finally:
+        METHODS.pop("abps-spy-test")
+
+
 def _cfg(name: str, rounds: int):
     return build_config(name, get_method(name).default_config, None, rounds=rounds)
 
@@ -200,13 +211,7 @@ def test_belief_artifact_center_ids_only(small):
             captured["art"] = self.artifacts(ctx)
             return out
 
-    from federation.methods.registry import METHODS
-
-    METHODS["abps-spy-test"] = Spy
-    try:
-        run_one(cfg.model_copy(update={"method": "abps-spy-test"}), small, 11)
-    finally:
-        METHODS.pop("abps-spy-test")
+    _run_spy(Spy, cfg, small, 11)
     rows = captured["art"]["abps_beliefs.json"]
     assert [r["center_id"] for r in rows] == small.center_ids
     allowed = {"center_id", "rounds_rested", "rest_share", "mean_partners", "mean_belief", "max_belief",
@@ -286,13 +291,7 @@ def test_tmc_shapley_kappa_above_five_against_exact():
                 got[b] = (self.last_credit, shapley_from_utilities(exact, util), self.last.degree.clone())
                 return out
 
-        from federation.methods.registry import METHODS
-
-        METHODS["abps-tmc-spy"] = Spy
-        try:
-            run_one(cfg.model_copy(update={"method": "abps-tmc-spy"}), data, 11)
-        finally:
-            METHODS.pop("abps-tmc-spy")
+        _run_spy(Spy, cfg, data, 11)
     tmc8, exact, deg = got[8]
     assert deg.tolist() == [6] * 7
     ok = torch.isfinite(exact.u_full)
