@@ -25,7 +25,8 @@ two readings of the paper (``tau_mode``):
 
 With no goal there is no filter (every other center is a candidate).
 
-Normalization before the cosine (a decision of this implementation, docs/abps.md): the raw vector is
+Optional normalization before the cosine (``normalize=True``; ABPS's default is off since the fidelity
+study, docs/fidelity.md, found that only raw vectors reproduce Sec. 6.5): the raw vector is
 dominated by ``log n_train`` (about 4 to 7) next to a positive rate of about 0.1 and a year coordinate
 of about 1.05, so ``cos(v_i, v_j)`` of raw vectors is above 0.99 for every pair and the homogeneity and
 diversity rankings would be decided by tiny differences in centre size. Each coordinate is therefore

@@ -53,7 +53,7 @@ class SelectionParams(BaseModel):
             j in C_i; Algorithm 1) or ``mutual`` (also i in C_j); docs/abps.md.
         metadata: ``base`` (3-dim), ``full`` (15-dim with Charlson prevalences) or ``auto``
             (15-dim when a goal is set, else 3-dim; Sec. 6.3).
-        normalize_metadata: z-score metadata coordinates before the cosine (docs/abps.md).
+        normalize_metadata: z-score metadata coordinates before the cosine (docs/abps.md); default off.
         weighting: FedAvg weights of the exchange and of every coalition: ``samples`` (n_train) or ``uniform``.
         watch_centers: center_ids whose partnerships are counted apart (the harmful-center study,
             :mod:`abps.harmful`): adds per-round ``watched_partnership_share`` (partnerships with at
@@ -67,10 +67,12 @@ class SelectionParams(BaseModel):
     kappa: int = Field(3, ge=1)
     goal: Literal["homogeneity", "diversity", "alignment"] | None = None
     keep_fraction: float = Field(0.25, gt=0.0, le=1.0)
-    tau_mode: Literal["global", "per_center"] = "global"
-    candidacy: Literal["proposer", "mutual"] = "proposer"
+    # the default reading is the fidelity study's choice (docs/fidelity.md): per-center tau_sim, mutual
+    # candidacy, raw metadata
+    tau_mode: Literal["global", "per_center"] = "per_center"
+    candidacy: Literal["proposer", "mutual"] = "mutual"
     metadata: Literal["auto", "base", "full"] = "auto"
-    normalize_metadata: bool = True
+    normalize_metadata: bool = False
     weighting: Literal["samples", "uniform"] = "samples"
     watch_centers: tuple[str, ...] = ()
 

@@ -5,13 +5,16 @@ Runs ABPS+P+Q+kappa=1 under the three goals of eq. (3) (the ``abps-hom`` / ``abp
 under-specified choices, and prints the Sec. 6.5 table beside the paper's numbers:
 
 * ``tau_mode``: ``global`` (one tau_sim keeping 25 % of pairs, Sec. 4.1) or ``per_center`` (each center
-  keeps its top 25 % of peers, Sec. 6.5 / App. C.2);
+  keeps its top 25 % of peers, Sec. 6.5 / App. C.2), the latter with ``candidacy`` ``proposer`` or
+  ``mutual`` (docs/abps.md);
 * ``normalize_metadata``: z-scored or raw metadata before the cosine (docs/abps.md);
 * ``gamma`` of eq. (7): 2 (as printed), sqrt(2) (the stray square-root sign), 0.1 (small enough for a
   UCB to fall below tau_acc within 50 rounds, :func:`abps.beliefs.max_resting_gamma`).
 
 Per (reading, goal): rest share per round (mean over rounds and seeds, and its min-max over rounds),
-E|P_i|, bandwidth x FedAvg (the ledger's final relative bandwidth) and the final mean test AUROC.
+E|P_i|, bandwidth x FedAvg over the same number of rounds and the final mean test AUROC. Also a
+training-free table (:func:`selection_only`): the rest share that each reading's candidate sets and
+the kappa = 1 capacity produce with every UCB at the prior.
 Then the reading closest to the targets on all three goal rows at once (diversity rests 20-60 % per
 round; homogeneity and alignment rest <= 5 % with E|P| >= 0.95): the score is the summed distance
 outside those bands, ties broken by the distance to the paper's own numbers.
@@ -21,7 +24,9 @@ Usage::
     python -m benchmarks.run fidelity                   # reduced: 15 rounds, seed 11
     ABPS_FIDELITY_ROUNDS=50 ABPS_FIDELITY_SEEDS="11 22 33 44 55" python -m benchmarks.run fidelity   # full
 
-Environment: ``ABPS_FIDELITY_COHORT`` (a cohort directory; default: build the synthetic default under
+Environment: ``ABPS_FIDELITY_ONLY`` (comma-separated reading labels to run, in that order; default
+all), ``ABPS_FIDELITY_RESUME`` (keep the runs of an earlier ``fidelity.json`` with the same rounds),
+``ABPS_FIDELITY_COHORT`` (a cohort directory; default: build the synthetic default under
 ``bench_out/fidelity/`` with ``abps synth mimic`` + ``abps etl``, a few minutes), ``ABPS_FIDELITY_ROUNDS``
 (15), ``ABPS_FIDELITY_SEEDS`` ("11"), ``ABPS_FIDELITY_GAMMAS`` ("2 1.4142135623730951 0.1"),
 ``ABPS_FIDELITY_OUT`` (``bench_out/fidelity``). Writes ``fidelity.json`` (every run, rewritten after
@@ -52,14 +57,40 @@ PAPER = {
 
 
 def readings(gammas: list[float]) -> list[dict[str, Any]]:
-    """Every (tau_mode, normalize_metadata, gamma) combination, as ABPS parameter overrides."""
-    return [{"tau_mode": t, "normalize_metadata": z, "gamma": g}
-            for t, z, g in itertools.product(("global", "per_center"), (True, False), gammas)]
+    """Every (tau_mode, candidacy, normalize_metadata, gamma) combination, as ABPS parameter overrides
+    (candidacy only varies under ``per_center``: the global sets are symmetric)."""
+    structures = [("global", "proposer"), ("per_center", "proposer"), ("per_center", "mutual")]
+    return [{"tau_mode": t, "candidacy": c, "normalize_metadata": z, "gamma": g}
+            for (t, c), z, g in itertools.product(structures, (True, False), gammas)]
 
 
 def reading_label(r: dict[str, Any]) -> str:
-    """Short name of a reading, e.g. ``per_center/raw/g=1.41``."""
-    return f"{r['tau_mode']}/{'z' if r['normalize_metadata'] else 'raw'}/g={r['gamma']:.3g}"
+    """Short name of a reading, e.g. ``per_center/mutual/raw/g=1.41`` (``global/raw/g=2``)."""
+    cand = "" if r["tau_mode"] == "global" else f"/{r.get('candidacy', 'proposer')}"
+    return f"{r['tau_mode']}{cand}/{'z' if r['normalize_metadata'] else 'raw'}/g={r['gamma']:.3g}"
+
+
+def selection_only(meta: Any, reading: dict[str, Any], goal: str, rounds: int = 20, seed: int = 11) -> float:
+    """Rest share of the matching alone, every UCB at the prior (0.5 = tau_acc, as in round 1): the
+    rest that the candidate sets and the kappa = 1 capacity produce by themselves, without training.
+
+    Args:
+        meta: ``[n, 15]`` metadata vectors.
+    Returns:
+        Mean over ``rounds`` independent matchings of the share of centers left without a partner.
+    """
+    import numpy as np
+    import torch
+
+    from abps.goal_filter import candidate_mask
+    from abps.matching import propose_reject
+
+    n = meta.shape[0]
+    mask, _ = candidate_mask(meta.double(), goal, 0.25, reading["normalize_metadata"], reading["tau_mode"],
+                             reading.get("candidacy", "proposer"))
+    prior = torch.full((n, n), 0.5, dtype=torch.float64)
+    return statistics.fmean(propose_reject(prior, mask, 1, 0.5, 0.1, np.random.default_rng([seed, r])).isolation_rate()
+                            for r in range(rounds))
 
 
 def target_distance(rows: dict[str, dict[str, float]]) -> float:
@@ -166,6 +197,15 @@ def markdown(table: dict[str, dict[str, dict[str, float]]], rounds: int, seeds: 
     return "\n".join(lines) + "\n"
 
 
+def structural_markdown(structural: dict[str, dict[str, float]]) -> str:
+    """Table of :func:`selection_only` rest shares for every reading's candidate structure."""
+    lines = ["Selection only (no training; every UCB at the prior, kappa 1, 20 matchings): rest share per goal.",
+             "", "| candidate structure | diversity | homogeneity | alignment |", "|---|---|---|---|"]
+    for label, row in structural.items():
+        lines.append(f"| {label.rsplit('/g=', 1)[0]} | " + " | ".join(_pct(row[g]) for g in GOALS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     """Run the study (reduced by default, see the module docstring), print and write the table."""
     import torch
@@ -180,17 +220,30 @@ def main() -> None:
     seeds = [int(s) for s in os.environ.get("ABPS_FIDELITY_SEEDS", "11").split()]
     gammas = [float(g) for g in os.environ.get("ABPS_FIDELITY_GAMMAS", f"2 {math.sqrt(2)} 0.1").split()]
     data = FederatedData.from_cohort(_cohort(out))
+    structural = {reading_label(r): {g: selection_only(data.meta, r, g) for g in GOALS}
+                  for r in readings(gammas[:1])}
+    only = [x for x in os.environ.get("ABPS_FIDELITY_ONLY", "").split(",") if x]
     runs: list[dict[str, Any]] = []
-    for seed, reading, goal in itertools.product(seeds, readings(gammas), GOALS):
+    prev = out / "fidelity.json"
+    if os.environ.get("ABPS_FIDELITY_RESUME") and prev.is_file():
+        old = json.loads(prev.read_text())
+        if old.get("rounds") == rounds:
+            runs = [r for r in old["runs"] if r["seed"] in seeds]
+    done = {(reading_label(r), r["goal"], r["seed"]) for r in runs}
+    todo = [r for r in readings(gammas) if not only or reading_label(r) in only]
+    todo.sort(key=lambda r: only.index(reading_label(r)) if only else 0)
+    for seed, reading, goal in itertools.product(seeds, todo, GOALS):
+        if (reading_label(reading), goal, seed) in done:
+            continue
         runs.append(run_cell(data, goal, reading, rounds, seed))
         r = runs[-1]
         print(f"{reading_label(reading):26s} {goal:12s} seed {seed}: rest {statistics.fmean(r['rest_per_round']):.3f} "
               f"E|P| {statistics.fmean(r['partners_per_round']):.3f} bw {r['bandwidth']:.3f}x "
               f"AUROC {r['auroc']:.3f} ({r['seconds']:.0f} s)", flush=True)
-        atomic_write_text(out / "fidelity.json", json.dumps({"rounds": rounds, "seeds": seeds, "runs": runs},
-                                                            indent=1) + "\n")
+        atomic_write_text(out / "fidelity.json", json.dumps({"rounds": rounds, "seeds": seeds, "runs": runs,
+                                                             "selection_only": structural}, indent=1) + "\n")
     table = summarize_runs(runs)
-    md = markdown(table, rounds, seeds)
+    md = markdown(table, rounds, seeds) + "\n" + structural_markdown(structural)
     atomic_write_text(out / "fidelity.md", md)
     print(md)
 

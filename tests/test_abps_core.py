@@ -517,4 +517,4 @@ def test_fidelity_study_choice_rule():
     assert choose({"a": miss, "b": meets}) == "b"
     # tie on targets: the one closer to the paper (rest 41 %, E|P| 0.59 / 0.99 / 0.99) wins
     assert choose({"far": rows(0.25, 0.0, 0.96, 0.0, 0.96), "near": meets}) == "near"
-    assert len(readings([2.0, 1.0, 0.1])) == 12
+    assert len(readings([2.0, 1.0, 0.1])) == 18  # (global | per_center x proposer, mutual) x z, raw x 3 gammas
