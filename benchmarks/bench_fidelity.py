@@ -181,7 +181,7 @@ def markdown(table: dict[str, dict[str, dict[str, float]]], rounds: int, seeds: 
              "|---|---|---|---|---|---|---|"]
     for g in GOALS:
         p = PAPER[g]
-        rest = "41 %" if p["rest"] else "rare (E|P| 0.99)"
+        rest = "41 %" if p["rest"] else "rare (E\\|P\\| 0.99)"
         lines.append(f"| **paper** (50 rounds) | {g} | {rest} | {p['partners']:.2f} | {p['bandwidth']:.2f}x | "
                      f"{p['auroc']:.3f} | |")
     for label in sorted(table, key=lambda k: (target_distance(table[k]), k)):
