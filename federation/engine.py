@@ -115,13 +115,7 @@ class RandomStreams:
         k = int(round(p * 65536))
         if k == 0:
             return None
-        u = self.dropout_bits(round_idx, epoch, step, n, rows, hidden[0] + hidden[1]).numpy()
-        out = []
-        for part in (u[..., : hidden[0]], u[..., hidden[0] :]):
-            f = np.empty(part.shape, dtype=np.float32)
-            np.greater_equal(part, k - 32768, out=f, casting="unsafe")  # one pass, no bool temporary
-            out.append(torch.from_numpy(f))
-        return out[0], out[1]
+        return keep_from_bits(self.dropout_bits(round_idx, epoch, step, n, rows, hidden[0] + hidden[1]), hidden, k)
 
     def dropout_scale(
         self, round_idx: int, epoch: int, step: int, n: int, rows: int, units: int, p: float
@@ -139,6 +133,19 @@ class RandomStreams:
             return torch.ones(n, rows, units)
         keep = self.dropout_bits(round_idx, epoch, step, n, rows, units) >= (k - 32768)
         return keep.to(torch.float32).mul_(65536.0 / (65536 - k))
+
+
+def keep_from_bits(bits: torch.Tensor, hidden: tuple[int, int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """0/1 float32 kept-unit masks ``([..., h1], [..., h2])`` (contiguous) from int16 draws
+    ``bits [..., h1 + h2]`` (:meth:`RandomStreams.dropout_bits`): a unit is kept when its draw is
+    not among the lowest ``k`` of the 65,536 values."""
+    u = bits.numpy()
+    out = []
+    for part in (u[..., : hidden[0]], u[..., hidden[0] :]):
+        f = np.empty(part.shape, dtype=np.float32)
+        np.greater_equal(part, k - 32768, out=f, casting="unsafe")  # one pass, no bool temporary
+        out.append(torch.from_numpy(f))
+    return out[0], out[1]
 
 
 @dataclass
@@ -252,6 +259,8 @@ class StackedEngine:
         self.hidden = (cfg.hidden[0], cfg.hidden[1])
         #: centers per group of partial last batches (see :meth:`_segments`)
         self.partial_group = 24
+        #: most centers in one batched computation (bounds activation memory at large n)
+        self.max_segment = 2048
 
     @property
     def n(self) -> int:
@@ -270,8 +279,8 @@ class StackedEngine:
         """Train split with centers ordered by n_train descending (cached): (order, x, y, n)."""
         if not hasattr(self, "_sorted"):
             tr = self.data.splits["train"]
-            order = torch.argsort(tr.n, descending=True, stable=True)
-            self._sorted = (order, tr.x[order], tr.y[order], tr.n[order])
+            order, n_sorted = self._size_order()
+            self._sorted = (order, tr.x[order], tr.y[order], n_sorted)
         return self._sorted
 
     def adam_step(self, params: Params, grads: Params, state: AdamState, a: int, start: int = 0) -> None:
@@ -300,19 +309,20 @@ class StackedEngine:
 
     def _segments(self, n_rows: torch.Tensor, lo: int, a: int) -> list[tuple[int, int, int]]:
         """Split the active prefix ``[:a]`` (sizes descending) of a step into groups that run
-        as separate batched computations: the centers with a full batch, then the centers in
+        as separate batched computations (each of at most ``max_segment`` centers): the centers
+        with a full batch, then the centers in
         their last, partial batch in groups of ``partial_group`` (each padded only to its own
         widest batch; a group extends over the following centers of the same width, so equal
         sizes make one unpadded group). Returns ``(start, stop, width)`` triples."""
-        bs = self.cfg.batch_size
+        bs, cap = self.cfg.batch_size, self.max_segment
         f = int((n_rows[:a] >= lo + bs).sum())
-        segs = [(0, f, bs)] if f else []
+        segs = [(c0, min(f, c0 + cap), bs) for c0 in range(0, f, cap)]
         g = self.partial_group
         last = (n_rows[f:a] - lo).tolist()
         c0 = f
         while c0 < a:  # groups of at most g centers, or a longer run of equal width (no padding)
             c1 = min(a, c0 + g)
-            while c1 < a and last[c1 - f] == last[c0 - f]:
+            while c1 < a and c1 - c0 < cap and last[c1 - f] == last[c0 - f]:
                 c1 += 1
             segs.append((c0, c1, last[c0 - f]))
             c0 = c1
@@ -333,8 +343,9 @@ class StackedEngine:
 
         Returns ``params`` (the same dict, updated).
         """
-        order, x_all, y_all, n_rows = self._sorted_train()
-        max_rows, d = x_all.shape[1], x_all.shape[2]
+        order, n_rows = self._size_order()
+        tr = self.data.splits["train"]
+        max_rows, d = tr.x.shape[1], tr.x.shape[2]
         bs, p_drop = self.cfg.batch_size, self.cfg.dropout
         units = self.hidden[0] + self.hidden[1]
         k_drop = int(round(p_drop * 65536))
@@ -346,22 +357,23 @@ class StackedEngine:
             ps = {k: params[k][order] for k in PARAM_NAMES}
             st = AdamState({k: v[order] for k, v in state.m.items()}, {k: v[order] for k, v in state.v.items()},
                            state.t[order])
-        x_flat, y_flat = x_all.view(-1, d), y_all.view(-1)
-        base = (torch.arange(self.n) * max_rows).unsqueeze(1)
+        # rows are gathered from the caller-order data: flat row of (sorted slot c, position q)
+        x_flat, y_flat = tr.x.reshape(-1, d), tr.y.reshape(-1)
+        base = (order * max_rows).unsqueeze(1)
         for epoch in range(self.cfg.local_epochs):
             perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
             for step in range(self.steps_per_epoch()):
                 lo = step * bs
                 a = int((n_rows > lo).sum())
                 width = min(bs, max_rows - lo)
-                keep = self.streams.keep_masks(round_idx, epoch, step, a, width, self.hidden, p_drop)
+                bits = self.streams.dropout_bits(round_idx, epoch, step, a, width, units) if k_drop else None
                 for c0, c1, w in self._segments(n_rows, lo, a):
                     flat = (perm[c0:c1, lo : lo + w] + base[c0:c1]).view(-1)
                     xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
                     yb = y_flat.index_select(0, flat).view(c1 - c0, w)
                     real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
                     rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
-                    keep_seg = None if keep is None else (keep[0][c0:c1, :w], keep[1][c0:c1, :w])
+                    keep_seg = None if bits is None else keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop)
                     if local_loss is None:
                         grads = self._grads(
                             {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
@@ -376,11 +388,19 @@ class StackedEngine:
             return params
         return self.scatter_back(params, state, ps, st, order, PARAM_NAMES)
 
+    def _size_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order, n_train[order]): centers by train size, descending (stable; cached)."""
+        if not hasattr(self, "_order"):
+            n = self.data.splits["train"].n
+            order = torch.argsort(n, descending=True, stable=True)
+            self._order = (order, n[order])
+        return self._order
+
     @property
     def _identity_order(self) -> bool:
         """True when the centers are already ordered by train size (descending, stable)."""
         if not hasattr(self, "_identity"):
-            order = self._sorted_train()[0]
+            order = self._size_order()[0]
             self._identity = bool(torch.equal(order, torch.arange(order.numel())))
         return self._identity
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from benchmarks import bench_flower as bf
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    """The benchmarks set torch's thread count; restore it for the other tests."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
 
 
 def test_workload_is_the_issue_one_and_deterministic():
@@ -34,3 +43,14 @@ def test_benchmark_skips_flower_cleanly(monkeypatch):
     assert doc["abps"]["final_val_auroc_mean"][0] == doc["abps"]["final_val_auroc_mean"][1]
     assert doc["loop"]["final_val_auroc_mean"][0] == doc["loop"]["final_val_auroc_mean"][1]
     assert math.isclose(doc["loop_x_vs_abps"], doc["loop"]["median_s_per_round"] / doc["abps"]["median_s_per_round"])
+
+
+def test_scale_worker_runs_both_methods_small():
+    """The scale benchmark's per-method worker on a tiny federation (in this process)."""
+    from benchmarks.bench_scale import _worker
+
+    for method in ("fedavg", "abps"):
+        r = _worker(method, 12, 2, seed=1, threads=1)
+        assert r["centers"] == 12 and r["rounds"] == 2 and len(r["rounds_s"]) == 2
+        assert r["peak_rss_gb"] >= r["rss_after_data_gb"] > 0
+        assert 0.0 <= r["final_val_auroc_mean"] <= 1.0

@@ -112,3 +112,17 @@ def test_local_loss_path_matches_plain_path(data):
         out.append(p)
     for k in out[0]:
         assert torch.allclose(out[0][k], out[1][k], atol=1e-6, rtol=1e-5), k
+
+
+def test_segment_cap_does_not_change_training(data):
+    """Splitting a step into more batched computations (``max_segment``, for memory at large n)
+    gives the same parameters: masks and rows are per center, not per segment."""
+    out = []
+    for cap in (2048, 2):
+        eng = StackedEngine(data, EngineConfig(batch_size=64), seed=8)
+        eng.max_segment = cap
+        p = eng.init_params()
+        eng.train_round(p, AdamState.zeros_like(p), 0)
+        out.append(p)
+    for k in out[0]:
+        assert torch.allclose(out[0][k], out[1][k], atol=1e-6, rtol=1e-5), k
