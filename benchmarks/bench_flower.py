@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -276,13 +277,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         skipped = "--no-flower"
     elif not flower_available():
         skipped = "flwr is not installed (pip install -e '.[bench]')"
-    passes["abps"].append(run_ours(data, a.ours_rounds, a.seed))
-    passes["loop"].append(run_loop(a.clients, a.loop_rounds, a.seed))
+    phases = [("abps", lambda: run_ours(data, a.ours_rounds, a.seed)),
+              ("loop", lambda: run_loop(a.clients, a.loop_rounds, a.seed))]
     if skipped is None:
-        passes["flower"].append(run_flower(a.clients, a.flower_rounds, a.seed, a.threads))
+        phases.append(("flower", lambda: run_flower(a.clients, a.flower_rounds, a.seed, a.threads)))
+    phases += phases[1::-1]  # loop, abps again
+    for name, fn in phases:
+        passes[name].append(fn())
         torch.set_num_threads(a.threads)  # Flower's in-process client calls set 1
-    passes["loop"].append(run_loop(a.clients, a.loop_rounds, a.seed))
-    passes["abps"].append(run_ours(data, a.ours_rounds, a.seed))
+        print(f"[bench_flower] {name}: rounds {[round(t, 3) for t in passes[name][-1]['rounds_s']]} s, "
+              f"load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
 
     def summary(name: str) -> dict[str, Any] | None:
         runs = passes[name]
