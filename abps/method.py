@@ -200,11 +200,8 @@ class AbpsMethod(Method):
             self._rng(ctx, round_idx, 1),
         )
         if coal.num_rows:
-            # rows ordered by the target's validation size (largest first), so that each evaluation
-            # chunk holds centers of similar size (less padding when the runtime trims per chunk)
-            order = torch.argsort(ctx.data.splits["val"].n[coal.targets], descending=True, stable=True)
-            util = torch.empty(coal.num_rows, dtype=torch.float64)
-            util[order] = ctx.evaluate_mixtures(coal.mixing[order], coal.targets[order], split="val").double()
+            # sparse rows (kappa + 1 members each); the runtime orders them by validation size
+            util = ctx.evaluate_mixtures(coal.mixing_sparse, coal.targets, split="val").double()
         else:
             util = torch.zeros(0, dtype=torch.float64)
         res = shapley_from_utilities(coal, util)
