@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
+from federation.checks import count_non_finite
 
 
 class _Strict(BaseModel):
@@ -83,8 +84,6 @@ class RunConfig(_Strict):
     @classmethod
     def _finite_params(cls, v: dict[str, Any]) -> dict[str, Any]:
         # method parameters are validated by each method; a NaN / infinity is refused for all of them
-        from federation.checks import count_non_finite
-
         bad = [k for k, x in v.items() if count_non_finite(x)]
         if bad:
             raise ValueError(f"method parameter {bad[0]!r} must be a finite number")

@@ -54,11 +54,14 @@ class RunResult:
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
     params: Params | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
+    method_summary: dict[str, Any] = field(default_factory=dict)
     clinical: ClinicalEvaluation | None = None
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts; the clinical figures' across-center summary, federation.evaluation)."""
+        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
+        per-seed isolation figures; ``clinical`` the clinical figures' across-center summary,
+        federation.evaluation)."""
         skip = ("history", "per_center", "params", "artifacts", "clinical")
         out = {k: v for k, v in asdict(self).items() if k not in skip}
         if self.clinical is not None:
@@ -172,6 +175,7 @@ def run_one(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
+        method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
         clinical=lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
                                           method.score_kind, seed),
     )
@@ -194,6 +198,7 @@ def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
     rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
     keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    method_summary: Callable[[], dict[str, Any]] | None = None,
     clinical: Callable[[int], ClinicalEvaluation] | None = None,
 ) -> RunResult:
     """End of a run (shared by every round loop): restore the best round when early stopping is
@@ -204,6 +209,9 @@ def finalize_run(
         params: the live stacked parameters (restored in place).
         keep: called after the restore to store the final parameters in the result.
         artifacts: called for the method's MLflow artifacts.
+        method_summary: called for the method's end-of-run summary (a method's optional
+            ``final_metrics(ctx)`` hook): goes into results.json per seed; its float entries are
+            logged as final MLflow metrics.
         clinical: called after the restore with the 0-based index of the reported round; returns
             the clinical figures of the test split (federation/evaluation.py), whose per-center
             values join ``per_center``.
@@ -223,7 +231,8 @@ def finalize_run(
     }
     clin = clinical(best_round - 1) if clinical is not None and best_round > 0 else None
     for row in clin.per_center if clin is not None else ():
-        per_center[row["center_id"]].update({k: v for k, v in row.items() if k not in ("center_id", "n_test", "auroc")})
+        per_center[row["center_id"]].update({k: v for k, v in row.items()
+                                             if k not in ("center_id", "n_test", "auroc")})
     return RunResult(
         method=cfg.method, seed=seed, rounds_run=rounds_run, best_round=best_round,
         final_auroc_mean=st.mean, final_auroc_std=st.std, final_val_auroc_mean=sv.mean,
@@ -232,6 +241,7 @@ def finalize_run(
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
         params=keep() if keep is not None else None,
         artifacts=artifacts() if artifacts is not None else {},
+        method_summary=method_summary() if method_summary is not None else {},
         clinical=clin,
     )
 
@@ -274,6 +284,7 @@ def run_training(
     experiment: str = "abps",
     progress: bool = True,
     track: bool = True,
+    overwrite: bool = True,
 ) -> dict[str, Any]:
     """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
 
@@ -282,8 +293,11 @@ def run_training(
     per-center metrics keyed by center_id), ``config.json``; the parent gets
     ``results.json``. Nothing row-level is logged.
 
+    ``overwrite=False`` refuses an ``output`` that exists (``abps train`` without ``--force``).
+
     Raises:
-        InputError: bad cohort directory or unknown method.
+        InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
+            cohort's files, or (with ``overwrite=False``) an existing file.
     """
     from pydantic import ValidationError
 
@@ -302,6 +316,8 @@ def run_training(
             raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
+        if not overwrite and out.exists():
+            raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
@@ -310,7 +326,8 @@ def run_training(
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid}) if tracker else _null()):
+                                                              COHORT_TAG: cid})
+               if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from federation.report import DISPLAY, _csv_text, _fmt, _md_table, mean_std
+from federation.report.abps_table1 import DISPLAY
+from federation.report.common import csv_text, fmt, md_table, mean_std
 
 #: (MLflow final metric, column header) of the clinical table, in order.
 CLINICAL_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -43,7 +44,7 @@ def clinical_table(client: Any, cells: Sequence[Any]) -> list[dict[str, Any]]:
     """One row per method label: the seed mean of each :data:`CLINICAL_COLUMNS` metric.
 
     Args:
-        cells: de-duplicated runs (:class:`federation.report.CellRun`: label, method, run_id).
+        cells: de-duplicated runs (:class:`federation.report.collect.CellRun`: label, method, run_id).
 
     Returns:
         Rows ``{"label", "name", "n_seeds", <metric>: float}``; labels without any ``clin_*``
@@ -95,26 +96,26 @@ def clinical_sections(client: Any, cells: Sequence[Any], out: Path) -> tuple[str
         return ("\n## Clinical figures and fairness\n\nNo run of this experiment carries clinical figures "
                 "(runs made before they existed); section skipped.\n", {"rows": 0})
     head = ["Method", "Seeds"] + [h for _, h in CLINICAL_COLUMNS]
-    md = _md_table(head, [[r["name"], r["n_seeds"], *[_fmt(r[k]) for k, _ in CLINICAL_COLUMNS]] for r in rows])
+    md = md_table(head, [[r["name"], r["n_seeds"], *[fmt(r[k]) for k, _ in CLINICAL_COLUMNS]] for r in rows])
     md += ("\nPer-center figures on the test split at the final (or best validation) round, every center; "
            "across-center statistics per seed, then the mean over seeds (docs/metrics.md).\n")
     (out / "clinical.md").write_text(md)
-    (out / "clinical.csv").write_text(_csv_text(["label", "n_seeds", *[k for k, _ in CLINICAL_COLUMNS]],
+    (out / "clinical.csv").write_text(csv_text(["label", "n_seeds", *[k for k, _ in CLINICAL_COLUMNS]],
                                                 [[r["label"], r["n_seeds"], *[r[k] for k, _ in CLINICAL_COLUMNS]]
                                                  for r in rows]))
     fair = fairness_table(client, cells)
-    fmd = _md_table(["Method", "Axis", "Group", "n (mean)", "AUROC", "AUROC gap", "ECE gap", "Suppressed seeds"],
-                    [[r["name"], r["axis"], r["group"], _fmt(r["n"], 0),
-                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else _fmt(r["auroc"]),
-                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else _fmt(r["auroc_gap"]),
-                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else _fmt(r["ece_gap"]),
+    fmd = md_table(["Method", "Axis", "Group", "n (mean)", "AUROC", "AUROC gap", "ECE gap", "Suppressed seeds"],
+                    [[r["name"], r["axis"], r["group"], fmt(r["n"], 0),
+                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else fmt(r["auroc"]),
+                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else fmt(r["auroc_gap"]),
+                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else fmt(r["ece_gap"]),
                       f"{r['suppressed_seeds']} of {r['n_seeds']}"] for r in fair])
     hidden = sorted({f"{r['axis']}={r['group']}" for r in fair if r["suppressed_seeds"]})
     fmd += ("\nSubgroups pooled over centers; gap = group - overall. A group with fewer than 30 test rows or "
             "fewer than 5 of either class is suppressed in that seed"
             + (f" (suppressed at least once: {', '.join(hidden)})." if hidden else "; none was.") + "\n")
     (out / "fairness.md").write_text(fmd)
-    (out / "fairness.csv").write_text(_csv_text(list(fair[0]) if fair else ["label"],
+    (out / "fairness.csv").write_text(csv_text(list(fair[0]) if fair else ["label"],
                                                 [list(r.values()) for r in fair]))
     doc = {"rows": rows, "fairness": fair, "suppressed": hidden}
     return "\n## Clinical figures\n\n" + md + "\n## Fairness (subgroups)\n\n" + fmd, doc
