@@ -68,7 +68,8 @@ def test_results_json_equals_clinical_functions_on_final_predictions(trained):
     per = {"auroc": batched_auroc(z, y, m).double(), "auprc": batched_auprc(z, y, m), "brier": batched_brier(p, y, m),
            "ece": batched_ece(p, y, m, 10), "cal_intercept": a, "cal_slope": b}
     clin = written["seeds"][str(SEED)]["clinical"]
-    assert clin["distribution"]["auroc"]["n_defined"] == 2 and clin["distribution"]["brier"]["n_defined"] == data.n_centers
+    assert clin["distribution"]["auroc"]["n_defined"] == 2
+    assert clin["distribution"]["brier"]["n_defined"] == data.n_centers
     for name, v in per.items():
         want = distribution(v, higher_is_better=name not in ("brier", "ece"))
         got = clin["distribution"][name]
@@ -198,3 +199,15 @@ def test_train_prints_the_clinical_line(trained):
     d = written["seeds"][str(SEED)]["clinical"]["distribution"]
     assert f"AUROC worst-10 % {d['auroc']['worst10']:.3f}" in line and f"ECE {d['ece']['mean']:.3f}" in line
     assert clinical_line({"1": {"final_auroc_mean": 0.5}}) is None
+
+
+def test_early_stopping_reports_the_restored_round(trained):
+    """FedAvg-X (early stopping on val AUROC): the clinical figures are those of the best round's
+    parameters, so their AUROC mean is the reported final_auroc_mean of that round."""
+    data = trained[2]
+    cfg = build_config("fedavg-x", get_method("fedavg-x").default_config, None, rounds=4)
+    res = run_one(cfg, data, SEED)
+    assert res.clinical is not None and res.best_round <= res.rounds_run
+    assert res.clinical.distribution["auroc"]["mean"] == pytest.approx(res.final_auroc_mean)
+    for cid, row in res.per_center.items():
+        assert set(row) >= {"test_auroc", "auprc", "brier", "ece", "cal_intercept", "cal_slope", "n_pos"}

@@ -47,7 +47,8 @@ def mimic_truth(mimic_demo_dir) -> pl.DataFrame:
 def eicu_truth(eicu_demo_dir) -> pl.DataFrame:
     p = _read(eicu_demo_dir / "patient.csv.gz").select(
         pl.col("patientunitstayid").cast(pl.Int64).alias("stay_id"), "unitdischargestatus", "hospitalid",
-        pl.when(pl.col("age") == "> 89").then(pl.lit("90")).otherwise(pl.col("age")).cast(pl.Float64, strict=False).alias("age"),
+        pl.when(pl.col("age") == "> 89").then(pl.lit("90")).otherwise(pl.col("age"))
+        .cast(pl.Float64, strict=False).alias("age"),
         (pl.col("unitdischargeoffset").cast(pl.Float64) / 1440).alias("los"))
     return p.select(
         "stay_id", "hospitalid", "age",
