@@ -20,6 +20,7 @@ from cli.app import app
 from etl.errors import InputError
 
 _BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
+_THREAD_KEYS = {"sage": "num_threads", "vv": "threads"}  # each benchmark config's torch thread count
 
 
 def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
@@ -133,6 +134,8 @@ def train(
         out_path = Path(output or file_cfg.get("output") or project.run_output(
             experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))))
         project.check_output(out_path, force)
+        if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
+            file_cfg = {**file_cfg, _THREAD_KEYS[name]: threads}
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
         mod.cli_run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)

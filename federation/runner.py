@@ -25,8 +25,8 @@ from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys,
-                               variance_correct)
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
+from federation.variance import variance_correct
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 
@@ -301,7 +301,8 @@ def run_training(
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid}) if tracker else _null()):
+                                                              COHORT_TAG: cid})
+               if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},

@@ -41,7 +41,7 @@ else
 fi
 
 stamp "sweep configs/demo.yaml (FedAvg, ABPS, ABPS-X, ABPS diversity goal x 2 seeds), $WORKERS workers"
-$ABPS sweep --config configs/demo.yaml --cohort "$DIR/cohort" --engine local --workers "$WORKERS"
+$ABPS sweep --config configs/demo.yaml --cohort "$DIR/cohort" --executor local --workers "$WORKERS"
 
 stamp "report -> $DIR/report"
 $ABPS report --experiment demo --out "$DIR/report"

@@ -152,7 +152,7 @@ def test_seeds_yaml_and_sweep_address_errors(tiny_cohort, tmp_path):
     one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
                        "--address", "127.0.0.1:1"), "--address")
     one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
-                       "--engine", "ray", "--address", "127.0.0.1:1"), "cannot reach")
+                       "--executor", "ray", "--address", "127.0.0.1:1"), "cannot reach")
     bad = tmp_path / "badcohort"
     bad.mkdir()
     (bad / "cohort.parquet").write_text("junk")
