@@ -330,8 +330,13 @@ class Tracker:
             self.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ts)
 
     def log_final(self, summary: dict[str, Any]) -> None:
-        """Log the :data:`FINAL_KEYS` of a run summary at step = rounds run."""
-        self.log_metrics({k: summary[k] for k in FINAL_KEYS if k in summary}, int(summary.get("rounds_run") or 0))
+        """Log the :data:`FINAL_KEYS` of a run summary, and the finite numbers of its
+        ``method_summary`` (a method's ``final_metrics``, e.g. ABPS's ``rest_share_mean``), as
+        final metrics at step = rounds run."""
+        final = {k: summary[k] for k in FINAL_KEYS if k in summary}
+        final.update({k: float(v) for k, v in (summary.get("method_summary") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))})
+        self.log_metrics(final, int(summary.get("rounds_run") or 0))
 
     def log_json(self, obj: Any, artifact_file: str) -> None:
         """Store ``obj`` as a strict-JSON artifact of the current run (NaN / infinity -> null).

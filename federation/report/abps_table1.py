@@ -38,6 +38,7 @@ class Table1Row:
     bytes_mean: float
     bandwidth: float
     rounds_mean: float
+    rest_share: float = math.nan  # mean over seeds of the per-seed mean rest share (partner-selection methods)
 
 
 def _order_key(label: str, method: str) -> tuple[int, str]:
@@ -70,22 +71,25 @@ def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
             label=label, name=DISPLAY.get(label, label), method=method, family=FAMILY.get(method, "other"),
             n_seeds=len(runs), seeds=" ".join(str(c.seed) for c in sorted(runs, key=lambda c: c.seed)),
             auroc_mean=a_mean, auroc_std=a_std, bytes_mean=b_mean, bandwidth=bw,
-            rounds_mean=mean_std([c.rounds_run for c in runs])[0]))
+            rounds_mean=mean_std([c.rounds_run for c in runs])[0],
+            rest_share=mean_std([c.rest_share for c in runs])[0]))
     rows.sort(key=lambda r: _order_key(r.label, r.method))
     return rows, basis
 
 
 def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
     """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds."""
-    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds"]
+    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share"]
     body = [(r.name, f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}", f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
-             fmt(r.rounds_mean, 1)) for r in rows]
+             fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %")
+            for r in rows]
     note = ("Bandwidth: cumulative model bytes relative to FedAvg's in this experiment (= 1.00×)."
             if basis == "fedavg" else
             "Bandwidth: no FedAvg run in this experiment; the runtime's rel_bandwidth "
             "(n × full fp32 model × reference_rounds) is shown.")
     return md_table(head, body) + "\n" + note + " AUROC: mean test AUROC across centers at the final round (at the best validation round for " \
-        "methods with early stopping, e.g. ABPS-X and FedAvg-X); std across seeds (population).\n"
+        "methods with early stopping, e.g. ABPS-X and FedAvg-X); std across seeds (population). Rest " \
+        "share: share of centers with no partner (P_i empty), mean over rounds and seeds (ABPS, random-partners).\n"
 
 
 def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:

@@ -30,6 +30,7 @@ class CellRun:
     model_bytes: float
     rel_bandwidth: float
     rounds_run: float
+    rest_share: float = math.nan  # ABPS final metric rest_share_mean (NaN for methods without rest)
 
 
 @dataclass
@@ -66,7 +67,8 @@ def _cell_from_run(r: Any) -> CellRun | None:
         config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
         final_auroc_mean=float(m["final_auroc_mean"]),
         model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
-        rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)))
+        rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)),
+        rest_share=float(m.get("rest_share_mean", math.nan)))
 
 
 def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
