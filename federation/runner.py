@@ -85,6 +85,10 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
+    if cfg.data.preprocessing == "pooled" and not cls.pooled:
+        raise InputError(f"{cfg.method}: data.preprocessing 'pooled' fits statistics on the union of all "
+                         f"centers' rows; only the centralized reference may use it")
+    data = data.with_preprocessing(cfg.data)  # the run's numeric encoding (no-op when already in use)
     standalone = getattr(cls, "run_standalone", None)
     if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
         return standalone(cfg, data, seed, on_round)
@@ -137,8 +141,9 @@ def run_one(
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
             for k in ex:
                 train_params[k].copy_(mixed[k])
+        meta_bytes = plan.metadata_bytes + (data.encoding_bytes if r == 0 else 0)  # + encoding aggregates
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
-                           payload, bpp, plan.probe_bytes, plan.metadata_bytes)
+                           payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
         params_now = eval_params()
         last_val, last_test = _evaluate(engine, params_now, "val"), _evaluate(engine, params_now, "test")
@@ -277,7 +282,7 @@ def run_training(
             raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
-    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
+    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None

@@ -258,7 +258,8 @@ def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCall
             new = aggregate_posteriors(params, w, ex, cfg.exchange.bf16_wire)
             for k, v in new.items():
                 params[k].copy_(v)
-        rb = ledger.record(r, None, data.n_centers, 2 * payload, bpp)
+        rb = ledger.record(r, None, data.n_centers, 2 * payload, bpp,
+                           metadata_bytes=data.encoding_bytes if r == 0 else 0)  # encoding aggregates
         last_val, last_test = evaluate("val", r), evaluate("test", r)
         sv, st = summarize(last_val), summarize(last_test)
         metrics = {**round_metrics(sv, st, rb, ledger),
