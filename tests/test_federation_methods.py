@@ -184,3 +184,34 @@ def test_feddyn_reaches_the_global_stationary_point_on_quadratics():
     theta_w, a, c, _ = _feddyn_quadratic("weighted")
     p = torch.tensor([10, 20, 30, 40, 400], dtype=torch.float64).unsqueeze(1) / 500
     torch.testing.assert_close(theta_w[0], (p * a * c).sum(0) / (p * a).sum(), atol=1e-6, rtol=0)
+
+
+def test_centralized_pools_one_encoding_and_early_stops(data):
+    """Issues 21 / 23: the Centralized reference trains on one encoding fitted on the pooled train
+    split (pooled rows have numeric mean 0 / std 1 as a whole) and early-stops on validation."""
+    from etl.errors import InputError
+    from federation.config import DataConfig
+
+    cls = get_method("centralized")
+    cfg = build_config("centralized", cls.default_config, None, rounds=3)
+    assert cfg.data.preprocessing == "pooled" and cfg.early_stopping.enabled and cfg.max_rounds == 3
+    pooled = data.with_preprocessing(cfg.data).pooled()
+    from federation.schema import NUMERIC_FEATURES
+
+    k = len(NUMERIC_FEATURES)
+    x = pooled.splits["train"].x[0, :, :k].double()
+    torch.testing.assert_close(x.mean(0), torch.zeros(k, dtype=torch.float64), atol=1e-5, rtol=0)
+    # per-center encodings differ from it: the federation's own rows are not what it trains on
+    assert not torch.allclose(data.pooled().splits["train"].x, pooled.splits["train"].x)
+    res = run_one(cfg, data, seed=3)
+    assert res.total_bytes == 0 and res.metadata_bytes == 0 and 1 <= res.best_round <= res.rounds_run <= 3
+    # exact pooled statistics are refused for a federated method
+    bad = build_config("fedavg", {}, {"data": {"preprocessing": "pooled"}}, rounds=1)
+    with pytest.raises(InputError, match="only the centralized reference"):
+        run_one(bad, data, seed=3)
+    # the federated encoding's aggregates are charged once, to round 1's metadata bytes
+    fed = build_config("fedavg", {}, {"data": {"preprocessing": "federated"}}, rounds=2)
+    res = run_one(fed, data, seed=3)
+    nbytes = data.with_preprocessing(DataConfig(preprocessing="federated")).encoding_bytes
+    assert res.metadata_bytes == nbytes > 0
+    assert res.history[0]["cum_metadata_bytes"] == res.history[1]["cum_metadata_bytes"] == nbytes
