@@ -42,8 +42,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.config import DataConfig
-from federation.schema import (
+from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
     META_BASE_COLUMNS,
@@ -51,6 +50,7 @@ from federation.schema import (
     NUMERIC_FEATURES,
     SPLITS,
 )
+from federation.config import DataConfig
 
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
@@ -148,6 +148,9 @@ class FederatedData:
         preprocessing: the numeric encoding in use (a resolved DataConfig mode, never ``auto``).
         encoding_bytes: bytes a real federation exchanges to fit that encoding (0 for
             ``per-center`` and ``pooled``); the runner charges them to round 1's metadata.
+        dropped: what :meth:`from_frames` left out, as counts only (no ids): ``{"centers",
+            "stays", "deaths", "min_train"}`` for the centers with fewer than ``min_train`` train
+            rows (all their stays, every split); all zero when none.
     """
 
     center_ids: list[str]
@@ -159,6 +162,7 @@ class FederatedData:
     preprocessing: str = "per-center"
     encoding_bytes: int = 0
     data_config: DataConfig | None = field(default=None, repr=False)
+    dropped: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_centers(self) -> int:
@@ -271,6 +275,10 @@ class FederatedData:
             raise InputError(f"{source}: column 'split' holds values other than train/val/test")
         n_tr = cohort.filter(pl.col("split") == "train").group_by("center_id").len()
         keep = n_tr.filter(pl.col("len") >= max(1, min_train))["center_id"]
+        gone = cohort.filter(~pl.col("center_id").is_in(keep.implode()))
+        n_gone = centers.filter(~pl.col("center_id").is_in(keep.implode())).height
+        dropped = {"centers": int(max(n_gone, gone["center_id"].n_unique())), "stays": int(gone.height),
+                   "deaths": int(gone["label"].sum() or 0), "min_train": int(max(1, min_train))}
         centers = centers.filter(pl.col("center_id").is_in(keep.implode()))
         if centers.height == 0:
             raise InputError(f"{source}: no center has >= {max(1, min_train)} train rows")
@@ -340,6 +348,7 @@ class FederatedData:
             preprocessing=mode,
             encoding_bytes=nbytes,
             data_config=cfg,
+            dropped=dropped,
         )
 
 
