@@ -187,7 +187,7 @@ def test_centralized_pools_one_encoding_and_early_stops(data):
     cfg = build_config("centralized", cls.default_config, None, rounds=3)
     assert cfg.data.preprocessing == "pooled" and cfg.early_stopping.enabled and cfg.max_rounds == 3
     pooled = data.with_preprocessing(cfg.data).pooled()
-    from federation.schema import NUMERIC_FEATURES
+    from etl.schema import NUMERIC_FEATURES
 
     k = len(NUMERIC_FEATURES)
     x = pooled.splits["train"].x[0, :, :k].double()
