@@ -126,6 +126,7 @@ def collect_records(client: Any, exp_id: str) -> list[TuningRecord]:
                                     test_auroc=float(m.get("final_auroc_mean", math.nan))))
         token = page.token
         if not token:
+            out.reverse()  # MLflow lists newest first: back to the order the sweep ran the points
             return out
 
 

@@ -96,7 +96,7 @@ class FedProxParams(BaseModel):
     """FedProx's proximal weight mu."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    mu: float = Field(0.01, ge=0.0)
+    mu: float = Field(0.001, ge=0.0)  # tuned on validation (configs/fedprox.yaml)
 
 
 @register(display_name="FedProx", family="star", paper_order=3)
@@ -122,7 +122,7 @@ class FedDynParams(BaseModel):
     the per-center AUROC of Table 1 effectively optimize on very unequal centers)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    alpha: float = Field(0.01, gt=0.0)
+    alpha: float = Field(0.1, gt=0.0)  # tuned on validation (configs/feddyn.yaml)
     aggregation: Literal["uniform", "weighted"] = "uniform"
 
 
