@@ -94,6 +94,10 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
+    if cfg.data.preprocessing == "pooled" and not cls.pooled:
+        raise InputError(f"{cfg.method}: data.preprocessing 'pooled' fits statistics on the union of all "
+                         f"centers' rows; only the centralized reference may use it")
+    data = data.with_preprocessing(cfg.data)  # the run's numeric encoding (no-op when already in use)
     method: Method = cls(cls.Params.model_validate(cfg.params))
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
@@ -146,8 +150,9 @@ def run_one(
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
             for k, v in mixed.items():
                 train_params[k].copy_(v)
+        meta_bytes = plan.metadata_bytes + (data.encoding_bytes if r == 0 else 0)  # + encoding aggregates
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
-                           payload, bpp, plan.probe_bytes, plan.metadata_bytes)
+                           payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
         for k, v in extras.items():
             check_finite(f"method output {k!r}", v, *where)
@@ -301,7 +306,7 @@ def run_training(
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
-    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
+    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
