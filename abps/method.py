@@ -28,8 +28,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from abps.beliefs import BetaBeliefs
+from abps.drift import DriftParams, PrivacyDriftHooks
 from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
+from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
 from federation.methods.base import Context, Method, RoundPlan
 
@@ -38,7 +40,7 @@ __all__ = ["AbpsParams", "AbpsMethod", "PRESETS"]
 _META_BYTES_PER_VALUE = 4  # metadata vectors travel as float32
 
 
-class AbpsParams(BaseModel):
+class AbpsParams(MetadataDpParams, DriftParams):
     """ABPS hyperparameters (paper Sec. 6.3 defaults; config key ``params:``).
 
     Attributes:
@@ -60,6 +62,8 @@ class AbpsParams(BaseModel):
         belief_decay: rho of the between-round decay toward the prior (1 = off).
         proposer_check: a center proposes only to candidates with its own UCB >= tau_acc (besides the
             epsilon-swapped one); False = literal Algorithm 1 (see :mod:`abps.matching`).
+        metadata_dp_*: DP release of v_i (:class:`abps.privacy.MetadataDpParams`; off by default).
+        drift_*: Welch-t drift windows (:class:`abps.drift.DriftParams`; off by default).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -97,7 +101,7 @@ class AbpsParams(BaseModel):
         return 15 if self.metadata == "full" else 3
 
 
-class AbpsMethod(Method):
+class AbpsMethod(PrivacyDriftHooks, Method):
     """Adaptive Bayesian Partner Selection (ABPS paper, Algorithm 1), base preset (kappa 3, no filter).
 
     State (per run): :class:`abps.beliefs.BetaBeliefs` ``[n, n]``, the candidate mask ``[n, n]``, the
@@ -116,6 +120,7 @@ class AbpsMethod(Method):
         self.beliefs = BetaBeliefs.prior(n, p.alpha0, p.beta0)
         meta = ctx.meta if p.metadata_dim == 15 else ctx.meta_base
         self.meta_dim = int(meta.shape[1])
+        meta = self._publish_metadata(ctx, meta)  # DP release (abps.privacy); drift windows (abps.drift)
         self.candidates, self.tau_sim = candidate_mask(meta.double(), p.goal, p.keep_fraction, p.normalize_metadata)
         self.weights = ctx.n_train.double() if p.weighting == "samples" else None
         self.last: Matching | None = None
@@ -140,6 +145,7 @@ class AbpsMethod(Method):
         self.last = m
         w = fedavg_mixing(m.partners, self.weights)
         meta_bytes = ctx.n * self.meta_dim * _META_BYTES_PER_VALUE if (round_idx == 0 and p.goal is not None) else 0
+        meta_bytes += self._take_resend_bytes()
         return RoundPlan(w=w, adjacency=m.partners, metadata_bytes=meta_bytes)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:
@@ -164,6 +170,7 @@ class AbpsMethod(Method):
         self.last_credit = res
         phi_bar = clip_phi(res.phi, p.phi_min, p.phi_max)
         self.beliefs.update(phi_bar, res.observed)
+        drift_extras = self._drift_step(ctx, phi_bar, res.observed)
 
         deg = m.degree
         self.rested += (deg == 0).to(torch.long)
@@ -184,6 +191,7 @@ class AbpsMethod(Method):
             "mean_phi_bar": float(phi_bar[obs].mean()) if obs.any() else nan,
             "mean_shapley_gain": float(gain[fin].mean()) if fin.any() else nan,
             "mean_belief": float(self.beliefs.mean()[~torch.eye(ctx.n, dtype=torch.bool)].mean()),
+            **drift_extras,
         }
 
     def belief_summary(self, ctx: Context) -> list[dict[str, Any]]:
@@ -248,6 +256,8 @@ PRESETS: dict[str, type[AbpsMethod]] = {
                         {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "diversity"}}),
     "abps-align": _preset("abps-align", "ABPS+P+Q+kappa=1 with the alignment goal (Table 1, Sec. 6.5).",
                           {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "alignment"}}),
+    "abps-drift": _preset("abps-drift", "Base ABPS with the online Welch-t drift windows (abps.drift; Sec. 7 iii).",
+                          {"params": {"drift_window": 4, "drift_alpha": 0.01}}),
     "abps-x": _preset(
         "abps-x",
         "ABPS-X (Sec. 6.4): 2-layer head, bf16, kappa 1, server EMA beta 0.5, 15-dim metadata, homogeneity, "

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
+from federation.drift_scenario import LabelFlipDrift
 
 
 class _Strict(BaseModel):
@@ -72,6 +73,7 @@ class RunConfig(_Strict):
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
     params: dict[str, Any] = Field(default_factory=dict, description="method-specific, validated by the method")
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
+    drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
 
     @field_validator("method")
     @classmethod

@@ -19,6 +19,7 @@ from etl.errors import InputError
 from etl.io import atomic_write_text
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
+from federation.drift_scenario import apply_drift, drifting_copy
 from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
@@ -52,10 +53,12 @@ class RunResult:
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
     params: Params | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
+    method_summary: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts)."""
+        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
+        per-seed isolation figures)."""
         skip = ("history", "per_center", "params", "artifacts")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -86,9 +89,12 @@ def run_one(
     """
     cls = get_method(cfg.method)
     standalone = getattr(cls, "run_standalone", None)
+    if cfg.drift is not None and (standalone is not None or cls.pooled):
+        raise InputError(f"{cfg.method}: the drift scenario needs the stacked round loop (not pooled or standalone)")
     if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
         return standalone(cfg, data, seed, on_round)
     method: Method = cls(cls.Params.model_validate(cfg.params))
+    data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = StackedEngine(data, cfg.engine, seed)
     train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
@@ -116,6 +122,7 @@ def run_one(
     last_val = last_test = None
     rounds_run = 0
     for r in range(cfg.max_rounds):
+        apply_drift(data, cfg.drift, r)
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
@@ -157,6 +164,7 @@ def run_one(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
+        method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
     )
 
 
@@ -177,6 +185,7 @@ def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
     rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
     keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    method_summary: Callable[[], dict[str, Any]] | None = None,
 ) -> RunResult:
     """End of a run (shared by every round loop): restore the best round when early stopping is
     on, summarize the last val / test AUROC ``[n]`` and build the :class:`RunResult`.
@@ -186,6 +195,9 @@ def finalize_run(
         params: the live stacked parameters (restored in place).
         keep: called after the restore to store the final parameters in the result.
         artifacts: called for the method's MLflow artifacts.
+        method_summary: called for the method's end-of-run summary (a method's optional
+            ``final_metrics(ctx)`` hook): goes into results.json per seed; its float entries are
+            logged as final MLflow metrics.
     """
     best_round = rounds_run
     if cfg.early_stopping.enabled and best[2] is not None:
@@ -208,6 +220,7 @@ def finalize_run(
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
         params=keep() if keep is not None else None,
         artifacts=artifacts() if artifacts is not None else {},
+        method_summary=method_summary() if method_summary is not None else {},
     )
 
 
@@ -304,7 +317,9 @@ def run_training(
                     tracker.log_metrics({"final_auroc_mean": res.final_auroc_mean,
                                          "final_auroc_std": res.final_auroc_std,
                                          "rounds_run": float(res.rounds_run),
-                                         "best_round": float(res.best_round)}, res.rounds_run)
+                                         "best_round": float(res.best_round),
+                                         **{k: float(v) for k, v in res.method_summary.items()
+                                            if isinstance(v, (int, float))}}, res.rounds_run)
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
