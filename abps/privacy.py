@@ -7,14 +7,15 @@ This module is that wrapper. Derivation and neighbouring relation: docs/privacy.
 
 Mechanism (one *release* of center ``i``; everything below happens inside the center):
 
-1. The coordinates of ``v_i`` are written as per-patient sums over the center's train split plus the
-   count: ``s_i = [n_i, S_label, S_year, S_cci_1, ..., S_cci_12]`` (3 sums for the 3-dim base
-   vector), where each patient contributes ``1`` to the count, its label in {0, 1}, its centred
+1. The coordinates of ``v_i`` are written as sums over the stays of the center's train split plus
+   the count: ``s_i = [n_i, S_label, S_year, S_cci_1, ..., S_cci_12]`` (3 sums for the 3-dim base
+   vector), where each stay contributes ``1`` to the count, its label in {0, 1}, its centred
    admission year ``(year - mid) / 2030`` clipped to ``[-B, B]`` (``mid``, ``B`` from the public
-   year range, default shifted years 2100..2220), and each Charlson flag in {0, 1}.
-2. Neighbouring relation: add or remove one patient (all its stays) of center ``i``'s train split.
-   One patient changes ``s_i`` by at most ``(1, 1, B, 1, ..., 1)``, so the L2 sensitivity is
-   ``Delta_2 = sqrt(2 + B^2 + 12)`` (15-dim) or ``sqrt(2 + B^2)`` (3-dim).
+   year range, default shifted years 2100..2220), and each Charlson flag in {0, 1}. Each patient
+   contributes at most ``m`` stays (``metadata_dp_max_stays``, default 5).
+2. Neighbouring relation: add or remove one patient (all its stays, at most ``m``) of center ``i``'s
+   train split. One patient changes ``s_i`` by at most ``m (1, 1, B, 1, ..., 1)``, so the L2
+   sensitivity is ``Delta_2 = m sqrt(2 + B^2 + 12)`` (15-dim) or ``m sqrt(2 + B^2)`` (3-dim).
 3. Gaussian mechanism: ``s~_i = s_i + N(0, sigma^2 I)`` with ``sigma = z(epsilon, delta) * Delta_2``;
    ``z`` is the noise multiplier of the analytic Gaussian mechanism (Balle and Wang 2018) from the
    maintained ``dp_accounting`` package (:func:`dp_accounting.get_sigma_gaussian`), not our formula.
@@ -66,12 +67,14 @@ class MetadataDpParams(BaseModel):
     Attributes:
         metadata_dp_epsilon: epsilon per release (``inf`` = off, the default: no noise, no budget).
         metadata_dp_delta: delta per release, in (0, 1).
-        metadata_dp_year_range: public ``[first, last]`` admission year of the per-patient clip.
+        metadata_dp_year_range: public ``[first, last]`` admission year of the per-stay clip.
+        metadata_dp_max_stays: ``m``, most train stays one patient contributes to a center's sums.
     """
 
     metadata_dp_epsilon: float = Field(math.inf, gt=0.0)
     metadata_dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)
     metadata_dp_year_range: tuple[int, int] = YEAR_RANGE
+    metadata_dp_max_stays: int = Field(5, ge=1)
 
     @model_validator(mode="after")
     def _year_range(self) -> "MetadataDpParams":
@@ -110,21 +113,22 @@ def _year_clip(year_range: tuple[int, int]) -> tuple[float, float]:
     return (lo + hi) / 2.0 / _YEAR_SCALE, (hi - lo) / 2.0 / _YEAR_SCALE
 
 
-def sensitivity(dim: int, year_range: tuple[int, int] = YEAR_RANGE) -> float:
+def sensitivity(dim: int, year_range: tuple[int, int] = YEAR_RANGE, max_stays: int = 1) -> float:
     """L2 sensitivity of the sum vector ``s_i`` under add/remove one patient (docs/privacy.md).
 
     Args:
         dim: 3 (base v_i) or 15 (with the 12 Charlson prevalences).
         year_range: public admission-year clip range.
+        max_stays: ``m``, the most stays one patient contributes.
     Returns:
-        ``sqrt(1 + 1 + B^2 + (dim - 3))`` with ``B = (last - first) / 2 / 2030``.
+        ``m sqrt(1 + 1 + B^2 + (dim - 3))`` with ``B = (last - first) / 2 / 2030``.
     Raises:
         ValueError: dim not 3 or 15.
     """
     if dim not in (3, 15):
         raise ValueError(f"metadata dimension must be 3 or 15, got {dim}")
     _, b = _year_clip(year_range)
-    return math.sqrt(2.0 + b * b + (dim - 3))
+    return max_stays * math.sqrt(2.0 + b * b + (dim - 3))
 
 
 def composed_epsilon(z: float, releases: int, delta: float) -> float:
@@ -201,6 +205,7 @@ class MetadataRelease:
         self.epsilon = float(params.metadata_dp_epsilon)
         self.delta = float(params.metadata_dp_delta)
         self.year_range = tuple(params.metadata_dp_year_range)
+        self.max_stays = int(params.metadata_dp_max_stays)
         self.z = noise_multiplier(self.epsilon, self.delta)
         self.n_train = n_train.to(torch.float64)
         self.seed = int(seed)
@@ -216,7 +221,7 @@ class MetadataRelease:
 
     def sigma(self, dim: int) -> float:
         """Noise std on each sum coordinate: ``z * Delta_2`` (0 when off)."""
-        return self.z * sensitivity(dim, self.year_range) if self.enabled else 0.0
+        return self.z * sensitivity(dim, self.year_range, self.max_stays) if self.enabled else 0.0
 
     def release(self, meta: Tensor, centers: Tensor | None = None) -> Tensor:
         """Release the metadata of ``centers`` (default: all) and return what the federation holds.

@@ -34,17 +34,18 @@ def test_sigma_within_classical_bound(eps):
     delta, dim = 1e-5, 15
     rel = MetadataRelease(MetadataDpParams(metadata_dp_epsilon=eps, metadata_dp_delta=delta),
                           torch.tensor([100, 200]), seed=0)
-    delta2 = sensitivity(dim)
+    delta2 = sensitivity(dim, max_stays=5)
     classical = math.sqrt(2 * math.log(1.25 / delta)) * delta2 / eps
     assert 0 < rel.sigma(dim) <= classical
     assert rel.sigma(dim) == pytest.approx(noise_multiplier(eps, delta) * delta2, rel=1e-12)
 
 
 def test_sensitivity_hand_values():
-    """Year range 2100..2220: B = 60 / 2030; 3-dim sqrt(2 + B^2), 15-dim sqrt(14 + B^2)."""
+    """Year range 2100..2220: B = 60 / 2030; 3-dim sqrt(2 + B^2), 15-dim sqrt(14 + B^2), times m stays."""
     b = 60 / 2030
     assert sensitivity(3) == pytest.approx(math.sqrt(2 + b * b), rel=1e-14)
     assert sensitivity(15) == pytest.approx(math.sqrt(14 + b * b), rel=1e-14)
+    assert sensitivity(15, (2110, 2200), max_stays=5) == pytest.approx(5 * math.sqrt(14 + (45 / 2030) ** 2), rel=1e-14)
     with pytest.raises(ValueError, match="3 or 15"):
         sensitivity(4)
 
