@@ -27,7 +27,7 @@ Mechanism (one *release* of center ``i``; everything below happens inside the ce
 Every release is counted per center; the privacy spent is the composition of that center's releases,
 computed with ``dp_accounting``'s PLD accountant (:class:`dp_accounting.pld.PLDAccountant`) under the
 add/remove relation, reported as ``epsilon`` at the per-release ``delta`` for the worst-off center.
-``epsilon = inf`` (the default) is no mechanism at all: :meth:`MetadataRelease.release` returns its
+``epsilon = inf`` or None (the default) is no mechanism at all: :meth:`MetadataRelease.release` returns its
 input unchanged and no budget is counted (today's results exactly).
 
 Noise is drawn from a ``torch.Generator`` seeded from ``(run seed, release number)``: the same seed
@@ -65,13 +65,15 @@ class MetadataDpParams(BaseModel):
     """Method parameters of the DP metadata release (ABPS config ``params:``; mixed into AbpsParams).
 
     Attributes:
-        metadata_dp_epsilon: epsilon per release (``inf`` = off, the default: no noise, no budget).
+        metadata_dp_epsilon: epsilon per release; None (the default) or ``inf`` = off: no noise, no
+            budget. (None, not inf, is the default so that a resolved config dumped as JSON, as sweeps
+            do, validates again.)
         metadata_dp_delta: delta per release, in (0, 1).
         metadata_dp_year_range: public ``[first, last]`` admission year of the per-stay clip.
         metadata_dp_max_stays: ``m``, most train stays one patient contributes to a center's sums.
     """
 
-    metadata_dp_epsilon: float = Field(math.inf, gt=0.0)
+    metadata_dp_epsilon: float | None = Field(None, gt=0.0)
     metadata_dp_delta: float = Field(1e-5, gt=0.0, lt=1.0)
     metadata_dp_year_range: tuple[int, int] = YEAR_RANGE
     metadata_dp_max_stays: int = Field(5, ge=1)
@@ -202,7 +204,8 @@ class MetadataRelease:
     """
 
     def __init__(self, params: MetadataDpParams, n_train: Tensor, seed: int) -> None:
-        self.epsilon = float(params.metadata_dp_epsilon)
+        eps = params.metadata_dp_epsilon
+        self.epsilon = math.inf if eps is None else float(eps)
         self.delta = float(params.metadata_dp_delta)
         self.year_range = tuple(params.metadata_dp_year_range)
         self.max_stays = int(params.metadata_dp_max_stays)

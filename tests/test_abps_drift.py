@@ -169,3 +169,12 @@ def test_drift_preset_runs_with_scenario(small):
     assert s["dp_releases"] == small.n_centers + resent
     assert res.metadata_bytes == (small.n_centers + resent) * 15 * 4
     assert isinstance(get_method("abps-drift")(), AbpsMethod)
+
+
+def test_scenario_refused_where_labels_are_not_stacked(small):
+    from etl.errors import InputError
+
+    cfg = build_config("centralized", get_method("centralized").default_config,
+                       {"method": "centralized", "drift": {"round": 1, "count": 1}}, rounds=1)
+    with pytest.raises(InputError, match="drift scenario"):
+        run_one(cfg, small, 1)

@@ -113,6 +113,16 @@ def test_resend_counts_and_keeps_others():
     assert s["dp_epsilon_spent"] == pytest.approx(composed_epsilon(rel.z, 2, 1e-5))
 
 
+def test_params_survive_a_json_roundtrip():
+    """Sweeps store the resolved params as JSON and validate them again: the default (off) must
+    survive that (inf would be written as null)."""
+    from abps.method import AbpsParams
+
+    for p in (AbpsParams(), AbpsParams(metadata_dp_epsilon=0.5, drift_window=3)):
+        assert AbpsParams.model_validate(p.model_dump(mode="json")) == p
+    assert not MetadataRelease(AbpsParams(metadata_dp_epsilon=math.inf), torch.tensor([5]), 0).enabled
+
+
 def test_bad_params():
     with pytest.raises(ValueError):
         MetadataDpParams(metadata_dp_epsilon=0.0)
