@@ -34,6 +34,7 @@ from abps.matching import Matching, fedavg_mixing, propose_reject
 from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
 from federation.methods.base import Context, Method, RoundPlan
+from federation.methods.registry import register
 
 __all__ = ["AbpsParams", "AbpsMethod", "PRESETS"]
 
@@ -101,6 +102,7 @@ class AbpsParams(MetadataDpParams, DriftParams):
         return 15 if self.metadata == "full" else 3
 
 
+@register(display_name="ABPS (base, κ=3)", family="abps", paper_order=10)
 class AbpsMethod(PrivacyDriftHooks, Method):
     """Adaptive Bayesian Partner Selection (ABPS paper, Algorithm 1), base preset (kappa 3, no filter).
 
@@ -230,14 +232,17 @@ class AbpsMethod(PrivacyDriftHooks, Method):
         return {"abps_beliefs.json": self.belief_summary(ctx)}
 
 
-def _preset(name: str, doc: str, config: dict[str, Any]) -> type[AbpsMethod]:
-    """A registered ABPS preset: a subclass that only changes ``name`` and ``default_config``."""
+def _preset(name: str, doc: str, config: dict[str, Any], display_name: str, family: str,
+            paper_order: int | None) -> type[AbpsMethod]:
+    """A registered ABPS preset: a subclass that only changes ``name`` and ``default_config``
+    (registered with :func:`federation.methods.registry.register`: Table 1 row name, Figure 3
+    family, Table 1 row index)."""
     cls = type(
         "Abps_" + "".join(ch if ch.isalnum() else "_" for ch in name),
         (AbpsMethod,),
         {"name": name, "default_config": config, "__doc__": doc, "__module__": __name__},
     )
-    return cls  # type: ignore[return-value]
+    return register(display_name=display_name, family=family, paper_order=paper_order)(cls)  # type: ignore[return-value]
 
 
 _PQ = {"head_layers": 1, "bf16_wire": True}
@@ -246,18 +251,22 @@ _GOAL_PARAMS = {"kappa": 1, "metadata": "full", "keep_fraction": 0.25}
 PRESETS: dict[str, type[AbpsMethod]] = {
     "abps": AbpsMethod,
     "abps+p": _preset("abps+p", "ABPS+P (Table 1): last layer personalized (kept local).",
-                      {"exchange": {"head_layers": 1}}),
-    "abps+q": _preset("abps+q", "ABPS+Q (Table 1): bfloat16 wire format.", {"exchange": {"bf16_wire": True}}),
+                      {"exchange": {"head_layers": 1}}, "ABPS+P (personalize)", "abps", 11),
+    "abps+q": _preset("abps+q", "ABPS+Q (Table 1): bfloat16 wire format.", {"exchange": {"bf16_wire": True}},
+                      "ABPS+Q (bfloat16)", "abps", 12),
     "abps+p+q+k1": _preset("abps+p+q+k1", "ABPS+P+Q+kappa=1 (Table 1).",
-                           {"exchange": dict(_PQ), "params": {"kappa": 1}}),
+                           {"exchange": dict(_PQ), "params": {"kappa": 1}}, "ABPS+P+Q+κ=1", "abps", 13),
     "abps-hom": _preset("abps-hom", "ABPS+P+Q+kappa=1 with the homogeneity goal (Table 1, Sec. 6.5).",
-                        {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "homogeneity"}}),
+                        {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "homogeneity"}},
+                        "ABPS+P+Q+κ=1 (hom.)", "goal", 15),
     "abps-div": _preset("abps-div", "ABPS+P+Q+kappa=1 with the diversity goal (Table 1, Sec. 6.5).",
-                        {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "diversity"}}),
+                        {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "diversity"}},
+                        "ABPS+P+Q+κ=1 (div.)", "goal", 16),
     "abps-align": _preset("abps-align", "ABPS+P+Q+kappa=1 with the alignment goal (Table 1, Sec. 6.5).",
-                          {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "alignment"}}),
+                          {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "alignment"}},
+                          "ABPS+P+Q+κ=1 (align.)", "goal", 17),
     "abps-drift": _preset("abps-drift", "Base ABPS with the online Welch-t drift windows (abps.drift; Sec. 7 iii).",
-                          {"params": {"drift_window": 4, "drift_alpha": 0.01}}),
+                          {"params": {"drift_window": 4, "drift_alpha": 0.01}}, "ABPS + drift windows", "abps", None),
     "abps-x": _preset(
         "abps-x",
         "ABPS-X (Sec. 6.4): 2-layer head, bf16, kappa 1, server EMA beta 0.5, 15-dim metadata, homogeneity, "
@@ -267,5 +276,6 @@ PRESETS: dict[str, type[AbpsMethod]] = {
             "early_stopping": {"enabled": True, "patience": 10, "max_rounds": 100},
             "params": {**_GOAL_PARAMS, "goal": "homogeneity"},
         },
+        "ABPS-X (ours, full)", "abps-x", 18,
     ),
 }

@@ -66,8 +66,8 @@ class MetadataDpParams(BaseModel):
 
     Attributes:
         metadata_dp_epsilon: epsilon per release; None (the default) or ``inf`` = off: no noise, no
-            budget. (None, not inf, is the default so that a resolved config dumped as JSON, as sweeps
-            do, validates again.)
+            budget. (None, not inf, is the default: a run config refuses non-finite numbers, and a
+            resolved config dumped as JSON, as sweeps do, must validate again.)
         metadata_dp_delta: delta per release, in (0, 1).
         metadata_dp_year_range: public ``[first, last]`` admission year of the per-stay clip.
         metadata_dp_max_stays: ``m``, most train stays one patient contributes to a center's sums.

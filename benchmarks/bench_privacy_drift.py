@@ -100,7 +100,7 @@ def privacy_study(data: FederatedData, rounds: int, seeds: list[int], overlap_se
             ov = [candidate_overlap(data, goal, eps, s) for s in range(overlap_seeds)]
             for seed in seeds:
                 cfg = build_config(preset, PRESETS[preset].default_config,
-                                   {"method": preset, "params": {"metadata_dp_epsilon": eps}}, rounds=rounds)
+                                   {"method": preset, "params": {"metadata_dp_epsilon": None if math.isinf(eps) else eps}}, rounds=rounds)
                 t0 = time.perf_counter()
                 res = run_one(cfg, data, seed)
                 h = res.history

@@ -27,10 +27,10 @@ def etl_command(
     mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
     source: str = typer.Option("mimic", "--source", help="mimic (default) or eicu."),
-    partition: str = typer.Option("careunit-year", help="careunit-year | careunit-era | dirichlet | iid."),
+    partition: str = typer.Option("careunit-year", help="careunit-year | careunit-era | dirichlet | iid (mimic; eICU centers are hospitals)."),
     window_years: int = typer.Option(2, help="Width of the shifted-year windows (careunit-year)."),
     window_origin: int = typer.Option(2100, help="A shifted year on a window boundary."),
-    care_units: str = typer.Option("MICU,MICU/SICU,CVICU,SICU,CCU,TSICU", help="Comma-separated short care-unit names."),
+    care_units: str = typer.Option("MICU,MICU/SICU,CVICU,SICU,CCU,TSICU", help="Comma-separated short care-unit names (mimic)."),
     min_age: float = typer.Option(18, help="Minimum age in years (inclusive)."),
     max_age: float = typer.Option(95, help="Maximum age in years (inclusive)."),
     min_center_stays: Optional[int] = typer.Option(None, help="Centers with fewer stays are dropped (default 50 for mimic, 10 for eicu)."),
@@ -40,8 +40,8 @@ def etl_command(
     n_centers: int = typer.Option(20, help="Number of centers (dirichlet / iid)."),
     alpha: float = typer.Option(0.5, help="Dirichlet concentration (dirichlet)."),
     seed: int = typer.Option(0, help="Seed of the split and random partitions."),
-    threads: int = typer.Option(2, help="DuckDB threads."),
-    memory_limit: str = typer.Option("2GB", help="DuckDB memory limit."),
+    threads: int = typer.Option(2, help="DuckDB threads (both sources; the output does not depend on it)."),
+    memory_limit: str = typer.Option("2GB", help="DuckDB memory limit (both sources; spills to disk above it)."),
 ) -> None:
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
     from etl.mimic import EtlOptions, run_etl
@@ -68,6 +68,10 @@ def etl_command(
         rep = run_eicu_etl(src_dir, out, opts)
     else:
         raise InputError(f"unknown --source '{source}' (choose from mimic, eicu)")
+    dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
+    if dup:
+        typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "
+                   f"{len(dup)} table(s) (counted in cohort_report attrition)", err=True)
     small = rep["stays_per_center"]["min"]
     if small < 10:
         typer.echo(f"warning: the smallest center holds {small} stays; per-center metadata of centers under 10 "

@@ -49,6 +49,12 @@ def sweep(
     out = run_sweep(spec, base, cohort_dir, engine=engine, workers=workers, address=address, rounds=rounds,
                     seeds=list(seeds) if seeds else None, tracking_uri=tracking_uri, experiment=experiment,
                     progress=not no_progress)
+    from federation.runner import dropped_message
+
+    for d in out.dropped:
+        note = dropped_message(d, d["kept"])
+        if note:
+            typer.echo(note, err=True)
     typer.echo(f"sweep {spec.name}: {len(out.cells)} cells, {len(out.skipped)} already finished, "
                f"{len(out.ran)} run now, {len(out.failed)} failed (parent run {out.parent_run_id})")
     for (h, seed), msg in sorted(out.failed.items()):

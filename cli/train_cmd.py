@@ -3,21 +3,22 @@
 Clinical runs read a cohort directory (``abps etl`` / ``abps synth fedprox`` output), log
 to MLflow (one parent run, one child per seed) and write results.json. A ``--config`` YAML
 whose top level has ``benchmark: sage`` or ``benchmark: vv`` is handed to the image
-benchmark runners instead (``federation.images.sage.cli_run`` / ``federation.gossip.cli_run``).
+benchmark runners instead (``federation.images.cli_run`` / ``federation.gossip.cli_run``).
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from cli.app import app
 from etl.errors import InputError
 
-_BENCHMARKS = {"sage": "federation.images.sage", "vv": "federation.gossip"}
+_BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
 
 
 def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
@@ -49,13 +50,27 @@ def _parse_params(items: list[str]) -> dict[str, object]:
     return out
 
 
+class _TrainCommand(TyperCommand):
+    """``abps train`` whose ``--method`` help lists the registered methods (read when help is
+    shown, so other commands do not pay for importing every method)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from federation.methods import method_names
+
+        for p in self.params:
+            if p.name == "method":
+                p.help = f"registered method, in the ABPS paper's Table 1 order: {', '.join(method_names())}"
+        super().format_help(ctx, formatter)
+
+
 @app.command(
     "train",
+    cls=_TrainCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
 )
 def train(
     ctx: typer.Context,
-    method: Optional[str] = typer.Option(None, "--method", help="method: local, centralized, fedavg, fedprox, feddyn, moon, fedavg-pq, fedavg-x, decefl, defta, wpfed, bnn-fl, abps, abps+p, abps+q, abps+p+q+k1, abps-hom, abps-div, abps-align, abps-x"),
+    method: Optional[str] = typer.Option(None, "--method", help="registered method (listed in `abps train --help`)"),
     cohort: Optional[Path] = typer.Option(None, "--cohort", help="directory with cohort.parquet + centers.parquet"),
     seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
@@ -121,6 +136,11 @@ def train(
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
                        progress=not no_progress)
+    from federation.runner import dropped_message
+
+    note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])
+    if note:
+        typer.echo(note, err=True)
     s = doc["summary"]
 
     def fmt(stat: dict) -> str:

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from etl.errors import InputError
+from etl.sql import concept_sql
 
 CCI_COLUMNS: tuple[str, ...] = (
     "cci_chf",
@@ -275,6 +276,9 @@ def charlson_flags_sql(diagnoses_relation: str) -> str:
         row (callers left-join and fill 0). The result equals :func:`flags_for_codes` applied to
         each admission's codes.
 
+    The query text is ``etl/sql/charlson.sql`` (the concept file, citing its sources) with the
+    prefix table of :data:`CCI_PREFIXES` filled in.
+
     Method: the distinct normalized ``(icd_version, icd_code)`` pairs (about 30 k in full
     MIMIC-IV against 6.4 M diagnosis rows) are matched once against a VALUES table of
     ``(condition, icd_version, prefix)`` with ``starts_with``; the per-code conditions are then
@@ -291,35 +295,5 @@ def charlson_flags_sql(diagnoses_relation: str) -> str:
         f"CAST(count(cc.condition) FILTER (WHERE cc.condition = '{c}') > 0 AS TINYINT) AS {c}"
         for c in CCI_COLUMNS
     )
-    return f"""
-WITH cci_prefix(condition, icd_version, prefix) AS (
-    VALUES
-        {_prefix_values_sql()}
-),
-cci_diagnoses AS (
-    SELECT
-        src.hadm_id AS hadm_id,
-        CAST(src.icd_version AS INTEGER) AS icd_version,
-        replace(upper(trim(CAST(src.icd_code AS VARCHAR), {trim_chars})), '.', '') AS icd_code
-    FROM {relation} AS src
-    WHERE src.hadm_id IS NOT NULL
-),
-cci_code_condition AS (
-    SELECT DISTINCT codes.icd_version, codes.icd_code, p.condition
-    FROM (
-        SELECT DISTINCT icd_version, icd_code
-        FROM cci_diagnoses
-        WHERE icd_code IS NOT NULL AND icd_code <> ''
-    ) AS codes
-    JOIN cci_prefix AS p
-      ON codes.icd_version = p.icd_version AND starts_with(codes.icd_code, p.prefix)
-)
-SELECT
-    d.hadm_id,
-    {flag_columns}
-FROM cci_diagnoses AS d
-LEFT JOIN cci_code_condition AS cc
-  ON d.icd_version = cc.icd_version AND d.icd_code = cc.icd_code
-GROUP BY d.hadm_id
-ORDER BY d.hadm_id
-"""
+    return concept_sql("", "charlson", prefixes=_prefix_values_sql(), trim_chars=trim_chars,
+                       flag_columns=flag_columns, diagnoses=relation)

@@ -17,23 +17,24 @@ needs no change; the mapping of eICU fields onto it is documented in docs/eicu.m
 * Charlson flags: ICD-9 and ICD-10 codes in ``diagnosis.icd9code`` (both versions are listed in
   one string, e.g. "401.9, I10"), ``pastHistory`` paths, and ``apachePredVar`` flags, mapped to the
   12 updated-Charlson categories (docs/eicu.md gives the table).
+
+The concepts are SQL files under ``etl/sql/eicu/`` (stays, first-day vitals, diagnosis codes,
+comorbidity) and ``etl/sql/charlson.sql``; the connection, key checks and tail are shared with
+MIMIC (etl/pipeline.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
-import duckdb
 import polars as pl
 
 from etl import charlson
 from etl.errors import InputError
-from etl.io import atomic_output_dir, atomic_write_text
-from etl.mimic import COHORT_COLUMNS, Attrition, drop_small_centers, EtlOptions, _frame, _json_default, center_metadata
-from etl.partition import grouped_stratified_split
+from etl.io import atomic_output_dir
+from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.sources import Table, duckdb_errors, locate
 
 REQUIRED = {
@@ -42,10 +43,10 @@ REQUIRED = {
                 "hospitaldischargestatus"),
     "hospital": ("hospitalid", "numbedscategory", "teachingstatus", "region"),
     "apacheApsVar": ("patientunitstayid", "heartrate", "meanbp", "respiratoryrate", "temperature"),
-    "vitalAperiodic": ("patientunitstayid", "observationoffset", "noninvasivesystolic",
+    "vitalAperiodic": ("vitalaperiodicid", "patientunitstayid", "observationoffset", "noninvasivesystolic",
                        "noninvasivediastolic", "noninvasivemean"),
-    "diagnosis": ("patientunitstayid", "icd9code"),
-    "pastHistory": ("patientunitstayid", "pasthistorypath"),
+    "diagnosis": ("diagnosisid", "patientunitstayid", "icd9code"),
+    "pastHistory": ("pasthistoryid", "patientunitstayid", "pasthistorypath"),
     "apachePredVar": ("patientunitstayid", "aids", "hepaticfailure", "lymphoma", "metastaticcancer",
                       "leukemia", "cirrhosis"),
 }
@@ -55,152 +56,51 @@ TYPES = {
     "temperature": "DOUBLE", "observationoffset": "BIGINT", "noninvasivesystolic": "DOUBLE",
     "noninvasivediastolic": "DOUBLE", "noninvasivemean": "DOUBLE", "aids": "INTEGER", "hepaticfailure": "INTEGER",
     "lymphoma": "INTEGER", "metastaticcancer": "INTEGER", "leukemia": "INTEGER", "cirrhosis": "INTEGER",
+    "vitalaperiodicid": "BIGINT", "diagnosisid": "BIGINT", "pasthistoryid": "BIGINT",
 }
-
-#: pastHistory path fragments -> Charlson columns (docs/eicu.md). A path matches when it contains
-#: the fragment; one path can set several columns.
-PAST_HISTORY_MAP: tuple[tuple[str, str], ...] = (
-    ("/Congestive Heart Failure/", "cci_chf"),
-    ("/Neurologic/Dementia/", "cci_dementia"),
-    ("/Pulmonary/COPD/", "cci_chronic_pulmonary"),
-    ("/Pulmonary/Asthma/", "cci_chronic_pulmonary"),
-    ("/Pulmonary/Restrictive Disease/", "cci_chronic_pulmonary"),
-    ("/Rheumatic/Rheumatoid Arthritis/", "cci_rheumatic"),
-    ("/Rheumatic/SLE/", "cci_rheumatic"),
-    ("/Rheumatic/Scleroderma/", "cci_rheumatic"),
-    ("/Cirrhosis/", "cci_mild_liver"),
-    ("/Cirrhosis/varices", "cci_severe_liver"),
-    ("/Cirrhosis/encephalopathy", "cci_severe_liver"),
-    ("/Cirrhosis/ascites", "cci_severe_liver"),
-    ("/Cirrhosis/UGI bleeding", "cci_severe_liver"),
-    ("/Renal Failure/", "cci_renal"),
-    ("/Renal Insufficiency/", "cci_renal"),
-    ("/s/p Renal Transplant/", "cci_renal"),
-    ("/Cancer/Cancer-Primary Site/", "cci_malignancy"),
-    ("/Cancer/Hematologic Malignancy/", "cci_malignancy"),
-    ("/Cancer/Metastases/", "cci_metastatic"),
-    ("/HIV (only)", "cci_aids"),
-)
-#: apachePredVar flags -> Charlson columns.
-APACHE_FLAG_MAP: tuple[tuple[str, str], ...] = (
-    ("aids", "cci_aids"), ("hepaticfailure", "cci_severe_liver"), ("lymphoma", "cci_malignancy"),
-    ("leukemia", "cci_malignancy"), ("metastaticcancer", "cci_metastatic"), ("cirrhosis", "cci_mild_liver"),
-)
+#: The key of each table (eICU-CRD documentation): identical duplicated rows are collapsed and
+#: counted, conflicting ones refused. apacheApsVar and apachePredVar hold one row per stay.
+KEYS: dict[str, tuple[str, ...]] = {
+    "patient": ("patientunitstayid",), "hospital": ("hospitalid",), "apacheApsVar": ("patientunitstayid",),
+    "apachePredVar": ("patientunitstayid",), "vitalAperiodic": ("vitalaperiodicid",),
+    "diagnosis": ("diagnosisid",), "pastHistory": ("pasthistoryid",),
+}
 DEFAULT_MIN_CENTER_STAYS = 10
 
 
-def _sql_tables(t: dict[str, Table]) -> dict[str, str]:
-    types = {k.lower(): v for k, v in TYPES.items()}
-    return {k: v.scan_sql(types) for k, v in t.items()}
-
-
-def _stays_sql(s: dict[str, str]) -> str:
-    return f"""
-    SELECT p.patientunitstayid AS stay_id,
-           dense_rank() OVER (ORDER BY p.uniquepid) AS subject_id,
-           p.patienthealthsystemstayid AS hadm_id,
-           p.hospitalid,
-           'hosp-' || CAST(p.hospitalid AS VARCHAR) AS center_id,
-           coalesce(nullif(p.unittype, ''), 'UNKNOWN') AS care_unit,
-           p.hospitaldischargeyear AS admit_year,
-           CAST(p.hospitaldischargeyear AS VARCHAR) AS anchor_year_group,
-           CASE WHEN trim(p.age) = '> 89' THEN 90.0 ELSE TRY_CAST(p.age AS DOUBLE) END AS age,
-           CASE p.gender WHEN 'Male' THEN 'M' WHEN 'Female' THEN 'F' ELSE 'UNKNOWN' END AS gender,
-           CASE p.ethnicity WHEN 'Caucasian' THEN 'WHITE' WHEN 'African American' THEN 'BLACK'
-                WHEN 'Hispanic' THEN 'HISPANIC' WHEN 'Asian' THEN 'ASIAN'
-                WHEN 'Native American' THEN 'OTHER' WHEN 'Other/Unknown' THEN 'OTHER' ELSE 'UNKNOWN' END AS race,
-           coalesce(nullif(p.unitstaytype, ''), 'UNKNOWN') AS admission_type,
-           coalesce(nullif(p.unitadmitsource, ''), 'UNKNOWN') AS admission_location,
-           'UNKNOWN' AS insurance,
-           CASE p.hospitaldischargestatus WHEN 'Expired' THEN 1 WHEN 'Alive' THEN 0 END::TINYINT AS label
-    FROM {s['patient']} p
-    """
-
-
-def _vitals_sql(s: dict[str, str], from_minutes: float) -> str:
-    def ok(col: str, lo: float, hi: float) -> str:
-        return f"CASE WHEN {col} > {lo} AND {col} < {hi} THEN {col} END"
-
-    return f"""
-    WITH aps AS (
-        SELECT patientunitstayid AS stay_id,
-               {ok('heartrate', 0, 300)} AS hr, {ok('meanbp', 0, 300)} AS mbp_aps,
-               {ok('respiratoryrate', 0, 70)} AS rr, {ok('temperature', 10, 50)} AS temp
-        FROM {s['apacheApsVar']}
-    ), nibp AS (
-        SELECT patientunitstayid AS stay_id,
-               avg({ok('noninvasivesystolic', 0, 400)}) AS sbp_mean, min({ok('noninvasivesystolic', 0, 400)}) AS sbp_min,
-               max({ok('noninvasivesystolic', 0, 400)}) AS sbp_max,
-               avg({ok('noninvasivediastolic', 0, 300)}) AS dbp_mean, min({ok('noninvasivediastolic', 0, 300)}) AS dbp_min,
-               max({ok('noninvasivediastolic', 0, 300)}) AS dbp_max,
-               avg({ok('noninvasivemean', 0, 300)}) AS mbp_mean, min({ok('noninvasivemean', 0, 300)}) AS mbp_min,
-               max({ok('noninvasivemean', 0, 300)}) AS mbp_max
-        FROM {s['vitalAperiodic']}
-        WHERE observationoffset >= {from_minutes} AND observationoffset <= 1440
-        GROUP BY patientunitstayid
-    )
-    SELECT k.stay_id,
-           round(a.hr, 6) AS heart_rate_mean, round(a.hr, 6) AS heart_rate_min, round(a.hr, 6) AS heart_rate_max,
-           round(n.sbp_mean, 6) AS sbp_mean, round(n.sbp_min, 6) AS sbp_min, round(n.sbp_max, 6) AS sbp_max,
-           round(n.dbp_mean, 6) AS dbp_mean, round(n.dbp_min, 6) AS dbp_min, round(n.dbp_max, 6) AS dbp_max,
-           round(coalesce(n.mbp_mean, a.mbp_aps), 6) AS mbp_mean, round(coalesce(n.mbp_min, a.mbp_aps), 6) AS mbp_min,
-           round(coalesce(n.mbp_max, a.mbp_aps), 6) AS mbp_max,
-           round(a.rr, 6) AS resp_rate_mean, round(a.rr, 6) AS resp_rate_min, round(a.rr, 6) AS resp_rate_max,
-           CAST(NULL AS DOUBLE) AS spo2_mean, CAST(NULL AS DOUBLE) AS spo2_min, CAST(NULL AS DOUBLE) AS spo2_max,
-           round(a.temp, 6) AS temperature_mean, round(a.temp, 6) AS temperature_min, round(a.temp, 6) AS temperature_max
-    FROM kept k LEFT JOIN aps a USING (stay_id) LEFT JOIN nibp n USING (stay_id)
-    """
-
-
-def _icd_relation(s: dict[str, str]) -> str:
-    """diagnosis.icd9code "401.9, I10" -> rows (hadm_id := stay_id, icd_code, icd_version).
-
-    A token starting with a digit is ICD-9; a token starting with V or E is ICD-9 when it is the
-    first token of a string that also has a second token (eICU lists the ICD-9 code first), and
-    ICD-10 otherwise; any other letter is ICD-10.
-    """
-    return f"""(
-        SELECT stay_id AS hadm_id, replace(tok, '.', '') AS icd_code,
-               CASE WHEN regexp_matches(tok, '^[0-9]') THEN 9
-                    WHEN regexp_matches(tok, '^[VE]') AND pos = 1 AND n > 1 THEN 9
-                    ELSE 10 END AS icd_version
-        FROM (
-            SELECT d.patientunitstayid AS stay_id, trim(t.tok) AS tok, t.pos, len(string_split(d.icd9code, ',')) AS n
-            FROM {s['diagnosis']} d,
-                 LATERAL (SELECT unnest(string_split(d.icd9code, ',')) AS tok,
-                                 generate_subscripts(string_split(d.icd9code, ','), 1) AS pos) t
-            WHERE d.icd9code IS NOT NULL AND d.icd9code <> ''
-              AND d.patientunitstayid IN (SELECT stay_id FROM kept)
-        ) WHERE tok <> ''
-    )"""
-
-
 def _comorbidity_sql(s: dict[str, str], source: str) -> str:
-    """Union of ICD-coded, past-history and APACHE flags per stay (max over sources)."""
-    def flag(conditions: list[str], column: str) -> str:
-        cond = " OR ".join(conditions) or "false"
-        return f"max(CASE WHEN {cond} THEN 1 ELSE 0 END)::TINYINT AS {column}"
+    """etl/sql/eicu/comorbidity.sql; with ``earlier-admissions`` the stay's own diagnosis codes
+    are left out (past history and APACHE chronic conditions are recorded at admission)."""
+    icd = concept_sql("eicu", "diagnosis_icd", diagnosis=s["diagnosis"])
+    if source != "same-admission":
+        icd = f"SELECT * FROM ({icd}) WHERE false"
+    return concept_sql("eicu", "comorbidity", pastHistory=s["pastHistory"], apachePredVar=s["apachePredVar"],
+                       icd_flags=charlson.charlson_flags_sql(f"({icd})"))
 
-    ph_cases = ", ".join(
-        flag([f"contains(pasthistorypath, '{frag}')" for frag, col in PAST_HISTORY_MAP if col == c], c)
-        for c in charlson.CCI_COLUMNS
-    )
-    ap_cases = ", ".join(
-        flag([f"coalesce({name}, 0) = 1" for name, col in APACHE_FLAG_MAP if col == c], c)
-        for c in charlson.CCI_COLUMNS
-    )
-    parts = [
-        f"SELECT patientunitstayid AS stay_id, {ph_cases} FROM {s['pastHistory']} "
-        f"WHERE patientunitstayid IN (SELECT stay_id FROM kept) GROUP BY patientunitstayid",
-        f"SELECT patientunitstayid AS stay_id, {ap_cases} FROM {s['apachePredVar']} "
-        f"WHERE patientunitstayid IN (SELECT stay_id FROM kept) GROUP BY patientunitstayid",
-    ]
-    if source == "same-admission":
-        icd = charlson.charlson_flags_sql(_icd_relation(s))
-        parts.append(f"SELECT hadm_id AS stay_id, {', '.join(charlson.CCI_COLUMNS)} FROM ({icd})")
-    union = " UNION ALL ".join(f"({p})" for p in parts)
-    cols = ", ".join(f"max({c})::TINYINT AS {c}" for c in charlson.CCI_COLUMNS)
-    return f"SELECT stay_id, {cols} FROM ({union}) GROUP BY stay_id"
+
+def _decorate_centers(hosp: pl.DataFrame) -> callable:
+    """A hospital's "care unit" is its most common unit type; hospital attributes are added."""
+
+    def decorate(cohort: pl.DataFrame, centers: pl.DataFrame) -> pl.DataFrame:
+        mode_unit = (cohort.group_by("center_id", "care_unit").len()
+                     .sort(["center_id", "len", "care_unit"], descending=[False, True, False])
+                     .group_by("center_id", maintain_order=True).first().select("center_id", "care_unit"))
+        hid = cohort.group_by("center_id").agg(pl.col("hospitalid").first())
+        return (centers.drop("care_unit").join(mode_unit, on="center_id").join(hid, on="center_id")
+                .join(hosp, on="hospitalid", how="left").drop("hospitalid").sort("center_id"))
+
+    return decorate
+
+
+def _per_hospital(report: dict, cohort: pl.DataFrame, centers: pl.DataFrame) -> str:
+    per_h = (cohort.group_by("center_id").agg(pl.len().alias("stays"), pl.col("label").sum().cast(pl.Int64).alias("deaths"))
+             .with_columns((pl.col("deaths") / pl.col("stays")).alias("mortality"))
+             .join(centers.select("center_id", "region", "numbedscategory", "teachingstatus"), on="center_id")
+             .sort("center_id"))
+    report["per_hospital"] = per_h.to_dicts()
+    md = "\n## Per hospital\n\n| center_id | region | beds | teaching | stays | deaths | mortality |\n|---|---|---|---|---|---|---|\n"
+    return md + "\n".join(f"| {r['center_id']} | {r['region']} | {r['numbedscategory']} | {r['teachingstatus']} | "
+                          f"{r['stays']} | {r['deaths']} | {r['mortality']:.4f} |" for r in report["per_hospital"]) + "\n"
 
 
 def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None = None) -> dict:
@@ -209,73 +109,54 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     Centers are hospitals (``hospitalid``); centers with fewer than ``opts.min_center_stays``
     stays are dropped (default for eICU: 10). ``--comorbidity-source earlier-admissions`` keeps
     only past-history and APACHE chronic-condition flags (recorded at admission) and drops the
-    diagnosis codes of the stay itself.
+    diagnosis codes of the stay itself. ``--threads`` and ``--memory-limit`` bound DuckDB as for
+    MIMIC; options that do not apply to eICU (partition, windows, care units) are refused.
 
     Raises:
-        InputError: a missing table or column, an unreadable file, or an empty cohort.
+        InputError: a missing, ambiguous or unreadable table, a missing / mistyped column,
+            conflicting duplicate keys, an option that does not apply, or an empty cohort.
     """
-    from etl.report import cohort_report, report_markdown
-
     opts = opts or EtlOptions(min_center_stays=DEFAULT_MIN_CENTER_STAYS)
-    opts.validate()
+    opts.validate("eicu")
     root = Path(data_dir)
     if not root.is_dir():
         raise InputError(f"--data-dir {root}: not a directory")
-    tables = {name: locate(root, "", name, cols) for name, cols in REQUIRED.items()}
-    s = _sql_tables(tables)
+    types = {k.lower(): v for k, v in TYPES.items()}
+    tables: dict[str, Table] = {name: locate(root, "", name, cols, types) for name, cols in REQUIRED.items()}
+    inputs = {name: str(t.path.relative_to(root)) for name, t in tables.items()}
     t_start = time.perf_counter()
     att = Attrition()
     with atomic_output_dir(out) as tmp:
-        con = duckdb.connect(":memory:")
-        con.execute(f"SET threads = {int(opts.threads)}")
-        with contextlib.closing(con), duckdb_errors(list(tables.values())):
-            con.execute(f"CREATE TEMP TABLE all_stays AS {_stays_sql(s)}")
-            n_all = con.execute("SELECT count(*) FROM all_stays").fetchall()[0][0]
-            n_lab = con.execute("SELECT count(*) FROM all_stays WHERE label IS NOT NULL").fetchall()[0][0]
+        con = connect(opts, tmp)
+        with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
+            tables = check_keys(con, tables, KEYS, types, att, root)
+            s = {k: v.scan_sql(types) for k, v in tables.items()}
+            con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql("eicu", "stays", patient=s["patient"]))
+            n_all = scalar(con, "SELECT count(*) FROM all_stays")
+            n_lab = scalar(con, "SELECT count(*) FROM all_stays WHERE label IS NOT NULL")
             att.add("unit stays", n_all, n_all)
             att.add("known hospital discharge status", n_all, n_lab)
             con.execute("CREATE TEMP TABLE kept AS SELECT * FROM all_stays WHERE label IS NOT NULL AND age BETWEEN ? AND ?",
                         [opts.min_age, opts.max_age])
-            n_age = con.execute("SELECT count(*) FROM kept").fetchall()[0][0]
+            n_age = scalar(con, "SELECT count(*) FROM kept")
             att.add(f"age {opts.min_age:g} to {opts.max_age:g}", n_lab, n_age)
             if n_age == 0:
                 raise InputError("empty cohort after the age filter (check --min-age, --max-age)")
-            vitals = _frame(con, _vitals_sql(s, opts.vitals_from_hours * 60))
-            cci = _frame(con, _comorbidity_sql(s, opts.comorbidity_source))
-            kept = _frame(con, "SELECT * FROM kept ORDER BY stay_id")
-            hosp = _frame(con, f"SELECT CAST(hospitalid AS BIGINT) AS hospitalid, numbedscategory, teachingstatus, region FROM {s['hospital']}")
+            vitals = frame(con, concept_sql("eicu", "first_day_vitals", apacheApsVar=s["apacheApsVar"],
+                                            vitalAperiodic=s["vitalAperiodic"],
+                                            from_minutes=float(opts.vitals_from_hours) * 60))
+            cci = frame(con, _comorbidity_sql(s, opts.comorbidity_source))
+            kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
+            hosp = frame(con, f"SELECT CAST(hospitalid AS BIGINT) AS hospitalid, numbedscategory, teachingstatus, "
+                              f"region FROM {s['hospital']}")
         cohort = (
             kept.join(vitals, on="stay_id", how="left").join(cci, on="stay_id", how="left")
             .with_columns([pl.col(c).fill_null(0).cast(pl.Int8) for c in charlson.CCI_COLUMNS])
             .with_columns(pl.col("admit_year").cast(pl.Int32), pl.col("age").cast(pl.Float64),
                           pl.col("subject_id").cast(pl.Int64), window_start=pl.lit(None, dtype=pl.Int32),
-                          window_end=pl.lit(None, dtype=pl.Int32), intime=pl.col("stay_id"))
+                          window_end=pl.lit(None, dtype=pl.Int32),
+                          intime=pl.col("stay_id"))  # eICU has offsets only: stay order = stay_id order
         )
-        cohort = drop_small_centers(cohort, opts.min_center_stays, att, noun="hospital")
-        cohort = cohort.with_columns(split=grouped_stratified_split(cohort, opts.split_fractions, opts.seed))
-        centers = center_metadata(cohort)
-        # A hospital's "care unit" is its most common unit type; hospital attributes are added.
-        mode_unit = (cohort.group_by("center_id", "care_unit").len()
-                     .sort(["center_id", "len", "care_unit"], descending=[False, True, False])
-                     .group_by("center_id", maintain_order=True).first().select("center_id", "care_unit"))
-        hid = cohort.group_by("center_id").agg(pl.col("hospitalid").first())
-        centers = (centers.drop("care_unit").join(mode_unit, on="center_id").join(hid, on="center_id")
-                   .join(hosp, on="hospitalid", how="left").drop("hospitalid").sort("center_id"))
-        cohort = cohort.select(COHORT_COLUMNS).sort("stay_id")
-        cohort.write_parquet(tmp / "cohort.parquet")
-        centers.write_parquet(tmp / "centers.parquet")
-        report = cohort_report(cohort, centers, att.rows, opts, {"total_s": time.perf_counter() - t_start})
-        report["source"] = "eicu"
-        report["options"]["partition"] = "hospital"
-        per_h = (cohort.group_by("center_id").agg(pl.len().alias("stays"), pl.col("label").sum().cast(pl.Int64).alias("deaths"))
-                 .with_columns((pl.col("deaths") / pl.col("stays")).alias("mortality"))
-                 .join(centers.select("center_id", "region", "numbedscategory", "teachingstatus"), on="center_id")
-                 .sort("center_id"))
-        report["per_hospital"] = per_h.to_dicts()
-        md = report_markdown(report)
-        md += "\n## Per hospital\n\n| center_id | region | beds | teaching | stays | deaths | mortality |\n|---|---|---|---|---|---|---|\n"
-        md += "\n".join(f"| {r['center_id']} | {r['region']} | {r['numbedscategory']} | {r['teachingstatus']} | "
-                        f"{r['stays']} | {r['deaths']} | {r['mortality']:.4f} |" for r in report["per_hospital"]) + "\n"
-        atomic_write_text(tmp / "cohort_report.json", json.dumps(report, indent=2, default=_json_default))
-        atomic_write_text(tmp / "cohort_report.md", md)
-    return report
+        return finish(cohort, att, opts, tmp, {}, source="eicu", inputs=inputs, partition="hospital",
+                      noun="hospital", decorate_centers=_decorate_centers(hosp), extend_report=_per_hospital,
+                      t_start=t_start)

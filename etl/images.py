@@ -1,4 +1,6 @@
-"""Image data sets for the benchmarks: IDX (MNIST / Fashion-MNIST), CIFAR-10 batches, Dirichlet splits.
+"""Image data sets for the benchmarks: IDX (MNIST / Fashion-MNIST), CIFAR-10 batches.
+
+Client partitions (Dirichlet / IID) live in :mod:`etl.partition`, shared with the clinical ETL.
 
 Fashion-MNIST is installed by Debian's ``dataset-fashion-mnist`` package under
 ``/usr/share/datasets/fashion-mnist`` (the Makefile installs it); any folder holding the four IDX
@@ -147,51 +149,3 @@ def load_cifar10(root: str | Path) -> ImageDataset:
     xte, yte = batch("test_batch")
     return ImageDataset(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                         xte, yte, 10, "cifar10")
-
-
-def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float, seed: int,
-                        min_size: int = 10, max_tries: int = 100) -> list[np.ndarray]:
-    """Split sample indices over clients with Dirichlet(alpha) label skew (Hsu et al. 2019).
-
-    For each class c, a proportion vector p_c ~ Dir(alpha * 1_K) over the K clients splits the
-    (shuffled) indices of class c. Draws are repeated (up to ``max_tries``) until every client
-    holds at least ``min_size`` samples.
-
-    Args:
-        labels: int [N] class labels.
-        n_clients: K > 0.
-        alpha: concentration > 0 (small = strong skew).
-        seed: random seed; same seed, same partition.
-    Returns:
-        K sorted int64 index arrays that partition range(N).
-    Raises:
-        InputError: bad K or alpha, or no draw meets ``min_size``.
-    """
-    if n_clients < 1:
-        raise InputError(f"dirichlet partition: n_clients must be >= 1, got {n_clients}")
-    if not alpha > 0:
-        raise InputError(f"dirichlet partition: alpha must be > 0, got {alpha}")
-    labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    classes = np.unique(labels)
-    for _ in range(max_tries):
-        buckets: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-        for c in classes:
-            idx = rng.permutation(np.flatnonzero(labels == c))
-            p = rng.dirichlet(np.full(n_clients, alpha))
-            cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
-            for k, part in enumerate(np.split(idx, cuts)):
-                buckets[k].append(part)
-        parts = [np.sort(np.concatenate(b)).astype(np.int64) for b in buckets]
-        if min(len(p) for p in parts) >= min_size:
-            return parts
-    raise InputError(f"dirichlet partition: no draw gave every client >= {min_size} samples "
-                     f"(K={n_clients}, alpha={alpha}); lower min_size or raise alpha")
-
-
-def iid_partition(n_samples: int, n_clients: int, seed: int) -> list[np.ndarray]:
-    """Split range(n_samples) uniformly at random into ``n_clients`` near-equal sorted parts."""
-    if n_clients < 1:
-        raise InputError(f"iid partition: n_clients must be >= 1, got {n_clients}")
-    perm = np.random.default_rng(seed).permutation(n_samples)
-    return [np.sort(p).astype(np.int64) for p in np.array_split(perm, n_clients)]

@@ -10,6 +10,10 @@ Partitions (ABPS paper Sec. 6.1):
   Dirichlet(alpha) proportion vector (Hsu et al. 2019).
 * ``iid``: stays spread uniformly at random over ``n_centers``.
 
+The two random partitions are also the image benchmarks' client splits (:func:`dirichlet_partition`,
+:func:`iid_partition` on sample indices; SAGE Sec. V-A, variance paper Fig. 1): one implementation,
+:func:`dirichlet_assignment` / :func:`iid_assignment`, serves both.
+
 The split is drawn after the partition: train / val / test, stratified by label and grouped by
 subject_id, so that all stays of a patient share a split.
 """
@@ -78,18 +82,10 @@ def assign_centers(
         if partition == "dirichlet" and not alpha > 0:
             raise InputError(f"--alpha must be > 0, got {alpha}")
         rng = np.random.default_rng(seed)
-        n = stays.height
-        center = np.empty(n, dtype=np.int64)
         if partition == "iid":
-            center[rng.permutation(n)] = np.arange(n) % n_centers
+            center = iid_assignment(stays.height, n_centers, rng)
         else:
-            labels = stays["label"].to_numpy()
-            for lab in np.unique(labels):
-                idx = rng.permutation(np.flatnonzero(labels == lab))
-                p = rng.dirichlet(np.full(n_centers, alpha))
-                cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
-                for k, part in enumerate(np.split(idx, cuts)):
-                    center[part] = k
+            center = dirichlet_assignment(stays["label"].to_numpy(), n_centers, alpha, rng)
         width = len(str(n_centers - 1))
         prefix = "dir" if partition == "dirichlet" else "iid"
         return stays.with_columns(
@@ -149,3 +145,73 @@ def grouped_stratified_split(
     split = np.where(u < f[0], "train", np.where(u < f[0] + f[1], "val", "test"))
     mapping = pl.DataFrame({"subject_id": subj["subject_id"], "split": split})
     return stays.select("subject_id").join(mapping, on="subject_id", how="left", maintain_order="left")["split"]
+
+
+def iid_assignment(n: int, n_centers: int, rng: np.random.Generator) -> np.ndarray:
+    """Spread n items uniformly at random over ``n_centers``: int64 ``[n]`` center of each item.
+
+    A uniform permutation dealt round-robin, so the sizes differ by at most one.
+    """
+    center = np.empty(n, dtype=np.int64)
+    center[rng.permutation(n)] = np.arange(n) % n_centers
+    return center
+
+
+def dirichlet_assignment(labels: np.ndarray, n_centers: int, alpha: float,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Dirichlet(alpha) label skew (Hsu et al. 2019): int64 ``[n]`` center of each item.
+
+    For each label value c (ascending), the items of class c in a uniform random order are cut
+    over the K centers by one proportion vector p_c ~ Dir(alpha 1_K).
+    """
+    labels = np.asarray(labels)
+    center = np.empty(len(labels), dtype=np.int64)
+    for lab in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == lab))
+        p = rng.dirichlet(np.full(n_centers, alpha))
+        cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+        for k, part in enumerate(np.split(idx, cuts)):
+            center[part] = k
+    return center
+
+
+def _groups(center: np.ndarray, n_centers: int) -> list[np.ndarray]:
+    order = np.argsort(center, kind="stable")
+    return [np.asarray(g, dtype=np.int64) for g in np.split(order, np.cumsum(np.bincount(center, minlength=n_centers))[:-1])]
+
+
+def dirichlet_partition(labels: np.ndarray, n_clients: int, alpha: float, seed: int,
+                        min_size: int = 10, max_tries: int = 100) -> list[np.ndarray]:
+    """Split sample indices over clients with Dirichlet(alpha) label skew (:func:`dirichlet_assignment`).
+
+    Draws are repeated from one random stream (up to ``max_tries``) until every client holds at
+    least ``min_size`` samples.
+
+    Args:
+        labels: int [N] class labels.
+        n_clients: K > 0.
+        alpha: concentration > 0 (small = strong skew).
+        seed: random seed; same seed, same partition.
+    Returns:
+        K sorted int64 index arrays that partition range(N).
+    Raises:
+        InputError: bad K or alpha, or no draw meets ``min_size``.
+    """
+    if n_clients < 1:
+        raise InputError(f"dirichlet partition: n_clients must be >= 1, got {n_clients}")
+    if not alpha > 0:
+        raise InputError(f"dirichlet partition: alpha must be > 0, got {alpha}")
+    rng = np.random.default_rng(seed)
+    for _ in range(max_tries):
+        parts = _groups(dirichlet_assignment(labels, n_clients, alpha, rng), n_clients)
+        if min(len(p) for p in parts) >= min_size:
+            return parts
+    raise InputError(f"dirichlet partition: no draw gave every client >= {min_size} samples "
+                     f"(K={n_clients}, alpha={alpha}); lower min_size or raise alpha")
+
+
+def iid_partition(n_samples: int, n_clients: int, seed: int) -> list[np.ndarray]:
+    """Split range(n_samples) uniformly at random into ``n_clients`` sorted parts (sizes differ by <= 1)."""
+    if n_clients < 1:
+        raise InputError(f"iid partition: n_clients must be >= 1, got {n_clients}")
+    return _groups(iid_assignment(n_samples, n_clients, np.random.default_rng(seed)), n_clients)

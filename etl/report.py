@@ -90,7 +90,9 @@ def cohort_report(cohort: pl.DataFrame, centers: pl.DataFrame, attrition: list[d
     Args:
         cohort: the final cohort frame (columns of docs/data_dictionary.md).
         centers: the centers frame.
-        attrition: list of {filter, stays_in, stays_removed, stays_out}.
+        attrition: list of {filter, unit, <unit>_in, <unit>_removed, <unit>_out} with unit
+            ``stays`` (a filter) or ``rows`` (identical duplicated source rows collapsed); the
+            small-center row also has centers_in, centers_removed, centers_out.
         opts: the EtlOptions (recorded).
         timings: seconds per ETL stage.
     """
@@ -142,6 +144,17 @@ def _md_table(rows: list[dict], cols: list[str]) -> str:
     return "\n".join(out)
 
 
+def _attrition_rows(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        u = r.get("unit", "stays")
+        row = {"filter": r["filter"], "in": r[f"{u}_in"], "removed": r[f"{u}_removed"], "out": r[f"{u}_out"], "unit": u}
+        if "centers_in" in r:
+            row["filter"] += f" ({r['centers_removed']} of {r['centers_in']} centers removed)"
+        out.append(row)
+    return out
+
+
 def report_markdown(rep: dict) -> str:
     """Render the report dict as Markdown (aggregates only)."""
     lines = [
@@ -155,7 +168,7 @@ def report_markdown(rep: dict) -> str:
         "",
         "## Attrition",
         "",
-        _md_table(rep["attrition"], ["filter", "stays_in", "stays_removed", "stays_out"]),
+        _md_table(_attrition_rows(rep["attrition"]), ["filter", "in", "removed", "out", "unit"]),
         "",
         "## Per care unit",
         "",

@@ -1,18 +1,23 @@
-"""Locating and scanning raw source tables with DuckDB.
+"""Locating, checking and scanning raw source tables with DuckDB.
 
 A table is found as ``<dir>/<module>/<name>.parquet``, ``.csv.gz`` or ``.csv`` (the MIMIC-IV
-v2.2 to v3.1 layouts all use ``hosp/`` and ``icu/``). CSV tables are scanned with an explicit
-column list read from their header line, so a text value in a column that DuckDB's sniffer would
-have guessed numeric can never break a long scan half way; the columns the ETL uses are cast
-to their types, all others stay VARCHAR.
+v2.2 to v3.1 layouts all use ``hosp/`` and ``icu/``). Exactly one of these must exist: two
+candidate files for one table are refused (docs/decisions.md), and the file read is recorded
+in the cohort report. CSV tables are scanned with an explicit column list read from their header
+line, so a text value in a column that DuckDB's sniffer would have guessed numeric can never
+break a long scan half way; the columns the ETL uses are cast to their types, all others stay
+VARCHAR. Parquet columns the ETL uses must have a type that casts to theirs (checked when the
+table is located), and every time-zone-aware timestamp is read as its UTC wall-clock time, so
+no output depends on the machine's time zone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -31,11 +36,16 @@ class Table:
         name: logical name, e.g. ``"icustays"``.
         path: file on disk.
         columns: column names in file order (from the CSV header or the Parquet schema).
+        kinds: DuckDB types of the columns as stored (Parquet), or all VARCHAR (CSV).
+        distinct: scan ``SELECT DISTINCT *`` (set by :func:`check_key` when the table holds
+            identical duplicated rows).
     """
 
     name: str
     path: Path
     columns: tuple[str, ...]
+    kinds: tuple[str, ...] = ()
+    distinct: bool = False
 
     @property
     def is_parquet(self) -> bool:
@@ -48,11 +58,21 @@ class Table:
             types: DuckDB types of the columns the caller uses; other columns are VARCHAR (CSV)
                 or left as stored (Parquet, where the caller's casts apply in SQL).
         """
+        scan = self._raw_scan(types)
+        return f"(SELECT DISTINCT * FROM {scan})" if self.distinct else scan
+
+    def _raw_scan(self, types: dict[str, str]) -> str:
         path = str(self.path).replace("'", "''")
         if self.is_parquet:
-            casts = ", ".join(f"CAST({c} AS {t}) AS {c}" for c, t in types.items() if c in self.columns)
-            replace = f" REPLACE ({casts})" if casts else ""
-            return f"(SELECT *{replace} FROM read_parquet('{path}'))"
+            casts = []
+            for c, kind in zip(self.columns, self.kinds or ("",) * len(self.columns)):
+                if kind.startswith("TIMESTAMP WITH TIME ZONE"):
+                    # an instant -> its UTC wall-clock time, whatever the session's TimeZone
+                    casts.append(f"CAST(timezone('UTC', {c}) AS {types.get(c, 'TIMESTAMP')}) AS {c}")
+                elif c in types:
+                    casts.append(f"CAST({c} AS {types[c]}) AS {c}")
+            replace_ = f" REPLACE ({', '.join(casts)})" if casts else ""
+            return f"(SELECT *{replace_} FROM read_parquet('{path}'))"
         cols = ", ".join(
             f"'{c}': '{types.get(c, 'VARCHAR')}'" for c in self.columns
         )
@@ -60,6 +80,15 @@ class Table:
             f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
             f"columns={{{cols}}}, timestampformat='%Y-%m-%d %H:%M:%S', nullstr='')"
         )
+
+    def varchar_scan(self) -> str:
+        """A scan of this file with every column as stored (CSV: all VARCHAR); for diagnosis."""
+        path = str(self.path).replace("'", "''")
+        if self.is_parquet:
+            return f"read_parquet('{path}')"
+        cols = ", ".join(f"'{c}': 'VARCHAR'" for c in self.columns)
+        return (f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
+                f"columns={{{cols}}}, nullstr='')")
 
 
 def _csv_header(path: Path) -> tuple[str, ...]:
@@ -83,41 +112,132 @@ def _reason(exc: BaseException) -> str:
     return text[:160]
 
 
-def locate(root: Path, module: str, name: str, required: tuple[str, ...]) -> Table:
-    """Find ``<root>/<module>/<name>.{parquet,csv.gz,csv}`` and check its columns.
+#: Stored (Parquet) types each target type accepts; anything else is refused when the table is
+#: located, with the file, column and both types named. VARCHAR is accepted and its values are
+#: checked when cast (an unconvertible value is reported by :func:`wrap_duckdb_error`).
+_INTEGER_KINDS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+                  "UINTEGER", "UBIGINT")
+_ACCEPTS: dict[str, tuple[str, ...]] = {
+    "BIGINT": _INTEGER_KINDS + ("DECIMAL", "VARCHAR"),
+    "INTEGER": _INTEGER_KINDS + ("DECIMAL", "VARCHAR"),
+    "TINYINT": _INTEGER_KINDS + ("DECIMAL", "VARCHAR", "BOOLEAN"),
+    "DOUBLE": _INTEGER_KINDS + ("DECIMAL", "DOUBLE", "FLOAT", "VARCHAR"),
+    "TIMESTAMP": ("TIMESTAMP", "DATE", "VARCHAR"),
+}
+
+
+def _check_kinds(path: Path, cols: tuple[str, ...], kinds: tuple[str, ...], types: dict[str, str]) -> None:
+    for col, kind in zip(cols, kinds):
+        want = types.get(col)
+        if want is None or want not in _ACCEPTS:
+            continue
+        base = kind.split("(")[0].strip()
+        if not any(base == k or base.startswith(k + " ") for k in _ACCEPTS[want]):
+            raise InputError(f"{path}: column '{col}' is stored as {kind}, which cannot be read as {want}")
+
+
+def locate(root: Path, module: str, name: str, required: tuple[str, ...],
+           types: dict[str, str] | None = None) -> Table:
+    """Find the one file ``<root>/<module>/<name>.{parquet,csv.gz,csv}`` and check its columns.
 
     ``module`` may be empty for sources whose tables lie directly in ``root`` (eICU).
 
+    Args:
+        types: DuckDB types the ETL casts columns to; Parquet columns whose stored type cannot
+            be cast are refused here (before any long scan).
+
     Raises:
-        InputError: the table is missing, unreadable, or lacks a required column
+        InputError: the table is missing, two candidate files exist (ambiguous source), the file
+            is unreadable, lacks a required column, or stores a used column with a wrong type
             (the message names the file and the column).
     """
     base = root / module if module else root
     label = f"{module}/{name}" if module else name
-    for suffix in SUFFIXES:
-        path = base / f"{name}{suffix}"
-        if path.is_file():
-            break
-    else:
+    found = [base / f"{name}{suffix}" for suffix in SUFFIXES if (base / f"{name}{suffix}").is_file()]
+    if not found:
         raise InputError(f"missing table {label} (.csv.gz, .csv or .parquet) under {root}")
+    if len(found) > 1:
+        raise InputError(f"ambiguous table {label}: {' and '.join(p.name for p in found)} both exist "
+                         f"under {base}; keep exactly one")
+    path = found[0]
+    kinds: tuple[str, ...] = ()
     if path.suffix == ".parquet":
         try:
-            cols = tuple(
-                r[0].lower()
-                for r in duckdb.sql(f"DESCRIBE SELECT * FROM read_parquet('{path}')").fetchall()
-            )
+            desc = duckdb.connect().sql(f"DESCRIBE SELECT * FROM read_parquet('{_quote(path)}')").fetchall()
         except duckdb.Error as exc:
-            raise InputError(f"{path}: unreadable Parquet ({_reason(exc)})") from None
+            raise InputError(f"{path}: unreadable Parquet ({exc.__class__.__name__})") from None
+        cols = tuple(r[0].lower() for r in desc)
+        kinds = tuple(str(r[1]).upper() for r in desc)
     else:
         cols = _csv_header(path)
+        kinds = ("VARCHAR",) * len(cols)
     for col in required:
         if col not in cols:
             raise InputError(f"{path}: missing column '{col}'")
-    return Table(name, path, cols)
+    if len(set(cols)) != len(cols):
+        raise InputError(f"{path}: a column name appears twice in the header")
+    _check_kinds(path, cols, kinds, types or {})
+    return Table(name, path, cols, kinds)
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def check_key(con: duckdb.DuckDBPyConnection, table: Table, key: tuple[str, ...],
+              types: dict[str, str]) -> tuple[Table, int, int]:
+    """Check that ``key`` identifies the rows of ``table``; collapse identical duplicates.
+
+    Cost: one pass counting distinct keys; a second pass (``SELECT DISTINCT *``) only when a key
+    repeats.
+
+    Returns:
+        ``(table, rows_in, rows_out)``: the rows with a non-null key, before and after collapsing
+        identical duplicates; when they differ the returned table scans ``SELECT DISTINCT *``.
+
+    Raises:
+        InputError: two rows share a key but differ in some column (conflicting duplicates); the
+            message names the file, the key column(s) and a count, never a value.
+    """
+    scan = table.scan_sql(types)
+    k = key[0] if len(key) == 1 else "(" + ", ".join(key) + ")"
+    where = " AND ".join(f"{c} IS NOT NULL" for c in key)
+    n, n_keys = con.execute(f"SELECT count(*), count(DISTINCT {k}) FROM {scan} WHERE {where}").fetchall()[0]
+    if n == n_keys:
+        return table, int(n), int(n)
+    n_rows = con.execute(f"SELECT count(*) FROM (SELECT DISTINCT * FROM {scan} WHERE {where})").fetchall()[0][0]
+    cols = ", ".join(key)
+    if n_rows != n_keys:
+        raise InputError(f"{table.path}: conflicting duplicates: {n_rows - n_keys} rows share a value of "
+                         f"'{cols}' with another row but differ in other columns")
+    return replace(table, distinct=True), int(n), int(n_rows)
+
+
+def diagnose(tables: list[Table], types: dict[str, str]) -> tuple[Table, str] | None:
+    """Find the first (table, column) holding a value that does not cast to its type.
+
+    Run only after a scan failed: each used column is read as stored and TRY_CAST to its type.
+    """
+    con = duckdb.connect()
+    with contextlib.closing(con):
+        for t in tables:
+            for col, kind in zip(t.columns, t.kinds or ("VARCHAR",) * len(t.columns)):
+                want = types.get(col)
+                if want is None or not kind.startswith("VARCHAR"):
+                    continue
+                try:
+                    bad = con.execute(
+                        f"SELECT count(*) FROM {t.varchar_scan()} "
+                        f"WHERE {col} IS NOT NULL AND TRY_CAST({col} AS {want}) IS NULL").fetchall()[0][0]
+                except duckdb.Error:
+                    continue
+                if bad:
+                    return t, col
+    return None
 
 
 @contextlib.contextmanager
-def duckdb_errors(tables: list[Table]) -> Iterator[None]:
+def duckdb_errors(tables: list[Table], types: dict[str, str] | None = None) -> Iterator[None]:
     """Translate DuckDB errors raised while scanning ``tables``: an interrupt stays an interrupt
     (KeyboardInterrupt), anything else becomes a one-line InputError (:func:`wrap_duckdb_error`)."""
     try:
@@ -125,25 +245,37 @@ def duckdb_errors(tables: list[Table]) -> Iterator[None]:
     except duckdb.InterruptException:
         raise KeyboardInterrupt from None
     except duckdb.Error as exc:
-        raise wrap_duckdb_error(exc, tables) from None
+        raise wrap_duckdb_error(exc, tables, types) from None
 
 
-def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table]) -> InputError:
+def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, str] | None = None) -> InputError:
     """Turn a DuckDB error raised while scanning ``tables`` into a one-line InputError.
 
-    The message names the file DuckDB complained about when it can be told, and never
-    repeats row content (DuckDB quotes offending lines; those are dropped).
+    The message names the file DuckDB complained about and, for a value that does not cast to
+    its column's type, the column (found by :func:`diagnose` when DuckDB does not say). It never
+    repeats row content (DuckDB quotes offending lines and values; those are dropped).
     """
+    if isinstance(exc, duckdb.OutOfMemoryException):
+        return InputError("DuckDB ran out of memory within --memory-limit (raise --memory-limit; "
+                          "DuckDB spills to disk but some steps need a minimum)")
     text = str(exc)
     culprit = next((t for t in tables if str(t.path) in text), None)
     kind = "unreadable gzip" if ("gzip" in text.lower() or "zlib" in text.lower()) else "malformed data"
-    if culprit is None:
+    if kind != "unreadable gzip":
         for t in tables:  # DuckDB does not always name the file: probe each gzip stream
-            if t.path.suffix == ".gz" and not _gzip_ok(t.path):
+            if t.path.suffix == ".gz" and (culprit is None or culprit is t) and not _gzip_ok(t.path):
                 culprit, kind = t, "unreadable gzip"
                 break
+    if kind == "malformed data" and types:
+        hit = diagnose([culprit] if culprit else tables, types)
+        if hit is not None:
+            t, col = hit
+            return InputError(f"{t.path}: column '{col}' holds values that are not {types[col]} "
+                              f"({exc.__class__.__name__})")
     where = str(culprit.path) if culprit else "input tables"
-    return InputError(f"{where}: {kind} ({exc.__class__.__name__})")
+    line = re.search(r"\bline (\d+)", text)
+    at = f" near line {line.group(1)}" if (culprit and line and not culprit.is_parquet) else ""
+    return InputError(f"{where}: {kind}{at} ({exc.__class__.__name__})")
 
 
 def _gzip_ok(path: Path) -> bool:

@@ -19,7 +19,8 @@ from federation.drift_scenario import LabelFlipDrift
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a NaN or infinite number in a config (lr: .inf) is refused up front
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class EngineConfig(_Strict):
@@ -79,6 +80,17 @@ class RunConfig(_Strict):
     @classmethod
     def _lower(cls, v: str) -> str:
         return v.strip().lower()
+
+    @field_validator("params")
+    @classmethod
+    def _finite_params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # method parameters are validated by each method; a NaN / infinity is refused for all of them
+        from federation.checks import count_non_finite
+
+        bad = [k for k, x in v.items() if count_non_finite(x)]
+        if bad:
+            raise ValueError(f"method parameter {bad[0]!r} must be a finite number")
+        return v
 
     @property
     def max_rounds(self) -> int:

@@ -28,7 +28,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.schema import (
+from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
     META_BASE_COLUMNS,
@@ -125,6 +125,9 @@ class FederatedData:
         meta: ``[n, 15]`` float32 metadata vectors v_i (ABPS Sec. 4.1; META_COLUMNS order).
         meta_base: ``[n, 3]`` float32 base vector (pos rate, ln n_train, year/2030).
         care_units: care unit per center.
+        dropped: what :meth:`from_frames` left out, as counts only (no ids): ``{"centers",
+            "stays", "deaths", "min_train"}`` for the centers with fewer than ``min_train`` train
+            rows (all their stays, every split); all zero when none.
     """
 
     center_ids: list[str]
@@ -133,6 +136,7 @@ class FederatedData:
     meta: torch.Tensor
     meta_base: torch.Tensor
     care_units: list[str] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_centers(self) -> int:
@@ -214,6 +218,10 @@ class FederatedData:
             raise InputError(f"{source}: column 'split' holds values other than train/val/test")
         n_tr = cohort.filter(pl.col("split") == "train").group_by("center_id").len()
         keep = n_tr.filter(pl.col("len") >= max(1, min_train))["center_id"]
+        gone = cohort.filter(~pl.col("center_id").is_in(keep.implode()))
+        n_gone = centers.filter(~pl.col("center_id").is_in(keep.implode())).height
+        dropped = {"centers": int(max(n_gone, gone["center_id"].n_unique())), "stays": int(gone.height),
+                   "deaths": int(gone["label"].sum() or 0), "min_train": int(max(1, min_train))}
         centers = centers.filter(pl.col("center_id").is_in(keep.implode()))
         if centers.height == 0:
             raise InputError(f"{source}: no center has >= {max(1, min_train)} train rows")
@@ -292,6 +300,7 @@ class FederatedData:
             meta=meta,
             meta_base=meta[:, : len(META_BASE_COLUMNS)].clone(),
             care_units=care,
+            dropped=dropped,
         )
 
 

@@ -14,6 +14,13 @@ per run from a seed (same seed -> same graph) and kept fixed for the whole run. 
 * ``erdos-renyi``: G(n, p) (Erdos & Renyi 1959), redrawn until connected (at most 100 draws).
 * ``barabasi-albert``: preferential attachment with m edges per new node (Barabasi & Albert
   1999), (n - m) m edges, connected by construction.
+* ``star``: node 0 is the hub joined to every other node (n - 1 edges; the federated-learning
+  topology of the variance paper, Sec. III-C1).
+
+One naming: the SAGE presets' short names ``er`` and ``ba`` and the gossip benchmark's
+``regular`` are aliases (:data:`GRAPH_ALIASES`) resolved by :func:`canonical_kind`; every image
+benchmark and clinical baseline draws its graph through :func:`build_graph`.
+:func:`neighbour_table` gives the padded ``[n, D]`` neighbour lists the stacked selectors use.
 
 :func:`metropolis_weights` gives the doubly-stochastic Metropolis-Hastings mixing matrix over a
 graph (Xiao & Boyd 2004; the weights DeceFL uses, Yuan et al. 2023).
@@ -29,7 +36,23 @@ import torch
 
 from etl.errors import InputError
 
-GRAPH_KINDS: tuple[str, ...] = ("sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert")
+GRAPH_KINDS: tuple[str, ...] = ("sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert", "star")
+#: Short names used by the image benchmarks' presets -> the canonical kind.
+GRAPH_ALIASES: dict[str, str] = {"er": "erdos-renyi", "ba": "barabasi-albert", "regular": "k-regular"}
+
+
+def canonical_kind(kind: str) -> str:
+    """The canonical graph kind of ``kind`` or one of its aliases (case-insensitive).
+
+    Raises:
+        InputError: unknown kind.
+    """
+    key = str(kind).strip().lower()
+    key = GRAPH_ALIASES.get(key, key)
+    if key not in GRAPH_KINDS:
+        raise InputError(f"unknown graph kind {kind!r}; known: {', '.join(GRAPH_KINDS)} "
+                         f"(aliases: {', '.join(f'{a}={c}' for a, c in GRAPH_ALIASES.items())})")
+    return key
 
 
 def sparse_connected_graph(n: int, seed: int) -> nx.Graph:
@@ -114,14 +137,18 @@ def build_graph(kind: str, n: int, seed: int, k: int = 4, p: float = 0.05, m: in
     """Draw a communication graph of ``kind`` (one of :data:`GRAPH_KINDS`) on n centers.
 
     Args:
-        kind: graph family; ``k`` is used by ``k-regular``, ``p`` by ``erdos-renyi``, ``m`` by
-            ``barabasi-albert``.
+        kind: graph family or alias (:func:`canonical_kind`); ``k`` is used by ``k-regular``,
+            ``p`` by ``erdos-renyi``, ``m`` by ``barabasi-albert``.
         seed: graph seed (same seed -> same graph).
 
     Raises:
         InputError: unknown kind or parameters the family cannot satisfy.
     """
-    kind = kind.lower()
+    kind = canonical_kind(kind)
+    if kind == "star":
+        if n < 1:
+            raise InputError(f"graph needs at least one center, got n={n}")
+        return nx.star_graph(n - 1)
     if kind == "sparse":
         return sparse_connected_graph(n, seed)
     if kind == "ring":
@@ -133,6 +160,22 @@ def build_graph(kind: str, n: int, seed: int, k: int = 4, p: float = 0.05, m: in
     if kind == "barabasi-albert":
         return barabasi_albert_graph(n, m, seed)
     raise InputError(f"unknown graph kind {kind!r}; known: {', '.join(GRAPH_KINDS)}")
+
+
+def neighbour_table(g: nx.Graph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sorted neighbour lists of nodes ``0..n-1`` padded to the maximum degree.
+
+    Returns:
+        (cand long ``[n, D]`` with -1 padding, cand_valid bool ``[n, D]``, degree long ``[n]``);
+        D = max(2, max degree).
+    """
+    k = g.number_of_nodes()
+    nbrs = [sorted(g.neighbors(i)) for i in range(k)]
+    d = max(2, max(len(nb) for nb in nbrs))
+    cand = torch.full((k, d), -1, dtype=torch.long)
+    for i, nb in enumerate(nbrs):  # setup only, once per run
+        cand[i, :len(nb)] = torch.tensor(nb, dtype=torch.long)
+    return cand, cand >= 0, torch.tensor([len(nb) for nb in nbrs], dtype=torch.long)
 
 
 def adjacency_tensor(g: nx.Graph, n: int) -> torch.Tensor:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from federation.checks import NonFiniteError
+
 
 def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row AUROC of padded score tensors.
@@ -24,11 +26,19 @@ def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
         mask: ``[m, rows]`` bool, True on real rows.
 
     Returns:
-        ``[m]`` float64 AUROC; NaN where a row has no positive or no negative real row.
+        ``[m]`` float64 AUROC in [0, 1]; NaN where a row has no positive or no negative real row
+        (the only NaN it returns).
+
+    Raises:
+        NonFiniteError: a real (masked-in) score is NaN or infinite. Such a score has no rank, so
+            there is no AUROC to return (a number outside [0, 1] used to come out).
     """
     s = scores.detach().double()
-    big = torch.finfo(torch.float64).max
-    s = torch.where(mask, s, torch.full_like(s, big))  # padding sorts last, ties only with padding
+    bad = int((~torch.isfinite(s) & mask).sum())
+    if bad:
+        raise NonFiniteError(f"AUROC: {bad} score(s) are NaN or infinite")
+    # padding sorts last and ties only with padding: real scores are finite (checked above)
+    s = torch.where(mask, s, torch.full_like(s, float("inf")))
     s_sorted, order = torch.sort(s, dim=1, stable=True)
     left = torch.searchsorted(s_sorted, s_sorted, right=False)
     right = torch.searchsorted(s_sorted, s_sorted, right=True)

@@ -10,8 +10,9 @@ center with its accepted partners). Transforms (ABPS paper Sec. 6.4):
   from a peer is rounded to bf16; its own copy stays fp32:
   ``mixed_i = sum_j W[i,j] bf16(theta_j) + W[i,i] (theta_i - bf16(theta_i))``;
 * server-side EMA momentum (:func:`apply_momentum`, FedAvgM, Hsu et al. 2019);
-* variance correction (:func:`variance_correct`, Tian et al. 2024, Algorithm 3): every mixed
-  layer is rescaled to the W-weighted mean variance of the layers that went into it.
+* variance correction (:func:`federation.variance.variance_correct`, Tian et al. 2024,
+  Algorithm 3, re-exported here): every mixed layer is rescaled to the W-weighted mean variance
+  of the layers that went into it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from federation.engine import PARAM_NAMES, Params
+from federation.variance import variance_correct  # noqa: F401  (Algorithm 3 lives in one module)
 
 _HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
 
@@ -41,9 +43,15 @@ def wire(x: torch.Tensor, bf16: bool) -> torch.Tensor:
 
 
 def check_row_stochastic(w: torch.Tensor, atol: float = 1e-6) -> None:
-    """Raise ValueError unless ``w`` is ``[m, n]`` with non-negative entries and rows summing to 1."""
+    """Raise ValueError unless ``w`` is ``[m, n]`` with finite, non-negative entries and rows
+    summing to 1 (``atol``). A NaN or infinite entry is refused first: every comparison with NaN
+    is false, so a 0/0 row would otherwise pass both other checks (issue 13, case 1)."""
     if w.dim() != 2:
         raise ValueError(f"mixing matrix must be 2-D, got shape {tuple(w.shape)}")
+    bad = ~torch.isfinite(w)
+    if bool(bad.any()):
+        rows = int(bad.any(1).sum())
+        raise ValueError(f"mixing matrix has non-finite entries (NaN or infinity) in {rows} row(s)")
     if bool((w < -atol).any()):
         raise ValueError("mixing matrix has negative entries")
     err = float((w.double().sum(1) - 1).abs().max()) if w.numel() else 0.0
@@ -98,26 +106,3 @@ def apply_momentum(prev: Params, mixed: Params, state: Params | None, beta: floa
         state = {k: torch.zeros_like(v) for k, v in mixed.items()}
     new_state = {k: beta * state[k] + (1.0 - beta) * (mixed[k] - prev[k]) for k in mixed}
     return {k: prev[k] + new_state[k] for k in mixed}, new_state
-
-
-def variance_correct(w: torch.Tensor, inputs: Params, mixed: Params) -> Params:
-    """Rescale each mixed layer to the W-weighted mean variance of its inputs.
-
-    The vanishing-variance paper (Tian et al. 2024, Sec. V, Algorithm 3, lines 5-11) corrects
-    an average of N models so that each layer's variance equals the mean variance of the N
-    input layers, around the average's own mean. For a mixing matrix the target of receiver i
-    is ``sum_j W[i, j] Var(theta_j)`` (equal to line 8 for a uniform row). A row that keeps its
-    own model (``W[i, i] = 1``) is returned unchanged up to float rounding.
-
-    Args:
-        w: ``[n, n]`` row-stochastic mixing matrix of the round.
-        inputs: the stacked blocks that were mixed (``[n, ...]`` per key).
-        mixed: ``W @ inputs`` per key (``[n, ...]``), e.g. from :func:`mix_params`.
-
-    Returns:
-        The corrected block (new tensors; same keys and shapes as ``mixed``).
-    """
-    from federation.gossip.variance import layer_variance, rescale_to_variance
-
-    wd = w.to(torch.float64)
-    return {k: rescale_to_variance(m, wd @ layer_variance(inputs[k])) for k, m in mixed.items()}

@@ -39,33 +39,17 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from etl.errors import InputError
+from federation.methods import display_names, families, paper_order
 
 __all__ = ["CellRun", "Table1Row", "pareto_front", "mean_std", "collect_runs", "table1", "table1_markdown",
            "build_report", "write_report", "PAPER_ORDER", "DISPLAY"]
 
-#: ABPS paper Table 1 row order (registered method names); centralized is the caption's reference.
-PAPER_ORDER: tuple[str, ...] = (
-    "local", "fedavg", "fedprox", "feddyn", "moon", "decefl", "defta", "wpfed", "bnn-fl", "abps", "abps+p",
-    "abps+q", "abps+p+q+k1", "fedavg-pq", "abps-hom", "abps-div", "abps-align", "abps-x", "fedavg-x", "centralized")
-
-#: Table 1 row names.
-DISPLAY: dict[str, str] = {
-    "local": "Local-only (lower bound)", "fedavg": "FedAvg", "fedprox": "FedProx", "feddyn": "FedDyn",
-    "moon": "MOON", "decefl": "DeceFL", "defta": "DeFTA", "wpfed": "WPFed", "bnn-fl": "BNN+FL",
-    "abps": "ABPS (base, κ=3)", "abps+p": "ABPS+P (personalize)", "abps+q": "ABPS+Q (bfloat16)",
-    "abps+p+q+k1": "ABPS+P+Q+κ=1", "fedavg-pq": "FedAvg+P+Q", "abps-hom": "ABPS+P+Q+κ=1 (hom.)",
-    "abps-div": "ABPS+P+Q+κ=1 (div.)", "abps-align": "ABPS+P+Q+κ=1 (align.)", "abps-x": "ABPS-X (ours, full)",
-    "fedavg-x": "FedAvg-X (fair comp., full)", "centralized": "Centralized (non-federated upper bound)",
-}
-
-#: Figure 3 colour families (paper caption: blue star FL, green decentralized, orange ABPS+P/Q, red ABPS-X,
-#: purple goal-aware, olive local-only).
-FAMILY: dict[str, str] = {
-    "fedavg": "star", "fedprox": "star", "feddyn": "star", "moon": "star", "fedavg-pq": "star", "fedavg-x": "star",
-    "bnn-fl": "star", "decefl": "decentralized", "defta": "decentralized", "wpfed": "decentralized",
-    "abps": "abps", "abps+p": "abps", "abps+q": "abps", "abps+p+q+k1": "abps", "abps-x": "abps-x",
-    "abps-hom": "goal", "abps-div": "goal", "abps-align": "goal", "local": "local", "centralized": "centralized",
-}
+#: ABPS paper Table 1 row order, Table 1 row names and Figure 3 colour families (paper caption: blue
+#: star FL, green decentralized, orange ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only):
+#: read from the registered method classes (``@register`` in federation/methods/registry.py).
+PAPER_ORDER: tuple[str, ...] = paper_order()
+DISPLAY: dict[str, str] = display_names()
+FAMILY: dict[str, str] = families()
 _COLOURS = {"star": "tab:blue", "decentralized": "tab:green", "abps": "tab:orange", "abps-x": "darkred",
             "goal": "tab:purple", "local": "tab:olive", "centralized": "gray", "other": "tab:gray"}
 

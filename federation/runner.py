@@ -17,15 +17,16 @@ import torch
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
+from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
 from federation.drift_scenario import apply_drift, drifting_copy
-from federation.engine import AdamState, Params, StackedEngine, mix_seed, n_params
+from federation.engine import AdamState, Params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys, mix_params,
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys,
                                variance_correct)
 
 RoundCallback = Callable[[int, dict[str, float]], None]
@@ -57,8 +58,8 @@ class RunResult:
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
-        per-seed isolation figures)."""
+        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. the DP
+        budget spent by ABPS's metadata releases)."""
         skip = ("history", "per_center", "params", "artifacts")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -67,9 +68,15 @@ def _clone(p: Params) -> Params:
     return {k: v.clone() for k, v in p.items()}
 
 
-def _evaluate(engine: StackedEngine, params: Params, split: str) -> torch.Tensor:
-    s = engine.data.splits[split]
-    return batched_auroc(engine.predict(params, split), s.y, s.mask)
+def _evaluate(method: Method, ctx: Context, params: Params, split: str, round_idx: int,
+              where: tuple = (None, None, None)) -> torch.Tensor:
+    """``[n]`` per-center AUROC of the method's scores (:meth:`Method.scores`) on ``split``;
+    ``where`` = (method, seed, round) for the error raised when a real row's score is not
+    finite (:func:`federation.checks.check_finite`)."""
+    s = ctx.data.splits[split]
+    scores = method.scores(ctx, params, split, round_idx)
+    check_finite(f"{split} scores", scores[s.mask], *where)
+    return batched_auroc(scores, s.y, s.mask)
 
 
 def run_one(
@@ -88,15 +95,12 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
-    standalone = getattr(cls, "run_standalone", None)
-    if cfg.drift is not None and (standalone is not None or cls.pooled):
-        raise InputError(f"{cfg.method}: the drift scenario needs the stacked round loop (not pooled or standalone)")
-    if standalone is not None:  # a method with its own training loop (e.g. BNN+FL's Bayesian MLP)
-        return standalone(cfg, data, seed, on_round)
+    if cfg.drift is not None and cls.pooled:
+        raise InputError(f"{cfg.method}: the drift scenario needs per-center labels (not a pooled model)")
     method: Method = cls(cls.Params.model_validate(cfg.params))
     data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
-    engine = StackedEngine(data, cfg.engine, seed)
-    train_engine = StackedEngine(data.pooled(), cfg.engine, seed) if cls.pooled else engine
+    engine = method.make_engine(data, cfg, seed)
+    train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
     sizes = n_params(data.d, engine.hidden)
     ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
@@ -113,7 +117,7 @@ def run_one(
     ctx.params = eval_params()
     method.setup(ctx)
     local_loss = (lambda p, b: method.local_loss(ctx, p, b)) if cls.has_local_loss() else None
-    payload = sum(sizes[k] for k in ex)
+    payload = sum(sizes[k] for k in ex) * cls.payloads_per_link
     bpp = 2 if cfg.exchange.bf16_wire else 4
     momentum: Params | None = None
     es = cfg.early_stopping
@@ -127,6 +131,8 @@ def run_one(
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
         train_engine.train_round(train_params, state, r, local_loss)
+        where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.checks)
+        check_finite_params("parameters after local training", train_params, *where)
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
@@ -134,21 +140,25 @@ def run_one(
             if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
                 raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{data.n_centers}, "
                                  f"{data.n_centers}], got {list(plan.w.shape)}")
+            check_finite("mixing matrix W", plan.w, *where)
             check_row_stochastic(plan.w)
-            mixed = mix_params(plan.w, train_params, ex, ctx.bf16)
+            mixed = method.aggregate(ctx, plan.w, train_params)
             if cfg.exchange.variance_correction:
                 mixed = variance_correct(plan.w, train_params, mixed)
-            prev = {k: ctx.round_start[k] for k in ex}
+            prev = {k: ctx.round_start[k] for k in mixed}
             mixed = method.after_mix(ctx, r, prev, mixed)
             if cfg.exchange.server_momentum > 0:
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
-            for k in ex:
-                train_params[k].copy_(mixed[k])
+            for k, v in mixed.items():
+                train_params[k].copy_(v)
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, plan.metadata_bytes)
         extras = method.after_exchange(ctx, r, plan)
+        for k, v in extras.items():
+            check_finite(f"method output {k!r}", v, *where)
         params_now = eval_params()
-        last_val, last_test = _evaluate(engine, params_now, "val"), _evaluate(engine, params_now, "test")
+        check_finite_params("parameters after the exchange", params_now, *where)
+        last_val, last_test = (_evaluate(method, ctx, params_now, s, r, where) for s in ("val", "test"))
         sv, st = summarize(last_val), summarize(last_test)
         metrics = {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
         history.append({"round": float(r + 1), **metrics})
@@ -275,7 +285,7 @@ def run_training(
     """
     from pydantic import ValidationError
 
-    from federation.tracking import Tracker
+    from federation.tracking import COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker
 
     cls = get_method(cfg.method)
     try:  # bad method parameters fail before any MLflow run starts
@@ -297,11 +307,12 @@ def run_training(
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
-    with bar, (tracker.parent(f"{cfg.method}", parent_params) if tracker else _null()):
+    with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
+                                                              COHORT_TAG: cid}) if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
-                                {"method": cfg.method, "seed": str(seed), "abps.cohort_id": cid})
+                                {KIND_TAG: KIND_RUN, METHOD_TAG: cfg.method, SEED_TAG: str(seed), COHORT_TAG: cid})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -314,12 +325,9 @@ def run_training(
                 res = run_one(cfg, data, seed, on_round)
                 results.append(res)
                 if tracker:
-                    tracker.log_metrics({"final_auroc_mean": res.final_auroc_mean,
-                                         "final_auroc_std": res.final_auroc_std,
-                                         "rounds_run": float(res.rounds_run),
-                                         "best_round": float(res.best_round),
-                                         **{k: float(v) for k, v in res.method_summary.items()
-                                            if isinstance(v, (int, float))}}, res.rounds_run)
+                    tracker.log_final(res.summary())
+                    tracker.log_metrics({k: float(v) for k, v in res.method_summary.items()
+                                         if isinstance(v, (int, float))}, res.rounds_run)
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
@@ -327,11 +335,25 @@ def run_training(
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
+        doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
         atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n")
     return doc
+
+
+def dropped_message(dropped: dict[str, int], n_kept: int) -> str | None:
+    """The console line for the centers :meth:`FederatedData.from_cohort` left out (counts only),
+    e.g. ``note: 32 of 95 centers (37 stays, 8 deaths) left out: fewer than 1 train row(s)``;
+    None when none was."""
+    k = int(dropped.get("centers", 0))
+    if not k:
+        return None
+    m = int(dropped.get("min_train", 1))
+    why = "no train rows" if m <= 1 else f"fewer than {m} train rows"
+    return (f"note: {k} of {k + n_kept} centers ({dropped.get('stays', 0)} stays, {dropped.get('deaths', 0)} "
+            f"deaths) left out: {why}")
 
 
 class _null:

@@ -586,6 +586,8 @@ class SweepOutcome:
         ran: key -> child run id of the cells computed and logged now.
         failed: key -> one-line error of the cells that raised.
         summaries: key -> final summary of the cells computed now.
+        dropped: per distinct ``min_train`` of the cells, the centers the cohort loses (counts
+            only, :attr:`FederatedData.dropped`) and the number kept.
     """
 
     parent_run_id: str
@@ -595,6 +597,7 @@ class SweepOutcome:
     ran: dict[tuple[str, int], str] = field(default_factory=dict)
     failed: dict[tuple[str, int], str] = field(default_factory=dict)
     summaries: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    dropped: list[dict[str, int]] = field(default_factory=list)
 
 
 class _SweepProgress:
@@ -687,13 +690,17 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     cid = cohort_id(cohort_dir)
     FederatedData.from_cohort(cohort_dir)  # a bad cohort fails here, before any MLflow run
     cells = expand_cells(spec, base_dir, cid, rounds, seeds)
+    dropped = []
+    for m in sorted({c.config.min_train for c in cells}):
+        d = FederatedData.from_cohort(cohort_dir, min_train=m)
+        dropped.append({**d.dropped, "kept": d.n_centers})
     s_hash = sweep_hash(cells)
     all_keys = sorted({k for c in cells for k in cell_params(c, cid)})
 
     tracker = Tracker(tracking_uri, experiment or spec.experiment or spec.name)
     client, exp_id = tracker.client, tracker.experiment_id
     parent = _open_parent(client, exp_id, spec, cells, cid, s_hash, engine, workers)
-    out = SweepOutcome(parent, exp_id, cells)
+    out = SweepOutcome(parent, exp_id, cells, dropped=dropped)
     try:
         done = finished_cells(client, exp_id)
         todo = [c for c in cells if c.key not in done]
@@ -726,7 +733,7 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                 bar.finish(True, f"{cell.run_name} AUROC {res['summary']['final_auroc_mean']:.3f}")
         _log_json(client, parent, {"cells": [{"label": c.label, "method": c.method, "seed": c.seed,
                                               "config_hash": c.config_hash} for c in cells],
-                                   "cohort_id": cid}, "sweep.json")
+                                   "cohort_id": cid, "dropped_centers": dropped}, "sweep.json")
     except BaseException:
         client.set_terminated(parent, "FAILED")
         raise

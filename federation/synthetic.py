@@ -39,7 +39,7 @@ import polars as pl
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir
-from federation.schema import (
+from etl.schema import (
     CATEGORICAL_FEATURES,
     CCI_COLUMNS,
     COHORT_COLUMNS,
@@ -106,7 +106,7 @@ def generate_fedprox_cohort(
 
     Returns:
         ``(cohort, centers)``: polars frames with exactly the contract's columns
-        (``federation.schema.COHORT_COLUMNS`` / ``CENTER_COLUMNS``).
+        (``etl.schema.COHORT_COLUMNS`` / ``CENTER_COLUMNS``).
 
     Raises:
         InputError: on a non-positive center count, negative alpha/beta or size parameters.

@@ -1,4 +1,5 @@
-"""MLflow tracking shared by every runner (clinical, SAGE, gossip).
+"""The one MLflow writer and tag schema of the project: ``abps train``, ``abps sweep``, the image
+benchmarks (SAGE, gossip) and ``abps report`` all write through :class:`Tracker`.
 
 Default store: ``sqlite:///mlflow/mlflow.db`` relative to the current working directory
 (the folder is created), artifacts under ``mlflow/artifacts``; ``make ui`` opens it. For an
@@ -7,6 +8,19 @@ explicit ``sqlite:///PATH/x.db`` URI the artifacts go to ``PATH/artifacts``.
 Privacy: callers log configs, aggregate metrics and per-center aggregates keyed by
 center_id only; :meth:`Tracker.log_json` refuses documents that carry a patient identifier
 key (stay_id, subject_id, hadm_id).
+
+Tag schema (names are the constants below; no other module spells a tag name):
+
+* ``abps.kind`` (:data:`KIND_TAG`): ``train`` (an ``abps train`` parent), ``run`` (one seed of
+  ``abps train``), ``sweep`` (a sweep's parent), ``cell`` (one sweep cell), ``report``;
+* ``method``, ``seed`` on every clinical run; ``abps.cohort_id`` (content hash of the cohort);
+* sweep cells add ``abps.config_hash``, ``abps.label``, ``abps.sweep_hash``, ``abps.cell_seconds``;
+* image-benchmark runs carry ``benchmark`` (``sage`` / ``vv``).
+
+Concurrency (issue 13, case 4): creating a new store's schema and an experiment happen once,
+under a file lock beside a sqlite store (``<db>.lock``, :func:`store_lock`), so parallel
+``abps train`` runs on a new store all succeed; writes that meet a locked sqlite database are
+retried (:func:`_retry`). JSON artifacts are strict JSON (NaN / infinity -> null).
 
 Usage::
 
@@ -27,9 +41,29 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+from etl.errors import InputError
 
 _FORBIDDEN_KEYS = {"stay_id", "subject_id", "hadm_id"}
+_T = TypeVar("_T")
+
+# ---- the tag schema ------------------------------------------------------------------------
+KIND_TAG = "abps.kind"
+KIND_TRAIN, KIND_RUN, KIND_SWEEP, KIND_CELL, KIND_REPORT = "train", "run", "sweep", "cell", "report"
+METHOD_TAG = "method"
+SEED_TAG = "seed"
+COHORT_TAG = "abps.cohort_id"
+HASH_TAG = "abps.config_hash"
+LABEL_TAG = "abps.label"
+SWEEP_TAG = "abps.sweep_hash"
+CELL_SECONDS_TAG = "abps.cell_seconds"
+EXECUTOR_TAG = "abps.executor"
+BENCHMARK_TAG = "benchmark"
+
+#: final metrics of a clinical run, logged at step = rounds run (train and sweep alike)
+FINAL_KEYS = ("final_auroc_mean", "final_auroc_std", "final_val_auroc_mean", "rounds_run", "best_round",
+              "total_bytes", "model_bytes", "probe_bytes", "metadata_bytes", "rel_bandwidth", "n_excluded_test")
 
 
 def default_tracking_uri() -> str:
@@ -80,38 +114,88 @@ def check_no_identifiers(obj: Any) -> None:
             check_no_identifiers(v)
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def store_lock(uri: str, timeout_s: float = 600.0) -> contextlib.AbstractContextManager[Any]:
+    """An inter-process lock for one-time store work (schema creation, experiment creation):
+    a :class:`filelock.FileLock` on ``<db>.lock`` beside a sqlite store; no lock for other
+    stores (an MLflow server serializes itself)."""
+    db = _sqlite_path(uri)
+    if db is None:
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db) + ".lock", timeout=timeout_s)
+
+
+def _retry(fn: Callable[[], _T], attempts: int = 8, first_wait_s: float = 0.05) -> _T:
+    """Call ``fn``; when it fails because another process holds the sqlite database ("database is
+    locked"), wait (doubling) and try again, up to ``attempts`` times; other errors pass through."""
+    wait = first_wait_s
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:  # MLflowException wrapping sqlalchemy's OperationalError
+            if i == attempts - 1 or "database is locked" not in str(exc):
+                raise
+            time.sleep(wait)
+            wait *= 2
+    raise AssertionError("unreachable")
+
+
+def open_client(uri: str) -> Any:
+    """An ``MlflowClient`` on ``uri`` whose store exists: a new sqlite store's schema is created
+    here, once, under :func:`store_lock` (concurrent first users used to crash on the race)."""
+    from mlflow.tracking import MlflowClient
+
+    with store_lock(uri):
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)  # creates / upgrades the schema
+    return client
+
+
 class Tracker:
-    """Thin MLflow wrapper: a parent run per invocation, nested child runs, batched metrics.
+    """The MLflow writer: runs (nested through a stack or under an explicit parent), batched
+    params and metrics, strict-JSON artifacts, searches.
 
     Args:
         tracking_uri: MLflow URI; None -> :func:`default_tracking_uri`.
-        experiment: experiment name (created on first use with the artifact root above).
+        experiment: experiment name (created on first use, under :func:`store_lock`, with the
+            artifact root beside a sqlite store).
+        create: False -> raise InputError when the experiment does not exist (``abps report``).
     """
 
-    def __init__(self, tracking_uri: str | None, experiment: str) -> None:
+    def __init__(self, tracking_uri: str | None, experiment: str, create: bool = True) -> None:
         import mlflow
-        from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri or default_tracking_uri()
         self._mlflow = mlflow
         mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(self.uri)
+        self.client = open_client(self.uri)
         exp = self.client.get_experiment_by_name(experiment)
+        if exp is None and not create:
+            raise InputError(f"--experiment {experiment!r}: no such MLflow experiment in {self.uri}")
         if exp is None:
-            art = self._artifact_root()
-            exp_id = self.client.create_experiment(experiment, artifact_location=art)
+            with store_lock(self.uri):
+                exp = self.client.get_experiment_by_name(experiment)  # another process may have made it
+                exp_id = exp.experiment_id if exp is not None else \
+                    self.client.create_experiment(experiment, artifact_location=self._artifact_root())
         else:
             exp_id = exp.experiment_id
         self.experiment_id = exp_id
         self._stack: list[str] = []
+        self._end: dict[str, tuple[str | None, int | None]] = {}
 
     def _artifact_root(self) -> str | None:
-        if self.uri.startswith("sqlite:///"):
-            db = Path(self.uri[len("sqlite:///"):])
-            root = (db.parent / "artifacts").resolve()
-            root.mkdir(parents=True, exist_ok=True)
-            return root.as_uri()
-        return None
+        db = _sqlite_path(self.uri)
+        if db is None:
+            return None
+        root = (db.parent / "artifacts").resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        return root.as_uri()
 
     @property
     def run_id(self) -> str:
@@ -121,65 +205,135 @@ class Tracker:
         return self._stack[-1]
 
     @contextlib.contextmanager
-    def _run(self, name: str, params: dict[str, Any] | None, tags: dict[str, str] | None) -> Iterator[str]:
+    def _open(self, rid: str) -> Iterator[str]:
+        """Push ``rid``; at exit terminate it FINISHED (FAILED on an exception), or with what
+        :meth:`finish_as` set."""
+        self._stack.append(rid)
+        failed = True
+        try:
+            yield rid
+            failed = False
+        finally:
+            self._stack.pop()
+            status, end = self._end.pop(rid, (None, None))
+            _retry(lambda: self.client.set_terminated(rid, "FAILED" if failed else (status or "FINISHED"), end))
+
+    def run(self, name: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+            parent_id: str | None = None, start_time_ms: int | None = None) -> contextlib.AbstractContextManager[str]:
+        """Open a run (context manager yielding its id): nested under ``parent_id``, else under
+        the innermost open run, else top-level. ``start_time_ms`` (epoch ms) records when the
+        work started when the run is logged afterwards (sweep cells)."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
         all_tags = {MLFLOW_RUN_NAME: name, **(tags or {})}
-        if self._stack:
-            all_tags[MLFLOW_PARENT_RUN_ID] = self._stack[-1]
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        parent = parent_id or (self._stack[-1] if self._stack else None)
+        if parent:
+            all_tags[MLFLOW_PARENT_RUN_ID] = parent
+        run = _retry(lambda: self.client.create_run(self.experiment_id, start_time=start_time_ms, tags=all_tags,
+                                                    run_name=name))
         rid = run.info.run_id
-        self._stack.append(rid)
-        status = "FAILED"
-        try:
-            if params:
-                self.log_params(params)
-            yield rid
-            status = "FINISHED"
-        finally:
-            self._stack.pop()
-            self.client.set_terminated(rid, status)
+
+        @contextlib.contextmanager
+        def cm() -> Iterator[str]:
+            with self._open(rid):
+                if params:
+                    self.log_params(params)
+                yield rid
+
+        return cm()
+
+    def resume(self, run_id: str) -> contextlib.AbstractContextManager[str]:
+        """Reopen an existing run (status RUNNING) as the innermost run; ends like :meth:`run`."""
+        _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+        return self._open(run_id)
 
     def parent(self, run_name: str, params: dict[str, Any] | None = None,
                tags: dict[str, str] | None = None) -> contextlib.AbstractContextManager[str]:
         """Open a top-level run (context manager yielding its run id)."""
-        return self._run(run_name, params, tags)
+        return self.run(run_name, params, tags)
 
     def child(self, run_name: str, params: dict[str, Any] | None = None,
               tags: dict[str, str] | None = None) -> contextlib.AbstractContextManager[str]:
         """Open a run nested under the innermost open run (context manager yielding its id)."""
-        return self._run(run_name, params, tags)
+        return self.run(run_name, params, tags)
+
+    def finish_as(self, status: str | None = None, end_time_ms: int | None = None) -> None:
+        """Status (default FINISHED) and end time (default now) the innermost run gets when it
+        closes without an exception."""
+        self._end[self.run_id] = (status, end_time_ms)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        """Set tags of the innermost run (values stringified)."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(str(k), str(v)) for k, v in tags.items()]
+        rid = self.run_id
+        _retry(lambda: self.client.log_batch(rid, tags=items))
 
     def log_params(self, params: dict[str, Any]) -> None:
         """Log params of the current run in one batch (values stringified, 6000 chars max)."""
         from mlflow.entities import Param
 
         items = [Param(str(k), str(v)[:6000]) for k, v in params.items()]
+        rid = self.run_id
         for lo in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[lo : lo + 100])
+            _retry(lambda: self.client.log_batch(rid, params=items[lo : lo + 100]))
 
     def log_dict_params(self, cfg: dict[str, Any]) -> None:
         """Log a nested config as dotted-key params (see :func:`flatten`)."""
         self.log_params(flatten(cfg))
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log a dict of metrics at ``step`` in one batched call (NaN values are skipped)."""
+    def log_metrics(self, metrics: dict[str, Any], step: int, timestamp_ms: int | None = None) -> None:
+        """Log a dict of metrics at ``step`` in one batched call. NaN, infinite and None values
+        are skipped (MLflow's UI cannot plot them; a NaN AUROC means "undefined", not a value);
+        ``timestamp_ms`` (epoch ms, default now) is when the value was computed."""
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items() if v == v]
+        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        items = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        rid = self.run_id
         for lo in range(0, len(items), 1000):
-            self.client.log_batch(self.run_id, metrics=items[lo : lo + 1000])
+            _retry(lambda: self.client.log_batch(rid, metrics=items[lo : lo + 1000]))
+
+    def log_history(self, history: list[dict[str, float]], times_ms: list[int] | None = None) -> None:
+        """Log per-round metric rows (each with its ``round``; step = round) in batches, each
+        value stamped with the time its round ended when ``times_ms`` is given."""
+        for i, row in enumerate(history):
+            ts = times_ms[i] if times_ms and i < len(times_ms) else None
+            self.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ts)
+
+    def log_final(self, summary: dict[str, Any]) -> None:
+        """Log the :data:`FINAL_KEYS` of a run summary at step = rounds run."""
+        self.log_metrics({k: summary[k] for k in FINAL_KEYS if k in summary}, int(summary.get("rounds_run") or 0))
 
     def log_json(self, obj: Any, artifact_file: str) -> None:
-        """Store ``obj`` as a JSON artifact of the current run.
+        """Store ``obj`` as a strict-JSON artifact of the current run (NaN / infinity -> null).
 
         Raises ValueError when a mapping key names a patient identifier.
         """
         check_no_identifiers(obj)
+        rid = self.run_id
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, os.path.basename(artifact_file))
             with open(path, "w") as fh:
                 json.dump(finite(obj), fh, indent=2, allow_nan=False)
             sub = os.path.dirname(artifact_file) or None
-            self.client.log_artifact(self.run_id, path, artifact_path=sub)
+            _retry(lambda: self.client.log_artifact(rid, path, artifact_path=sub))
+
+    def log_file(self, path: str | Path) -> None:
+        """Store a file (a report's table or figure) as an artifact of the current run."""
+        rid = self.run_id
+        _retry(lambda: self.client.log_artifact(rid, str(path)))
+
+    def search(self, filter_string: str) -> list[Any]:
+        """Every run of the experiment matching ``filter_string`` (all pages)."""
+        out: list[Any] = []
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000,
+                                           page_token=token)
+            out.extend(page)
+            token = page.token
+            if not token:
+                return out

@@ -22,9 +22,9 @@ from federation.methods.bnn import (
     gaussian_kl,
     mean_posterior_sigma,
     rho_key,
-    run_bnn,
     softplus_inv,
 )
+from federation.runner import run_one
 from federation.synthetic import centers_table, generate_fedprox_cohort, write_fedprox_cohort
 
 torch.set_num_threads(1)
@@ -103,7 +103,7 @@ def test_posterior_variance_shrinks_with_more_data() -> None:
 def test_bnn_bytes_are_twice_fedavg(cohort: Path) -> None:
     data = FederatedData.from_cohort(cohort)
     cfg = build_config("bnn-fl", {}, {"reference_rounds": 2, "params": {"eval_samples": 2}}, 2)
-    res = run_bnn(cfg, data, seed=11)
+    res = run_one(cfg, data, seed=11)
     payload = sum(n_params(data.d, (128, 64)).values())
     for h in res.history:
         assert h["edges"] == data.n_centers
@@ -111,7 +111,7 @@ def test_bnn_bytes_are_twice_fedavg(cohort: Path) -> None:
     assert res.rel_bandwidth == pytest.approx(2.0, abs=1e-12)
     # 50 rounds of the same per-round cost against R_ref = 50: 2.00x
     assert 50 * res.history[0]["round_bytes"] / (data.n_centers * payload * 4 * 50) == pytest.approx(2.0)
-    again = run_bnn(cfg, data, seed=11)
+    again = run_one(cfg, data, seed=11)
     assert again.history == res.history
     assert 0.0 <= res.final_auroc_mean <= 1.0
 
@@ -120,7 +120,7 @@ def test_bnn_head_personalization_and_bf16_halve_the_payload(cohort: Path) -> No
     data = FederatedData.from_cohort(cohort)
     cfg = build_config("bnn-fl", {}, {"exchange": {"head_layers": 1, "bf16_wire": True},
                                       "params": {"eval_samples": 0}}, 1)
-    res = run_bnn(cfg, data, seed=1)
+    res = run_one(cfg, data, seed=1)
     sizes = n_params(data.d, (128, 64))
     trunk = sum(v for k, v in sizes.items() if k not in ("w3", "b3"))
     assert res.history[0]["round_bytes"] == 2 * data.n_centers * trunk * 2
@@ -132,13 +132,14 @@ def test_momentum_is_rejected(cohort: Path) -> None:
     data = FederatedData.from_cohort(cohort)
     cfg = build_config("bnn-fl", {}, {"exchange": {"server_momentum": 0.5}}, 1)
     with pytest.raises(InputError, match="server_momentum"):
-        run_bnn(cfg, data, seed=1)
+        run_one(cfg, data, seed=1)
 
 
-def test_runner_dispatches_bnn_to_its_own_trainer(cohort: Path) -> None:
+def test_runner_trains_bnn_with_its_own_engine(cohort: Path) -> None:
     data = FederatedData.from_cohort(cohort)
     cfg = build_config("bnn-fl", {}, {"reference_rounds": 1, "params": {"eval_samples": 0}}, 1)
     assert federation.runner.run_one(cfg, data, 11).rel_bandwidth == pytest.approx(2.0)
+    assert isinstance(BnnFL().make_engine(data, cfg, 11), StackedBayesEngine)
 
 
 def test_cli_train_end_to_end(cohort: Path, tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ def test_other_families() -> None:
 
 def test_bad_graph_parameters() -> None:
     with pytest.raises(InputError, match="unknown graph kind"):
-        build_graph("star", 5, 0)
+        build_graph("hypercube", 5, 0)
     with pytest.raises(InputError, match="k-regular"):
         build_graph("k-regular", 5, 0, k=3)  # n k odd
     with pytest.raises(InputError, match="erdos-renyi"):
@@ -99,3 +99,15 @@ def test_edge_list_and_summary_carry_center_ids_only() -> None:
     s = graph_summary(g)
     assert s == {"nodes": 3.0, "edges": 2.0, "components": 1.0, "degree_min": 1.0, "degree_mean": 4 / 3,
                  "degree_max": 2.0}
+
+
+def test_star_and_aliases_one_naming() -> None:
+    star = build_graph("star", 5, 0)
+    assert sorted(star.edges()) == [(0, 1), (0, 2), (0, 3), (0, 4)]  # hub 0 (variance paper III-C1)
+    assert sorted(build_graph("er", 30, 1, p=0.3).edges()) == sorted(build_graph("erdos-renyi", 30, 1, p=0.3).edges())
+    assert sorted(build_graph("BA", 20, 2, m=3).edges()) == sorted(build_graph("barabasi-albert", 20, 2, m=3).edges())
+    from federation.graphs import neighbour_table
+    cand, valid, deg = neighbour_table(star)
+    assert deg.tolist() == [4, 1, 1, 1, 1]
+    assert cand[0].tolist() == [1, 2, 3, 4] and cand[1].tolist() == [0, -1, -1, -1]
+    assert valid.sum().item() == 8

@@ -9,7 +9,7 @@ import torch
 
 from etl.errors import InputError
 from federation.data import FederatedData
-from federation.schema import CATEGORICAL_FEATURES, CENTER_COLUMNS, COHORT_COLUMNS, NUMERIC_FEATURES
+from etl.schema import CATEGORICAL_FEATURES, CENTER_COLUMNS, COHORT_COLUMNS, NUMERIC_FEATURES
 from federation.synthetic import generate_fedprox_cohort, write_fedprox_cohort
 
 

@@ -96,9 +96,8 @@ def test_registry_lists_baselines_and_rejects_unknown():
         get_method("no-such-method")
 
 
-def test_artifacts_hook_and_standalone_dispatch(data, monkeypatch):
+def test_artifacts_hook(data, monkeypatch):
     from federation.methods.baselines import FedAvg
-    from federation.runner import RunResult
 
     class WithArtifacts(FedAvg):
         name = "fedavg-art"
@@ -106,16 +105,8 @@ def test_artifacts_hook_and_standalone_dispatch(data, monkeypatch):
         def artifacts(self, ctx):
             return {"sizes.json": {cid: int(n) for cid, n in zip(ctx.data.center_ids, ctx.n_train)}}
 
-    sentinel = RunResult("standalone", 1, 0, 0, 0.5, 0.0, 0.5, 0, 0, 0, 0, 0, 0.0)
-
-    class Standalone(FedAvg):
-        name = "standalone"
-        run_standalone = staticmethod(lambda cfg, data, seed, on_round: sentinel)
-
     monkeypatch.setitem(METHODS, WithArtifacts.name, WithArtifacts)
-    monkeypatch.setitem(METHODS, Standalone.name, Standalone)
     res = run_one(build_config(WithArtifacts.name, {}, None, 1), data, seed=1)
     sizes = res.artifacts["sizes.json"]
     assert list(sizes) == data.center_ids and sum(sizes.values()) == int(data.n_train.sum())
     assert "artifacts" not in res.summary()
-    assert run_one(build_config(Standalone.name, {}, None, 1), data, seed=1) is sentinel

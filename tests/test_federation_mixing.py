@@ -92,7 +92,7 @@ def test_evaluate_mixtures_matches_manual(tmp_path):
 def test_variance_correction_restores_mean_input_variance():
     """Algorithm 3 (Tian et al. 2024) through the runtime's transform: a uniform average of
     n independent layers has ~1/n of their variance; the correction restores the mean."""
-    from federation.gossip.variance import layer_variance
+    from federation.variance import layer_variance
     from federation.mixing import mix_params, variance_correct
 
     torch.manual_seed(0)
@@ -115,7 +115,7 @@ def test_variance_correction_restores_mean_input_variance():
 def test_variance_correction_option_runs_in_the_round_loop(tmp_path):
     """`exchange.variance_correction` reaches the runner: after a FedAvg round every center holds
     the same average, rescaled to the mean variance of the centers' layers."""
-    from federation.gossip.variance import layer_variance
+    from federation.variance import layer_variance
     from federation.runner import run_one
 
     write_fedprox_cohort(tmp_path / "c", n_centers=5, seed=2, mean_size=100, shared=0.8)

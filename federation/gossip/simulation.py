@@ -45,11 +45,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from etl.errors import InputError
-from etl.images import ImageDataset, dirichlet_partition, iid_partition
+from etl.images import ImageDataset
+from etl.partition import dirichlet_partition, iid_partition
+from federation import graphs
 from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
 from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accuracy_own, accuracy_stacked,
                                      init_stacked, inv_lr, sgd_step, stacked_gradients)
-from federation.gossip.variance import correct_flat, flat_layer_variance
+from federation.variance import correct_flat, flat_layer_variance
 
 
 class GossipConfig(BaseModel):
@@ -183,10 +185,8 @@ class GossipResult:
 
 
 def build_graph(cfg: GossipConfig, seed: int) -> nx.Graph:
-    """Regular(N, k) (``networkx.random_regular_graph(k, N, seed)``) or Star(N) with hub 0."""
-    if cfg.topology == "star":
-        return nx.star_graph(cfg.n_nodes - 1)
-    return nx.random_regular_graph(cfg.degree, cfg.n_nodes, seed=seed)
+    """Regular(N, k) or Star(N) with hub 0, drawn by :func:`federation.graphs.build_graph`."""
+    return graphs.build_graph(cfg.topology, cfg.n_nodes, seed, k=cfg.degree)
 
 
 def partition_table(labels: np.ndarray, cfg: GossipConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Image benchmarks: SAGE optimal-stopping peer selection on Fashion-MNIST and CIFAR-10.
 
-Public entry point: :func:`cli_run` (``federation.images.cli_run`` = ``federation.images.sage.cli_run``
+Public entry point: :func:`cli_run` (``federation.images.cli_run``
 = ``federation.images.run.cli_run``). See docs/sage.md.
 """
 

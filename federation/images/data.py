@@ -1,6 +1,6 @@
 """Client shards and communication graphs of the SAGE benchmark (Sec. V-A).
 
-A Dirichlet(alpha) label partition (``etl.images.dirichlet_partition``) assigns training images to
+A Dirichlet(alpha) label partition (``etl.partition.dirichlet_partition``) assigns training images to
 K clients; each client's shard is split 80 / 10 / 10 into local-optimisation, anchor-pool and
 local-evaluation parts, disjoint. The data set's test set stays shared for global accuracy and
 macro-F1. Index tables are padded with -1 along a leading client axis so every later computation
@@ -17,7 +17,10 @@ import torch
 from torch import Tensor
 
 from etl.errors import InputError
-from etl.images import ImageDataset, dirichlet_partition
+from etl.images import ImageDataset
+from etl.partition import dirichlet_partition
+from federation.graphs import GRAPH_ALIASES, build_graph
+from federation.graphs import neighbour_table  # noqa: F401  (re-exported for the runner)
 
 
 @dataclass
@@ -102,44 +105,18 @@ def make_shards(ds: ImageDataset, n_clients: int, alpha: float, seed: int,
                         torch.from_numpy(ds.y_test.astype(np.int64)), ds.n_classes)
 
 
-def make_graph(kind: str, n_clients: int, seed: int, er_p: float = 0.15, ba_m: int = 3,
-               max_tries: int = 1000) -> nx.Graph:
+def make_graph(kind: str, n_clients: int, seed: int, er_p: float = 0.15, ba_m: int = 3) -> nx.Graph:
     """The configuration's communication graph (Sec. V-A), shared by every selector.
 
-    ``er``: Erdos-Renyi G(K, p), redrawn with seeds seed, seed+1, ... until connected.
-    ``ba``: Barabasi-Albert with m edges per new node (connected by construction).
+    ``er`` (Erdos-Renyi G(K, p), redrawn until connected) or ``ba`` (Barabasi-Albert, m edges per
+    new node), drawn by :func:`federation.graphs.build_graph` (the one graph module).
 
     Raises:
-        InputError: unknown kind, bad parameters, or no connected ER draw in ``max_tries``.
+        InputError: a kind other than ER / BA, or parameters the family cannot satisfy.
     """
     if n_clients < 2:
         raise InputError(f"sage config: n_clients must be >= 2, got {n_clients}")
-    if kind == "er":
-        if not 0 < er_p <= 1:
-            raise InputError(f"sage config: er_p must be in (0, 1], got {er_p}")
-        for i in range(max_tries):
-            g = nx.erdos_renyi_graph(n_clients, er_p, seed=seed + i)
-            if nx.is_connected(g):
-                return g
-        raise InputError(f"sage config: no connected Erdos-Renyi graph with K={n_clients}, p={er_p} "
-                         f"in {max_tries} draws; raise er_p")
-    if kind == "ba":
-        if not 1 <= ba_m < n_clients:
-            raise InputError(f"sage config: ba_m must be in [1, n_clients), got {ba_m}")
-        return nx.barabasi_albert_graph(n_clients, ba_m, seed=seed)
-    raise InputError(f"sage config: graph must be 'er' or 'ba', got {kind!r}")
-
-
-def neighbour_table(g: nx.Graph) -> tuple[Tensor, Tensor, Tensor]:
-    """Sorted neighbour lists padded to the maximum degree.
-
-    Returns:
-        (cand long [K, D] with -1 padding, cand_valid bool [K, D], degree long [K]); D >= 2.
-    """
-    k = g.number_of_nodes()
-    nbrs = [sorted(g.neighbors(i)) for i in range(k)]
-    d = max(2, max(len(n) for n in nbrs))
-    cand = torch.full((k, d), -1, dtype=torch.long)
-    for i, n in enumerate(nbrs):
-        cand[i, :len(n)] = torch.tensor(n, dtype=torch.long)
-    return cand, cand >= 0, torch.tensor([len(n) for n in nbrs], dtype=torch.long)
+    canon = GRAPH_ALIASES.get(str(kind).lower(), str(kind).lower())
+    if canon not in ("erdos-renyi", "barabasi-albert"):
+        raise InputError(f"sage config: graph must be 'er' or 'ba', got {kind!r}")
+    return build_graph(canon, n_clients, seed, p=er_p, m=ba_m)

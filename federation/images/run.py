@@ -2,11 +2,12 @@
 
 One configuration (data set x graph x Dirichlet alpha) runs every selected selector from the same
 partition, graph and initialisation (Sec. V-A). A round is: local epoch of all K clients (stacked)
--> probe (anchor inputs to peers, predictions back, batched over all (receiver, candidate) pairs)
--> selection -> representation mixing (eq. (2) or the selector's native average) -> metrics.
+-> probe if the selector needs it (:mod:`federation.images.probe`, eq. (4)) -> the selector's
+``decide`` -> its ``mix`` (eq. (2) or its native average) -> metrics. Selectors are registered
+classes (:mod:`federation.images.selectors`); this loop knows none of them by name.
 
-Entry point: :func:`cli_run` (also ``federation.images.cli_run`` and
-``federation.images.sage.cli_run``), dispatched to by ``abps train --config configs/sage-*.yaml``.
+Entry point: :func:`cli_run` (also ``federation.images.cli_run``), dispatched to by
+``abps train --config configs/sage-*.yaml``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from federation.images import selectors as sel
 from federation.images.data import ClientShards, make_graph, make_shards, neighbour_table, subsample
 from federation.images.metrics import accuracy, confusion_matrices, macro_f1
 from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, StackedModel
-from federation.images.sage import evidence_saving, truncate_schedule
+from federation.images.probe import draw_anchors, empty_table, probe
+from federation.images.sage import evidence_saving
 
 
 class PensOptions(BaseModel):
@@ -124,68 +126,6 @@ def load_dataset(cfg: SageConfig) -> tuple[ImageDataset, ModelSpec]:
     return load_cifar10(cfg.data_root), CIFAR10_SPEC
 
 
-# --- probing ------------------------------------------------------------------------------
-
-def draw_anchors(shards: ClientShards, m_max: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """This round's nested anchor sets: the first min(pool, m_max) of a fresh random pool order.
-
-    Returns:
-        (rows long [K, M] into x_train, valid bool [K, M]) with M = min(m_max, max pool).
-    """
-    k, width = shards.anchor_index.shape
-    keys = torch.rand(k, width, generator=generator)
-    keys = torch.where(torch.arange(width)[None, :] < shards.n_anchor[:, None], keys, torch.full_like(keys, 2.0))
-    order = keys.argsort(dim=1)
-    m = max(1, min(m_max, width))
-    rows = shards.anchor_index.gather(1, order[:, :m])
-    valid = torch.arange(m)[None, :] < shards.n_anchor.clamp(max=m_max)[:, None]
-    return rows, valid
-
-
-def probe(model: StackedModel, shards: ClientShards, cand: Tensor, cand_valid: Tensor, degree: Tensor,
-          schedule: Tensor, anchor_rows: Tensor, anchor_valid: Tensor, with_ce: bool,
-          own: bool = False) -> tuple[sel.ProbeTable, Tensor | None]:
-    """Score every candidate of every receiver on the receiver's anchors (eq. (4), 0-1 loss).
-
-    The receiver sends anchor inputs only; each candidate j returns logits of its post-local-update
-    predictor Theta_j^{t,+}; the receiver scores them against its own labels. All (receiver,
-    candidate) pairs are evaluated in one batched pass (:meth:`StackedModel.pair_logits`).
-
-    Returns:
-        (ProbeTable, own_ce float64 [K] or None): own_ce is each receiver's own CE on its anchors.
-    """
-    k, d = cand.shape
-    n_stages = truncate_schedule(schedule.tolist(), shards.n_anchor)
-    pr, pc = cand_valid.nonzero(as_tuple=True)
-    receivers = pr
-    if own:
-        receivers = torch.cat([pr, torch.arange(k)])
-    models = cand[pr, pc] if not own else torch.cat([cand[pr, pc], torch.arange(k)])
-    logits = model.pair_logits(shards.x_train, models, anchor_rows[receivers])
-    y = shards.y_train[anchor_rows[receivers]]
-    err = (logits.argmax(-1) != y).to(torch.float64)
-    av = anchor_valid[receivers].to(torch.float64)
-    cum = (err * av).cumsum(dim=1)
-    m_width = anchor_rows.shape[1]
-    risk = torch.zeros(k, d, len(schedule), dtype=torch.float64)
-    idx = (schedule.clamp(max=m_width) - 1)
-    n_pairs = pr.numel()
-    risk[pr, pc] = cum[:n_pairs][:, idx] / schedule.to(torch.float64)[None, :]
-    ce_tab = torch.zeros(k, d, dtype=torch.float64)
-    own_ce = None
-    if with_ce:
-        # CE over the first m_{L_k} anchors (the largest feasible stage), the PENS/PFedDST evidence.
-        m_last = torch.where(n_stages > 0, schedule.gather(0, (n_stages - 1).clamp(min=0)), torch.zeros_like(n_stages))
-        use = (torch.arange(m_width)[None, :] < m_last[receivers][:, None]).to(torch.float64)
-        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-        ce = ce.view(y.shape).to(torch.float64)
-        mean_ce = (ce * use).sum(1) / use.sum(1).clamp(min=1)
-        ce_tab[pr, pc] = mean_ce[:n_pairs]
-        if own:
-            own_ce = mean_ce[n_pairs:]
-    return sel.ProbeTable(cand, cand_valid, degree, schedule, n_stages, risk, ce_tab), own_ce
-
-
 # --- evaluation ---------------------------------------------------------------------------
 
 def evaluate(model: StackedModel, shards: ClientShards) -> dict[str, float]:
@@ -232,11 +172,8 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
     m_max = int(schedule[-1])
     g_data = torch.Generator().manual_seed(seed)
     g_sel = torch.Generator().manual_seed(seed * 1000 + sel.SELECTORS.index(selector) + 1)
+    rule = sel.REGISTRY[selector](cfg, cand, cand_valid, degree, shards.n_train, g_sel)
     stats = sel.SelectorStats()
-    pens = sel.PensState(torch.zeros(cand.shape, dtype=torch.float64),
-                         max(1, int(round(cfg.pens.discovery_fraction * cfg.rounds))))
-    pfed = sel.PfeddstState(torch.full(cand.shape, -1, dtype=torch.long))
-    head_names = [n for n in model.params if n.startswith("head.")]
     history: list[dict[str, float]] = []
     stop_labels = [f"stop_at_{m}" for m in cfg.schedule]
     t_train = t_probe = t_eval = 0.0
@@ -248,36 +185,14 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
                                      cfg.batch_size, g_data)
         anchor_rows, anchor_valid = draw_anchors(shards, m_max, g_data)
         t1 = time.perf_counter()
-        if selector == "local":
-            dec = sel.decide_local(k)
-        elif selector == "rg":
-            dec = sel.decide_rg(cand, degree, g_sel)
+        own_ce = None
+        if rule.needs_probe(t):
+            table, own_ce = probe(model, shards, cand, cand_valid, degree, schedule, anchor_rows,
+                                  anchor_valid, with_ce=rule.with_ce, own=rule.own)
         else:
-            need = selector in ("aq128", "sage_nf", "vanilla_sage", "sage_os", "pfeddst") or \
-                t < pens.discovery_rounds
-            table = None
-            own_ce = None
-            if need:
-                table, own_ce = probe(model, shards, cand, cand_valid, degree, schedule, anchor_rows,
-                                      anchor_valid, with_ce=selector in ("pens", "pfeddst"),
-                                      own=selector == "pfeddst")
-            else:
-                n_stages = truncate_schedule(cfg.schedule, shards.n_anchor)
-                table = sel.ProbeTable(cand, cand_valid, degree, schedule, n_stages,
-                                       torch.zeros(*cand.shape, len(cfg.schedule), dtype=torch.float64),
-                                       torch.zeros(cand.shape, dtype=torch.float64))
-            if selector in sel.ANCHOR_SELECTORS:
-                dec = sel.decide_anchor(selector, table, cfg.delta, cfg.lambda_cost, g_sel)
-            elif selector == "pens":
-                dec = sel.decide_pens(table, pens, t, cfg.pens.top_m, shards.n_train, g_sel)
-            else:
-                heads = torch.cat([model.params[n].flatten(1) for n in head_names], dim=1)
-                dec = sel.decide_pfeddst(table, pfed, t, cfg.pfeddst.top_k, heads, own_ce,
-                                         cfg.pfeddst.alpha, cfg.pfeddst.c, shards.n_train)
-        native = selector in ("pens", "pfeddst")
-        W = sel.mixing_matrix(dec, cfg.alpha_mix, shards.n_train if selector == "pens" else None,
-                              native_average=native)
-        model.mix_shared(W)
+            table = empty_table(cand, cand_valid, degree, schedule, shards.n_anchor)
+        dec = rule.decide(t, table, own_ce, model)
+        model.mix_shared(rule.mix(dec))
         t2 = time.perf_counter()
         row = _round_metrics(selector, dec, degree, m_max, stats, cfg.schedule, stop_labels, k)
         row["train_loss"] = loss
@@ -299,7 +214,7 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
 def _round_metrics(selector: str, dec: sel.Decision, degree: Tensor, m_max: int,
                    stats: sel.SelectorStats, schedule: list[int], stop_labels: list[str], k: int) -> dict:
     n_ex = int((dec.peers >= 0).sum())
-    anchor_based = selector in sel.ANCHOR_SELECTORS or selector in ("pens", "pfeddst")
+    anchor_based = sel.REGISTRY[selector].evidence
     row: dict[str, float] = {"comm_oh": n_ex / k, "model_exchanges": float(n_ex)}
     stats.exchanges += n_ex
     if anchor_based:

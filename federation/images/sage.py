@@ -7,9 +7,6 @@ Sec. IV (eq. (7), (8), (19), (20), (22), (24), (25), Algorithm 1) and Sec. V-C (
 All functions are tensor functions that broadcast over leading axes (clients, stages), so one call
 decides every client of a round. Risks are empirical anchor risks R_hat in [0, M]; with the 0-1
 probe loss M = 1.
-
-``cli_run`` (the benchmark entry point, :mod:`federation.images.run`) is re-exported here so
-``federation.images.sage.cli_run`` works.
 """
 
 from __future__ import annotations
@@ -154,10 +151,3 @@ def evidence_saving(anchors_used: Tensor, degree: Tensor, m_max: int) -> float:
         return 0.0
     return float(1.0 - (d * anchors_used.to(torch.float64)).sum() / den)
 
-
-def __getattr__(name: str):
-    # Lazy re-export so importing the rule does not import the whole benchmark runner.
-    if name == "cli_run":
-        from federation.images.run import cli_run
-        return cli_run
-    raise AttributeError(name)

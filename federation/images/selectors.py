@@ -14,20 +14,21 @@ published selectors is stated in docs/sage.md.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from federation.images import sage
+from federation.images.probe import ProbeTable
 
-SELECTORS = ("local", "rg", "pens", "pfeddst", "aq128", "sage_nf", "vanilla_sage", "sage_os")
-DISPLAY = {"local": "LOCAL", "rg": "RG", "pens": "PENS", "pfeddst": "PFedDST", "aq128": "AQ-128",
-           "sage_nf": "SAGE-NF", "vanilla_sage": "Vanilla SAGE", "sage_os": "SAGE-OS"}
 _ALIASES = {"aq-128": "aq128", "sage-nf": "sage_nf", "nf": "sage_nf", "vanilla": "vanilla_sage",
             "vanilla sage": "vanilla_sage", "vanilla-sage": "vanilla_sage", "sage-os": "sage_os",
             "os": "sage_os"}
-ANCHOR_SELECTORS = ("aq128", "sage_nf", "vanilla_sage", "sage_os")
+
+#: name -> selector class, in the paper's table order (filled by :func:`register_selector`).
+REGISTRY: dict[str, type["Selector"]] = {}
 
 
 def canonical_selector(name: str) -> str:
@@ -38,34 +39,9 @@ def canonical_selector(name: str) -> str:
     """
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
-    if key not in SELECTORS:
-        raise ValueError(f"unknown selector {name!r}; known: {', '.join(DISPLAY[s] for s in SELECTORS)}")
+    if key not in REGISTRY:
+        raise ValueError(f"unknown selector {name!r}; known: {', '.join(c.display for c in REGISTRY.values())}")
     return key
-
-
-@dataclass
-class ProbeTable:
-    """One round's anchor evidence, padded over candidates and stages.
-
-    Attributes:
-        cand: long [K, D] neighbour ids of receiver k (padding -1), D = max degree.
-        cand_valid: bool [K, D].
-        degree: long [K] d_k.
-        schedule: long [L] cumulative anchors m_1 < ... < m_L (untruncated).
-        n_stages: long [K] L_k feasible stages after truncation (0: fewer than m_1 anchors).
-        risk: float64 [K, D, L] empirical 0-1 anchor risk R_hat^(m_l)_{k,j} (eq. (4));
-            meaningful where ``cand_valid`` and l < L_k.
-        ce: float64 [K, D] mean cross-entropy of candidate j on receiver k's first m_{L_k}
-            anchors (used by PENS and PFedDST), 0 where no anchors.
-    """
-
-    cand: Tensor
-    cand_valid: Tensor
-    degree: Tensor
-    schedule: Tensor
-    n_stages: Tensor
-    risk: Tensor
-    ce: Tensor
 
 
 @dataclass
@@ -354,3 +330,170 @@ class SelectorStats:
     no_anchor: int = 0
     exchanges: int = 0          # model-bearing objects received
     stop_counts: dict = field(default_factory=dict)
+
+
+# --- the selectors as registered classes -----------------------------------------------------
+
+def register_selector(cls: type["Selector"]) -> type["Selector"]:
+    """Class decorator: add a :class:`Selector` subclass to :data:`REGISTRY` under ``cls.name``."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+class Selector(ABC):
+    """One peer-selection rule of the SAGE benchmark: probe or not, decide, mix.
+
+    The round loop (:func:`federation.images.run.run_selector`) calls, every round t:
+    ``needs_probe(t)`` -> (the eq. (4) probe of :mod:`federation.images.probe` if True) ->
+    ``decide(t, table, own_ce, model)`` -> ``mix(decision)`` -> ``W @ omega``.
+
+    Class attributes: ``name`` (identifier), ``display`` (table label), ``with_ce`` / ``own``
+    (the probe also returns cross-entropies / the receiver's own CE), ``anchor_rule`` (one of
+    the four budget-matched anchor selectors of Sec. V: certificate and stop statistics),
+    ``evidence`` (spends anchor evidence: budget accounting, eq. (28)).
+
+    Args (constructor):
+        cfg: the :class:`federation.images.run.SageConfig` (delta, lambda_cost, alpha_mix,
+            rounds, pens / pfeddst options).
+        cand: long [K, D] neighbour table; cand_valid: bool [K, D]; degree: long [K];
+        n_train: long [K] local training-set sizes; generator: the selector's random stream.
+    """
+
+    name: str = ""
+    display: str = ""
+    with_ce: bool = False
+    own: bool = False
+    anchor_rule: bool = False
+    evidence: bool = False
+
+    def __init__(self, cfg, cand: Tensor, cand_valid: Tensor, degree: Tensor, n_train: Tensor,
+                 generator: torch.Generator):
+        self.cfg, self.cand, self.cand_valid, self.degree = cfg, cand, cand_valid, degree
+        self.n_train, self.generator = n_train, generator
+
+    def needs_probe(self, round_idx: int) -> bool:
+        """True when round ``round_idx`` needs the anchor probe (eq. (4))."""
+        return False
+
+    @abstractmethod
+    def decide(self, round_idx: int, table: ProbeTable, own_ce: Tensor | None, model) -> Decision:
+        """This round's :class:`Decision` for every receiver at once.
+
+        Args:
+            round_idx: t (0-based); table: the round's probe table (:func:`probe.empty_table`
+                when ``needs_probe`` was False); own_ce: float64 [K] receivers' own CE or None;
+            model: the :class:`federation.images.models.StackedModel` (PFedDST reads the heads).
+        """
+
+    def mix(self, decision: Decision) -> Tensor:
+        """Row-stochastic W [K, K]: eq. (2) with ``alpha_mix`` (budget-matched selectors)."""
+        return mixing_matrix(decision, self.cfg.alpha_mix)
+
+
+@register_selector
+class Local(Selector):
+    """LOCAL: no peer exchange."""
+
+    name, display = "local", "LOCAL"
+
+    def decide(self, round_idx, table, own_ce, model):
+        return decide_local(self.cand.shape[0])
+
+
+@register_selector
+class RandomGossip(Selector):
+    """RG: one uniformly random neighbour, no evidence."""
+
+    name, display = "rg", "RG"
+
+    def decide(self, round_idx, table, own_ce, model):
+        return decide_rg(self.cand, self.degree, self.generator)
+
+
+@register_selector
+class Pens(Selector):
+    """PENS (Onoszko et al. 2021): CE-ranked discovery, then random merges within the kept set."""
+
+    name, display, with_ce, evidence = "pens", "PENS", True, True
+
+    def __init__(self, cfg, cand, cand_valid, degree, n_train, generator):
+        super().__init__(cfg, cand, cand_valid, degree, n_train, generator)
+        self.state = PensState(torch.zeros(cand.shape, dtype=torch.float64),
+                               max(1, int(round(cfg.pens.discovery_fraction * cfg.rounds))))
+
+    def needs_probe(self, round_idx):
+        return round_idx < self.state.discovery_rounds
+
+    def decide(self, round_idx, table, own_ce, model):
+        return decide_pens(table, self.state, round_idx, self.cfg.pens.top_m, self.n_train, self.generator)
+
+    def mix(self, decision):
+        return mixing_matrix(decision, self.cfg.alpha_mix, self.n_train, native_average=True)
+
+
+@register_selector
+class Pfeddst(Selector):
+    """PFedDST (Fan et al. 2025): loss disparity, header distance and recency score, top-k merge."""
+
+    name, display, with_ce, own, evidence = "pfeddst", "PFedDST", True, True, True
+
+    def __init__(self, cfg, cand, cand_valid, degree, n_train, generator):
+        super().__init__(cfg, cand, cand_valid, degree, n_train, generator)
+        self.state = PfeddstState(torch.full(cand.shape, -1, dtype=torch.long))
+
+    def needs_probe(self, round_idx):
+        return True
+
+    def decide(self, round_idx, table, own_ce, model):
+        heads = torch.cat([v.flatten(1) for n, v in model.params.items() if n.startswith("head.")], dim=1)
+        o = self.cfg.pfeddst
+        return decide_pfeddst(table, self.state, round_idx, o.top_k, heads, own_ce, o.alpha, o.c, self.n_train)
+
+    def mix(self, decision):
+        return mixing_matrix(decision, self.cfg.alpha_mix, None, native_average=True)
+
+
+class _AnchorRule(Selector):
+    """The budget-matched anchor selectors of Sec. V (one peer; :func:`decide_anchor`)."""
+
+    anchor_rule = evidence = True
+
+    def needs_probe(self, round_idx):
+        return True
+
+    def decide(self, round_idx, table, own_ce, model):
+        return decide_anchor(self.name, table, self.cfg.delta, self.cfg.lambda_cost, self.generator)
+
+
+@register_selector
+class Aq128(_AnchorRule):
+    """AQ-128: the empirical best peer at the largest feasible stage (fixed full budget)."""
+
+    name, display = "aq128", "AQ-128"
+
+
+@register_selector
+class SageNf(_AnchorRule):
+    """SAGE-NF: certificate (8) as Vanilla, but commits to j_hat_1 when nothing is certified."""
+
+    name, display = "sage_nf", "SAGE-NF"
+
+
+@register_selector
+class VanillaSage(_AnchorRule):
+    """Vanilla SAGE: first stage where (8) holds selects j_hat_1; none -> RG."""
+
+    name, display = "vanilla_sage", "Vanilla SAGE"
+
+
+@register_selector
+class SageOs(_AnchorRule):
+    """SAGE-OS, Algorithm 1: certificate (20), cost stop (24), RG at the last stage."""
+
+    name, display = "sage_os", "SAGE-OS"
+
+
+#: Selector identifiers in the paper's table order, their display names, the anchor rules.
+SELECTORS: tuple[str, ...] = tuple(REGISTRY)
+DISPLAY: dict[str, str] = {n: c.display for n, c in REGISTRY.items()}
+ANCHOR_SELECTORS: tuple[str, ...] = tuple(n for n, c in REGISTRY.items() if c.anchor_rule)

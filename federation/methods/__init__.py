@@ -1,10 +1,14 @@
-"""Federated methods and their registry (``abps train --method NAME``)."""
+"""Federated methods and their registry (``abps train --method NAME``).
+
+Importing this package registers the runtime's own methods (baselines, decentralized, BNN+FL;
+each class carries ``@register``); :mod:`federation.methods.registry` loads the ABPS methods on
+the first lookup.
+"""
 
 from federation.methods.base import Context, Method, NoParams, RoundPlan
-from federation.methods.baselines import BASELINES
-from federation.methods.registry import METHODS, get_method, register_method
+from federation.methods.registry import (METHODS, all_methods, display_names, families, get_method, method_names,
+                                         paper_order, register)
+from federation.methods import baselines, bnn, decentralized  # noqa: F401,E402  (each registers its classes)
 
-for _cls in BASELINES:
-    register_method(_cls.name, _cls)
-
-__all__ = ["Context", "Method", "NoParams", "RoundPlan", "METHODS", "get_method", "register_method"]
+__all__ = ["Context", "Method", "NoParams", "RoundPlan", "METHODS", "all_methods", "display_names", "families",
+           "get_method", "method_names", "paper_order", "register"]

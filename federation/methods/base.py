@@ -30,15 +30,21 @@ of the round), ``pre_exchange`` (a copy after local training, i.e. the models se
 ``exchanged`` / ``head`` key tuples, ``bf16``, :meth:`Context.evaluate` (per-center AUROC of
 the live or given parameters) and :meth:`Context.evaluate_mixtures`.
 
-A class may instead provide ``run_standalone(cfg, data, seed, on_round) -> RunResult`` (a
-static method): :func:`federation.runner.run_one` then hands the whole run to it (BNN+FL trains
-a Bayesian MLP the point-estimate engine does not hold). A method object may expose
+Methods override hooks, never the loop. Besides the ones above: ``make_engine(data, cfg, seed)``
+builds the stacked trainer (default :class:`federation.engine.StackedEngine`; BNN+FL's Bayesian
+MLP engine), ``aggregate(ctx, w, params)`` forms the exchanged block from ``W`` (default
+``W @ wire(theta)`` over ``ctx.exchanged``; BNN+FL mixes posterior means and variances),
+``scores(ctx, params, split, round_idx)`` gives the per-row scores AUROC is computed from
+(default the engine's logits; BNN+FL's predictive mean), and ``payloads_per_link`` counts the
+payloads one model transfer carries (BNN+FL: 2). A method object may expose
 ``artifacts``: a mapping ``{file name: JSON-able object}`` or a hook ``artifacts(ctx) ->
 mapping`` called once after the last round (aggregates keyed by center_id only); the runner
 logs each entry as an MLflow artifact of the seed's run.
 
-Register a method by name with :func:`federation.methods.registry.register_method`.
-Class attributes: ``name``, ``Params`` (pydantic model of the method's own parameters,
+Register a method class with the decorator :func:`federation.methods.registry.register`
+(``@register(display_name=..., family=..., paper_order=...)``).
+Class attributes: ``name``, ``display_name`` (Table 1 row name), ``family`` (Figure 3 colour
+group), ``paper_order`` (Table 1 row index, None when the paper has no such row), ``Params`` (pydantic model of the method's own parameters,
 from the config's ``params:`` mapping), ``default_config`` (a partial run config merged under
 the user's: e.g. FedAvg-X turns on a 2-layer head, bf16, momentum, early stopping) and
 ``pooled`` (True only for Centralized: one model trained on the union of train rows).
@@ -57,7 +63,7 @@ from federation.data import FederatedData
 from federation.engine import Batch, Params, StackedEngine, forward
 from federation.ledger import Ledger
 from federation.metrics import batched_auroc
-from federation.mixing import mix
+from federation.mixing import mix, mix_params
 
 
 class NoParams(BaseModel):
@@ -172,12 +178,22 @@ class Method:
     """Base class of a federated method (see the module docstring for the protocol)."""
 
     name: ClassVar[str] = "method"
+    display_name: ClassVar[str] = "method"
+    family: ClassVar[str] = "other"
+    paper_order: ClassVar[int | None] = None
     Params: ClassVar[type[BaseModel]] = NoParams
     default_config: ClassVar[dict[str, Any]] = {}
     pooled: ClassVar[bool] = False
+    #: payloads of the exchanged block's size that one model transfer carries (ledger bytes)
+    payloads_per_link: ClassVar[int] = 1
 
     def __init__(self, params: BaseModel | None = None) -> None:
         self.p = params if params is not None else self.Params()
+
+    def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> StackedEngine:
+        """The stacked trainer of ``data`` (all centers, or the pooled union for a ``pooled``
+        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``."""
+        return StackedEngine(data, cfg.engine, seed)
 
     def setup(self, ctx: Context) -> None:
         """Called once before round 0."""
@@ -189,6 +205,17 @@ class Method:
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         """Mixing matrix and ledger edges of this round."""
         raise TypeError(f"{self.name} must define plan_round")
+
+    def aggregate(self, ctx: Context, w: torch.Tensor, params: Params) -> Params:
+        """The exchanged block after mixing with ``w [n, n]`` (row-stochastic): ``{k: W @
+        wire(params[k])}`` for k in ``ctx.exchanged`` (:func:`federation.mixing.mix_params`).
+        Returns only the replaced entries; the runner copies them into ``params``."""
+        return mix_params(w, params, ctx.exchanged, ctx.bf16)
+
+    def scores(self, ctx: Context, params: Params, split: str, round_idx: int) -> torch.Tensor:
+        """``[n, rows]`` per-row scores of every center's ``split`` (any monotone map of the
+        predicted risk; AUROC only ranks them). Default: the engine's logits."""
+        return ctx.engine.predict(params, split)
 
     def after_mix(self, ctx: Context, round_idx: int, prev: Params, mixed: Params) -> Params:
         """Post-process the mixed exchanged block (default: unchanged)."""

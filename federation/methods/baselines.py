@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from federation.engine import Batch, Params, forward
 from federation.methods.base import Context, Method, RoundPlan
+from federation.methods.registry import register
 
 
 def fedavg_matrix(n_train: torch.Tensor) -> torch.Tensor:
@@ -24,6 +25,7 @@ def _sq_dist(params: Params, ref: Params, keys: tuple[str, ...]) -> torch.Tensor
     return sum(((params[k] - ref[k]) ** 2).flatten(1).sum(1) for k in keys)  # type: ignore[return-value]
 
 
+@register(display_name="Local-only (lower bound)", family="local", paper_order=1)
 class LocalOnly(Method):
     """Local-only: each center trains on its own data and never exchanges
     (Table 1's no-collaboration lower bound). ``W = I``, no edges, zero bytes."""
@@ -34,6 +36,7 @@ class LocalOnly(Method):
         return RoundPlan(w=None)
 
 
+@register(display_name="Centralized (non-federated upper bound)", family="centralized", paper_order=20)
 class Centralized(Method):
     """Centralized: one MLP trained on the union of all centers' train rows (non-federated
     upper bound, Table 1 caption); evaluated on every center's own test split. No model
@@ -46,6 +49,7 @@ class Centralized(Method):
         return RoundPlan(w=None)
 
 
+@register(display_name="FedAvg", family="star", paper_order=2)
 class FedAvg(Method):
     """FedAvg (McMahan et al. 2017, Alg. 1, full participation C = 1): after local training
     every center receives the sample-weighted mean ``sum_k (n_k / n) theta_k`` of the
@@ -57,6 +61,7 @@ class FedAvg(Method):
         return RoundPlan(w=fedavg_matrix(ctx.n_train), server_links=ctx.n)
 
 
+@register(display_name="FedAvg+P+Q", family="star", paper_order=14)
 class FedAvgPQ(FedAvg):
     """FedAvg+P+Q (ABPS paper Sec. 6.4, Table 1): FedAvg with the last layer personalized
     (Arivazhagan et al. 2019) and a bfloat16 wire format; bandwidth 0.5 x trunk share."""
@@ -65,6 +70,7 @@ class FedAvgPQ(FedAvg):
     default_config: ClassVar[dict[str, Any]] = {"exchange": {"head_layers": 1, "bf16_wire": True}}
 
 
+@register(display_name="FedAvg-X (fair comp., full)", family="star", paper_order=19)
 class FedAvgX(FedAvg):
     """FedAvg-X (ABPS paper Sec. 6.4, "fair comparator"): FedAvg with a 2-layer personalized
     head, bf16 wire, server EMA momentum beta = 0.5 and validation-AUROC early stopping
@@ -84,6 +90,7 @@ class FedProxParams(BaseModel):
     mu: float = Field(0.01, ge=0.0)
 
 
+@register(display_name="FedProx", family="star", paper_order=3)
 class FedProx(FedAvg):
     """FedProx (Li et al. 2020, Eq. 2 / Alg. 2): center k minimizes
     ``h_k(w; w^t) = F_k(w) + (mu / 2) ||w - w^t||^2`` where ``w^t`` is the model it received
@@ -104,6 +111,7 @@ class FedDynParams(BaseModel):
     alpha: float = Field(0.01, gt=0.0)
 
 
+@register(display_name="FedDyn", family="star", paper_order=4)
 class FedDyn(Method):
     """FedDyn (Acar et al. 2021, Alg. 1), full participation (P_t = all n centers).
 
@@ -152,6 +160,7 @@ class MoonParams(BaseModel):
     temperature: float = Field(0.5, gt=0.0)
 
 
+@register(display_name="MOON", family="star", paper_order=5)
 class Moon(FedAvg):
     """MOON (Li, He, Song 2021, Eq. 3-4): center i adds
     ``mu * l_con`` with ``l_con = -log( exp(sim(z, z_glob)/tau) /

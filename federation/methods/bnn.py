@@ -19,9 +19,9 @@ moments cross every center-server link, so a round costs 2 n payloads: 2.00x Fed
 
 The runtime's :class:`federation.engine.StackedEngine` trains one point-estimate MLP, so this
 module carries its own stacked trainer (:class:`StackedBayesEngine`, a subclass that reuses the
-engine's per-center batch streams, ordering and per-center Adam) and its own round loop
-(:func:`run_bnn`, the same metrics, ledger and early stopping as :func:`federation.runner.run_one`).
-:class:`BnnFL` exposes it as ``run_standalone`` so the runner can dispatch to it (docs/baselines.md).
+engine's per-center batch streams, ordering and per-center Adam); :class:`BnnFL` plugs it and the
+moment averaging into the one round loop of :func:`federation.runner.run_one` through the
+``Method`` hooks (same metrics, ledger and early stopping as every method; docs/baselines.md).
 Evaluation scores the predictive mean ``mean_s sigmoid(f(x; w_s))`` over ``eval_samples`` weight
 draws (0 = the posterior-mean network). Deviations from the runtime MLP: no dropout and no Adam
 weight decay (the KL term is the regularizer).
@@ -30,7 +30,7 @@ weight decay (the KL term is the regularizer).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,14 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from etl.errors import InputError
 from federation.config import EngineConfig, RunConfig
 from federation.data import FederatedData
-from federation.engine import PARAM_NAMES, AdamState, Params, StackedEngine, forward, init_params, mix_seed, n_params
-from federation.ledger import Ledger
+from federation.engine import PARAM_NAMES, AdamState, Params, StackedEngine, forward, init_params, mix_seed
 from federation.methods.base import Context, Method, RoundPlan
-from federation.metrics import batched_auroc, summarize
-from federation.mixing import exchanged_keys, mix
-
-if TYPE_CHECKING:
-    from federation.runner import RoundCallback, RunResult
+from federation.methods.baselines import fedavg_matrix
+from federation.methods.registry import register
+from federation.mixing import mix
 
 
 def softplus_inv(sigma: torch.Tensor) -> torch.Tensor:
@@ -213,97 +210,53 @@ def mean_posterior_sigma(params: Params) -> torch.Tensor:
     return tot / cnt  # type: ignore[operator]
 
 
-def run_bnn(cfg: RunConfig, data: FederatedData, seed: int, on_round: "RoundCallback | None" = None) -> "RunResult":
-    """Run BNN+FL for one seed; same contract and metrics as :func:`federation.runner.run_one`.
-
-    Each round: Bayes-by-Backprop local training of all centers (stacked), FedAvg of posterior
-    means and variances over the exchanged block (``exchange.head_layers`` keeps the head's
-    posterior local; ``bf16_wire`` rounds both payloads), ledger ``n`` server links x 2
-    payloads, val/test AUROC of the predictive mean, optional early stopping. Extra metric:
-    ``posterior_sigma`` (mean sigma over weights and centers).
-
-    Raises:
-        InputError: ``exchange.server_momentum`` > 0 (not defined for posterior moments).
-    """
-    from federation.methods.baselines import fedavg_matrix
-    from federation.runner import finalize_run, round_metrics
-
-    if cfg.exchange.server_momentum > 0:
-        raise InputError("bnn-fl: exchange.server_momentum is not supported (set it to 0)")
-    p = BnnParams.model_validate(cfg.params)
-    engine = StackedBayesEngine(data, cfg.engine, seed, p.prior_sigma, p.init_sigma)
-    ex = exchanged_keys(cfg.exchange.head_layers)
-    sizes = n_params(data.d, engine.hidden)
-    ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
-    payload = sum(sizes[k] for k in ex)
-    bpp = 2 if cfg.exchange.bf16_wire else 4
-    params = engine.init_params()
-    state = AdamState.zeros_like(params)
-    w = fedavg_matrix(data.n_train)
-    es = cfg.early_stopping
-    best: tuple[float, int, Any] = (-math.inf, -1, None)
-    history: list[dict[str, float]] = []
-    last_val = last_test = torch.empty(0)
-    rounds_run = 0
-
-    def evaluate(split: str, r: int) -> torch.Tensor:
-        s = data.splits[split]
-        return batched_auroc(engine.predict_proba(params, split, p.eval_samples, r), s.y, s.mask)
-
-    for r in range(cfg.max_rounds):
-        if cfg.engine.reset_optimizer_each_round:
-            state = AdamState.zeros_like(params)
-        engine.train_round(params, state, r)
-        with torch.no_grad():
-            new = aggregate_posteriors(params, w, ex, cfg.exchange.bf16_wire)
-            for k, v in new.items():
-                params[k].copy_(v)
-        rb = ledger.record(r, None, data.n_centers, 2 * payload, bpp)
-        last_val, last_test = evaluate("val", r), evaluate("test", r)
-        sv, st = summarize(last_val), summarize(last_test)
-        metrics = {**round_metrics(sv, st, rb, ledger),
-                   "posterior_sigma": float(mean_posterior_sigma(params).mean())}
-        history.append({"round": float(r + 1), **metrics})
-        rounds_run = r + 1
-        if on_round is not None:
-            on_round(r + 1, metrics)
-        if es.enabled:
-            if sv.mean > best[0]:
-                best = (sv.mean, r, ({k: v.clone() for k, v in params.items()}, last_val.clone(), last_test.clone()))
-            elif r - best[1] >= es.patience:
-                break
-    return finalize_run(cfg, data, seed, ledger, history, rounds_run, best, params, last_val, last_test)
-
-
+@register(display_name="BNN+FL", family="star", paper_order=9)
 class BnnFL(Method):
     """BNN+FL (ABPS paper Sec. 6.2 / Table 1; Saile et al. 2024 style): mean-field Bayesian MLP
     trained by Bayes by Backprop, FedAvg of posterior means and variances (2.00x FedAvg's bytes).
 
-    It trains a different parameterization than the runtime engine, so the whole run is
-    :func:`run_bnn`, exposed as ``run_standalone(cfg, data, seed, on_round) -> RunResult`` for
-    the runner to dispatch to; the engine hooks below refuse to run so that the point-estimate
-    round loop can never train it by mistake.
+    It runs in the one round loop (:func:`federation.runner.run_one`) through hooks: its engine
+    is :class:`StackedBayesEngine` (:meth:`make_engine`), each round's plan is FedAvg's star
+    ``W = 1 p^T`` with n server links, :meth:`aggregate` mixes posterior means and variances over
+    the exchanged block (:func:`aggregate_posteriors`; ``exchange.head_layers`` keeps the head's
+    posterior local, ``bf16_wire`` rounds both payloads), each link carries 2 payloads
+    (``payloads_per_link``), and AUROC ranks the predictive mean (:meth:`scores`). Extra metric:
+    ``posterior_sigma`` (mean sigma over weights and centers).
+
+    Raises:
+        InputError: (at setup) ``exchange.server_momentum`` > 0 or ``exchange.variance_correction``
+            (neither is defined for posterior moments).
     """
 
     name = "bnn-fl"
     Params: ClassVar[type[BaseModel]] = BnnParams
-    run_standalone = staticmethod(run_bnn)
+    payloads_per_link = 2
+
+    def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> StackedEngine:
+        p: BnnParams = self.p  # type: ignore[assignment]
+        return StackedBayesEngine(data, cfg.engine, seed, p.prior_sigma, p.init_sigma)
 
     def setup(self, ctx: Context) -> None:
-        raise TypeError("bnn-fl trains its own Bayesian MLP: the runner must call BnnFL.run_standalone "
-                        "(see docs/baselines.md)")
+        if ctx.cfg.exchange.server_momentum > 0:
+            raise InputError("bnn-fl: exchange.server_momentum is not supported (set it to 0)")
+        if ctx.cfg.exchange.variance_correction:
+            raise InputError("bnn-fl: exchange.variance_correction is not supported (set it to false)")
+        self.w = fedavg_matrix(ctx.n_train)
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
-        raise TypeError("bnn-fl has no mixing plan for the point-estimate engine; use BnnFL.run_standalone")
+        return RoundPlan(w=self.w, server_links=ctx.n)
 
+    def aggregate(self, ctx: Context, w: torch.Tensor, params: Params) -> Params:
+        return aggregate_posteriors(params, w, ctx.exchanged, ctx.bf16)
 
-def _register() -> None:
-    from federation.methods.registry import register_method
+    def scores(self, ctx: Context, params: Params, split: str, round_idx: int) -> torch.Tensor:
+        """``[n, rows]`` predictive mean probability (:meth:`StackedBayesEngine.predict_proba`,
+        ``eval_samples`` weight draws keyed by the round)."""
+        return ctx.engine.predict_proba(params, split, self.p.eval_samples, round_idx)  # type: ignore[attr-defined]
 
-    register_method(BnnFL.name, BnnFL)
+    def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:
+        return {"posterior_sigma": float(mean_posterior_sigma(ctx.params).mean())}
 
-
-_register()
 
 __all__ = ["BnnFL", "BnnParams", "StackedBayesEngine", "aggregate_posteriors", "gaussian_kl", "mean_posterior_sigma",
-           "run_bnn", "softplus_inv"]
+           "softplus_inv"]

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from federation.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
 from federation.methods.base import Context, Method, RoundPlan
+from federation.methods.registry import register
 
 GraphKind = Literal["sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert"]
 
@@ -76,6 +77,7 @@ class _FixedGraphMethod(Method):
         }
 
 
+@register(display_name="DeceFL", family="decentralized", paper_order=6)
 class DeceFL(_FixedGraphMethod):
     """DeceFL (Yuan et al. 2023, "DeceFL: a principled fully decentralized federated learning
     framework", National Science Open 2(1):20220043).
@@ -147,6 +149,7 @@ def trust_evidence(u_nb: torch.Tensor, u_own: torch.Tensor, tolerance: float) ->
     return (1.0 + (u_nb.double() - u_own.double()) / tolerance).clamp(0.0, 1.0)
 
 
+@register(display_name="DeFTA", family="decentralized", paper_order=7)
 class DeFTA(_FixedGraphMethod):
     """DeFTA (Zhou et al. 2024, "DeFTA: a plug-and-play peer-to-peer decentralized federated
     learning framework", Information Sciences 670:120582; arXiv:2204.02632).
@@ -331,6 +334,7 @@ def select_one_edge_each(score: torch.Tensor) -> torch.Tensor:
     return pick
 
 
+@register(display_name="WPFed", family="decentralized", paper_order=8)
 class WPFed(Method):
     """WPFed (Ye et al. 2024, "WPFed: web-based personalized federation for decentralized
     systems", arXiv:2410.11378v1).
@@ -425,15 +429,6 @@ class WPFed(Method):
 
 DECENTRALIZED: tuple[type[Method], ...] = (DeceFL, DeFTA, WPFed)
 
-
-def _register() -> None:
-    from federation.methods.registry import register_method
-
-    for cls in DECENTRALIZED:
-        register_method(cls.name, cls)
-
-
-_register()
 
 __all__ = [
     "DECENTRALIZED", "DeceFL", "DeFTA", "WPFed", "GraphParams", "DeftaParams", "WpfedParams",

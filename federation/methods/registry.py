@@ -1,48 +1,120 @@
-"""Method registry: name -> class, used by ``abps train --method NAME``.
+"""Method registry: name -> class, the one list of methods.
 
-Other packages add methods with ``register_method("abps", AbpsMethod)``; the modules listed
-in :data:`PLUGINS` are imported on the first :func:`get_method` call so their methods appear
-in ``abps train --method``.
+Every method class registers itself with the :func:`register` class decorator, which sets (and
+checks) its class attributes ``display_name`` (the ABPS paper's Table 1 row name), ``family``
+(Figure 3 colour group) and ``paper_order`` (Table 1 row index; None for a method the paper does
+not have). Everything that lists methods reads them from here: ``abps train --method`` (help and
+lookup), the sweep's validation (:func:`federation.sweep.expand_cells`), the report's row names,
+colours and order (:func:`display_names`, :func:`families`, :func:`paper_order`), and
+tests/test_conformance.py (every registered method, ``configs/<name>.yaml`` and
+``configs/table1.yaml``).
+
+The methods of :mod:`federation.methods` register on import; methods of packages above the
+runtime (the ABPS presets, :data:`PLUGINS`) are imported on the first lookup.
 """
 
 from __future__ import annotations
+
+from typing import Callable, TypeVar, overload
 
 from etl.errors import InputError
 from federation.methods.base import Method
 
 METHODS: dict[str, type[Method]] = {}
 
+#: Figure 3 colour families (ABPS paper Fig. 3 caption: blue star FL, green decentralized, orange
+#: ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only; grey the centralized reference).
+FAMILIES: tuple[str, ...] = ("star", "decentralized", "abps", "abps-x", "goal", "local", "centralized", "other")
 
-def register_method(name: str, cls: type[Method]) -> type[Method]:
-    """Register ``cls`` under ``name`` (lower-cased). Raises ValueError if the name is taken
-    by another class."""
-    key = name.lower()
-    if key in METHODS and METHODS[key] is not cls:
-        raise ValueError(f"method name {key!r} already registered")
-    METHODS[key] = cls
-    return cls
+M = TypeVar("M", bound=type[Method])
+
+
+@overload
+def register(cls: M) -> M: ...
+@overload
+def register(*, display_name: str | None = None, family: str | None = None,
+             paper_order: int | None = None) -> Callable[[M], M]: ...
+def register(cls: M | None = None, *, display_name: str | None = None, family: str | None = None,
+             paper_order: int | None = None) -> M | Callable[[M], M]:
+    """Class decorator: register a :class:`Method` subclass under its own ``name`` (lower-cased).
+
+    ``@register`` uses the class attributes as they are; ``@register(display_name=...,
+    family=..., paper_order=...)`` sets them first (a subclass must name its own row: nothing
+    is inherited from a registered parent except what the decorator leaves unset).
+
+    Raises:
+        ValueError: the class does not define ``name`` itself, the name is taken by another
+            class, ``family`` is not one of :data:`FAMILIES`, or ``paper_order`` is taken.
+    """
+
+    def deco(c: M) -> M:
+        if "name" not in vars(c):
+            raise ValueError(f"{c.__qualname__}: a registered method defines its own `name`")
+        # given here, else the class's own attribute, never a registered parent's: a subclass is a new row
+        for attr, value, default in (("display_name", display_name, c.name), ("family", family, "other"),
+                                     ("paper_order", paper_order, None)):
+            if value is not None:
+                setattr(c, attr, value)
+            elif attr not in vars(c):
+                setattr(c, attr, default)
+        if c.family not in FAMILIES:
+            raise ValueError(f"{c.name}: family {c.family!r} is not one of {', '.join(FAMILIES)}")
+        key = c.name.lower()
+        if key in METHODS and METHODS[key] is not c:
+            raise ValueError(f"method name {key!r} already registered")
+        if c.paper_order is not None and any(o.paper_order == c.paper_order for o in METHODS.values() if o is not c):
+            raise ValueError(f"{c.name}: paper_order {c.paper_order} already taken")
+        METHODS[key] = c
+        return c
+
+    return deco(cls) if cls is not None else deco
 
 
 def get_method(name: str) -> type[Method]:
-    """The class registered under ``name``; InputError listing the known names otherwise."""
-    _load_plugins()
+    """The class registered under ``name`` (case-insensitive); InputError listing the known names otherwise."""
     key = name.lower()
-    if key not in METHODS:
-        raise InputError(f"unknown --method {name!r}; known: {', '.join(sorted(METHODS))}")
+    if key not in all_methods():
+        raise InputError(f"unknown --method {name!r}; known: {', '.join(method_names())}")
     return METHODS[key]
 
 
-#: Modules that register methods when imported (loaded on the first lookup, if present).
-PLUGINS: tuple[str, ...] = ("abps.methods", "federation.methods.decentralized", "federation.methods.bnn")
+def all_methods() -> dict[str, type[Method]]:
+    """Every registered method (plugins loaded), name -> class."""
+    _load_plugins()
+    return METHODS
+
+
+def _sort_key(cls: type[Method]) -> tuple[int, int, str]:
+    return (cls.paper_order is None, cls.paper_order or 0, cls.name)
+
+
+def method_names() -> list[str]:
+    """Registered names in the ABPS paper's Table 1 order, then the others by name."""
+    return [c.name for c in sorted(all_methods().values(), key=_sort_key)]
+
+
+def paper_order() -> tuple[str, ...]:
+    """Table 1 row order (names of the methods with a ``paper_order``; centralized last)."""
+    return tuple(c.name for c in sorted(all_methods().values(), key=_sort_key) if c.paper_order is not None)
+
+
+def display_names() -> dict[str, str]:
+    """name -> Table 1 row name."""
+    return {k: c.display_name for k, c in all_methods().items()}
+
+
+def families() -> dict[str, str]:
+    """name -> Figure 3 colour family."""
+    return {k: c.family for k, c in all_methods().items()}
+
+
+#: Modules above the runtime that register methods when imported (loaded on the first lookup).
+PLUGINS: tuple[str, ...] = ("abps.methods",)
 
 
 def _load_plugins() -> None:
-    """Import the :data:`PLUGINS` modules that exist; each registers its methods on import."""
+    """Import the :data:`PLUGINS` modules; each registers its methods on import."""
     import importlib
 
     for mod in PLUGINS:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not mod.startswith(exc.name):
-                raise
+        importlib.import_module(mod)

@@ -15,14 +15,18 @@ the mean variance of the input models' layer, around the averaged layer's own me
 A layer whose averaged variance is 0 (e.g. all-zero initial biases) is left unchanged, since the
 rescale factor is undefined there.
 
-Two entry points:
+This is the one module that implements Algorithm 3; the clinical runtime
+(:mod:`federation.mixing` / :mod:`federation.runner`) and the gossip benchmark
+(:mod:`federation.gossip.simulation`) both call it. The core is two primitives,
+:func:`layer_variance` (lines 5-7) and :func:`rescale_to_variance` (lines 9-11); the callers:
 
-* :func:`variance_corrected_average` is Algorithm 3 on one buffer of models;
-* :func:`variance_corrected_mix` applies a row-stochastic mixing matrix ``W [n, n]`` to stacked
-  parameters (each row is one receiver's weighted average) and then the same per-layer correction,
-  with the W-weighted mean of the inputs' variances as target (equal to line 8 when a row
-  averages its inputs uniformly). This is the aggregation transform the runtime can offer to any
-  method whose exchange is a mixing matrix.
+* :func:`variance_correct` - a row-stochastic mixing matrix ``W [m, n]`` was applied to stacked
+  parameters (each row one receiver's weighted average, possibly through the bf16 wire); every
+  mixed layer is rescaled to the W-weighted mean of its inputs' variances (line 8 for a uniform
+  row). :func:`variance_corrected_mix` is ``W @ theta`` followed by it;
+* :func:`variance_corrected_average` - Algorithm 3 on one buffer of models (W = one uniform row);
+* :func:`correct_flat` / :func:`flat_layer_variance` - the same on the flat ``[n, P]`` layout of
+  the gossip simulation, whose buffers keep running sums of variances instead of the models.
 """
 
 from __future__ import annotations
@@ -85,12 +89,9 @@ def variance_corrected_average(buffer: dict[str, torch.Tensor]) -> dict[str, tor
     sizes = {t.shape[0] for t in buffer.values()}
     if not buffer or len(sizes) != 1 or 0 in sizes:
         raise InputError("variance correction: the model buffer must hold N >= 1 models in every tensor")
-    out: dict[str, torch.Tensor] = {}
-    for name, stack in buffer.items():
-        avg = stack.mean(dim=0, keepdim=True)                      # line 2
-        sigma_l2 = layer_variance(stack).mean().reshape(1)          # lines 5-8
-        out[name] = rescale_to_variance(avg, sigma_l2)[0]           # lines 9-11
-    return out
+    n = sizes.pop()
+    uniform = torch.full((1, n), 1.0 / n, dtype=torch.float64)               # line 2: Average(B)
+    return {name: t[0] for name, t in variance_corrected_mix(buffer, uniform).items()}
 
 
 def variance_corrected_mix(stacked_params: dict[str, torch.Tensor], W: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -118,15 +119,32 @@ def variance_corrected_mix(stacked_params: dict[str, torch.Tensor], W: torch.Ten
     Wd = W.to(torch.float64)
     if bool((Wd < 0).any()) or not torch.allclose(Wd.sum(1), torch.ones(W.shape[0], dtype=torch.float64), atol=1e-6):
         raise InputError("variance_corrected_mix: W must be non-negative with rows summing to 1")
-    out: dict[str, torch.Tensor] = {}
     for name, theta in stacked_params.items():
         if theta.shape[0] != n:
             raise InputError(f"variance_corrected_mix: {name} has {theta.shape[0]} rows, expected {n}")
-        flat = theta.reshape(n, -1)
-        avg = (W.to(flat.dtype) @ flat)
-        target = Wd @ layer_variance(theta)
-        out[name] = rescale_to_variance(avg, target).view(W.shape[0], *theta.shape[1:])
-    return out
+    mixed = {name: (W.to(theta.dtype) @ theta.reshape(n, -1)).view(W.shape[0], *theta.shape[1:])
+             for name, theta in stacked_params.items()}
+    return variance_correct(W, stacked_params, mixed)
+
+
+def variance_correct(w: torch.Tensor, inputs: dict[str, torch.Tensor],
+                     mixed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rescale each mixed layer to the W-weighted mean variance of its inputs (Algorithm 3, 5-11).
+
+    For a mixing matrix the target of receiver i is ``sum_j W[i, j] Var(theta_j)`` (equal to
+    line 8 for a uniform row). A row that keeps its own model (``W[i, i] = 1``) is returned
+    unchanged up to float rounding.
+
+    Args:
+        w: ``[m, n]`` row-stochastic mixing matrix of the round.
+        inputs: the stacked tensors that were mixed (``[n, ...]`` per key).
+        mixed: ``W @ inputs`` per key (``[m, ...]``), e.g. from :func:`federation.mixing.mix_params`
+            (which may apply the bf16 wire format first).
+    Returns:
+        The corrected tensors (new tensors; same keys and shapes as ``mixed``).
+    """
+    wd = w.to(torch.float64)
+    return {k: rescale_to_variance(m, wd @ layer_variance(inputs[k])) for k, m in mixed.items()}
 
 
 def correct_flat(avg_flat: torch.Tensor, target_var: torch.Tensor, layout) -> torch.Tensor:

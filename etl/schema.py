@@ -1,6 +1,7 @@
-"""Column contract of the cohort files, as the runtime reads them (docs/data_dictionary.md).
+"""The cohort schema: column contract of cohort.parquet and centers.parquet (docs/data_dictionary.md).
 
-These names are schema facts fixed by the ETL contract. The Charlson column list has a single
+Defined once here and used by both ETL sources (etl/mimic.py, etl/eicu.py, etl/pipeline.py) and by
+the runtime (federation/data.py, federation/synthetic.py). The Charlson column list has a single
 source, :data:`etl.charlson.CCI_COLUMNS`.
 """
 
@@ -73,3 +74,20 @@ CENTER_COLUMNS: tuple[str, ...] = (
 )
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+
+#: Exact MIMIC-IV ``icustays.first_careunit`` strings -> the short names of the ``care_unit``
+#: column (reference/mimic-iv-etl-facts.md).
+CARE_UNITS: dict[str, str] = {
+    "Medical Intensive Care Unit (MICU)": "MICU",
+    "Medical/Surgical Intensive Care Unit (MICU/SICU)": "MICU/SICU",
+    "Cardiac Vascular Intensive Care Unit (CVICU)": "CVICU",
+    "Surgical Intensive Care Unit (SICU)": "SICU",
+    "Coronary Care Unit (CCU)": "CCU",
+    "Trauma SICU (TSICU)": "TSICU",
+    "Neuro Intermediate": "Neuro Intermediate",
+    "Neuro Surgical Intensive Care Unit (Neuro SICU)": "Neuro SICU",
+    "Neuro Stepdown": "Neuro Stepdown",
+}
+
+#: The ABPS paper's six care units (Sec. 6.1), the default of ``--care-units``.
+DEFAULT_CARE_UNITS: tuple[str, ...] = ("MICU", "MICU/SICU", "CVICU", "SICU", "CCU", "TSICU")

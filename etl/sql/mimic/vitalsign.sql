@@ -1,0 +1,8 @@
+-- Concept: vital signs per charttime: one value per (stay_id, vital, charttime), the mean of
+-- the valid values charted at that time (e.g. a non-invasive and an arterial SBP).
+-- Source: MIT-LCP mimic-code mimic-iv/concepts/measurement/vitalsign.sql (one row per
+-- stay and charttime, values averaged with AVG(CASE ...)), ABPS paper Appendix A.
+-- Input: relation vital_rows (etl/sql/mimic/vital_rows.sql), one row per distinct source row.
+SELECT stay_id, vital, charttime, avg(v) AS v
+FROM vital_rows
+GROUP BY stay_id, vital, charttime
