@@ -36,7 +36,7 @@ from etl.io import atomic_write_text
 from federation.config import build_config
 from federation.data import FederatedData
 from federation.drift_scenario import LabelFlipDrift, drift_centers
-from federation.methods.registry import get_method, register_method
+from federation.methods.registry import METHODS, get_method, register
 from federation.runner import run_one
 from federation.tracking import finite
 
@@ -64,6 +64,8 @@ def _watching(preset: str) -> str:
             touch = upper & (f[:, None] | f[None, :])
             out["watched_edges"] = float(touch.sum())
             out["edges_total"] = float(upper.sum())
+            # mean posterior mean of the other centers about the flipped ones (c_neg = tau_acc = 0.5)
+            out["belief_about_flipped"] = float(self.beliefs.mean()[~f][:, f].mean())
             if self.drift is not None:
                 new = self.drift.detections - self._det
                 self._det = self.drift.detections.clone()
@@ -73,10 +75,8 @@ def _watching(preset: str) -> str:
 
     Watch.__name__ = f"Watch_{preset.replace('-', '_')}"
     Watch.name = name
-    try:
-        register_method(name, Watch)
-    except ValueError:
-        pass
+    if name not in METHODS:
+        register(Watch)
     return name
 
 
@@ -153,8 +153,12 @@ def drift_study(data: FederatedData, rounds: int, seeds: list[int], flip_round: 
             edges = [r["watched_edges"] for r in h]
             total = [r["edges_total"] for r in h]
             half, zero = _stop_rounds(edges, total, flip_round)
+            belief = [r["belief_about_flipped"] for r in h]
+            below = [k for k in range(flip_round - 1, len(h)) if belief[k] < 0.5]
             row: dict[str, Any] = {"variant": label, "seed": seed, "gamma": gamma, "watched_edges": edges,
                                    "edges_total": total, "rounds_to_half": half, "rounds_to_stop": zero,
+                                   "belief_about_flipped": belief,
+                                   "rounds_to_belief_below_half": (below[0] + 1 - flip_round) if below else None,
                                    "final_auroc": res.final_auroc_mean,
                                    "test_auroc": [r["test_auroc_mean"] for r in h],
                                    "seconds": time.perf_counter() - t0}
@@ -178,7 +182,7 @@ def figure(priv: list[dict[str, Any]], drift: list[dict[str, Any]], path: Path, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 4, figsize=(18, 4))
+    fig, ax = plt.subplots(1, 5, figsize=(22, 4))
     if priv:
         eps_vals = sorted({r["epsilon"] for r in priv})
         xs = list(range(len(eps_vals)))
@@ -202,10 +206,16 @@ def figure(priv: list[dict[str, Any]], drift: list[dict[str, Any]], path: Path, 
             share = [sum(r["watched_edges"][k] / max(r["edges_total"][k], 1) for r in runs) / len(runs)
                      for k in range(n)]
             ax[3].plot(range(1, n + 1), share, marker=".", label=label)
-        ax[3].axvline(flip_round, color="grey", ls="--")
-        ax[3].set_xlabel("round")
-        ax[3].set_title("partnerships touching a flipped center")
-        ax[3].legend(fontsize=8)
+            if "belief_about_flipped" in runs[0]:
+                bel = [sum(r["belief_about_flipped"][k] for r in runs) / len(runs) for k in range(n)]
+                ax[4].plot(range(1, n + 1), bel, marker=".", label=label)
+        for a, title in ((ax[3], "share of partnerships touching a flipped center"),
+                         (ax[4], "mean belief about the flipped centers")):
+            a.axvline(flip_round, color="grey", ls="--")
+            a.set_xlabel("round")
+            a.set_title(title, fontsize=10)
+            a.legend(fontsize=8)
+        ax[4].axhline(0.5, color="grey", ls=":")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -214,7 +224,8 @@ def figure(priv: list[dict[str, Any]], drift: list[dict[str, Any]], path: Path, 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cohort", required=True, help="cohort directory for the privacy-utility study")
+    ap.add_argument("--cohort", help="cohort directory for the privacy-utility study")
+    ap.add_argument("--from-json", nargs="+", help="only redraw the figure from earlier privacy_drift.json files")
     ap.add_argument("--drift-cohort", help="cohort directory for the drift study (default: --cohort)")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--rounds", type=int, default=5)
@@ -231,6 +242,16 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(a.out_dir)
+    if a.from_json:
+        docs = [json.loads(Path(f).read_text()) for f in a.from_json]
+        priv = [{**r, "epsilon": math.inf if r["epsilon"] is None else r["epsilon"]} for d in docs for r in d["privacy"]]
+        drift = [r for d in docs for r in d["drift"]]
+        flip = next((d["args"]["flip_round"] for d in docs if d["drift"]), a.flip_round)
+        figure(priv, drift, out / "privacy_drift.png", flip)
+        print(f"wrote {out / 'privacy_drift.png'}")
+        return
+    if not a.cohort:
+        ap.error("--cohort is required unless --from-json is given")
     priv = [] if "privacy" in a.skip else privacy_study(FederatedData.from_cohort(a.cohort), a.rounds, a.seeds,
                                                           a.overlap_seeds)
     drift = [] if "drift" in a.skip else drift_study(
