@@ -175,7 +175,8 @@ class DriftMonitor:
         self.alpha = float(params.drift_alpha)
         self.rho = float(params.drift_rho)
         self.windows = WelchWindows(n, params.drift_window)
-        self.detections = torch.zeros(n, n, dtype=torch.long)
+        self.detections = torch.zeros(n, n, dtype=torch.long)  # [n, n] detections per pair
+        self.tested = torch.zeros(n, n, dtype=torch.long)  # [n, n] tests per pair
         self.tests = 0
 
     def step(self, beliefs: BetaBeliefs, phi_bar: Tensor, observed: Tensor) -> tuple[Tensor, dict[str, float]]:
@@ -190,8 +191,10 @@ class DriftMonitor:
         """
         self.windows.push(phi_bar, observed)
         detected, pv = self.windows.test(observed, self.alpha)
-        tested = int(torch.isfinite(pv).sum())
+        ran = torch.isfinite(pv)
+        tested = int(ran.sum())
         self.tests += tested
+        self.tested += ran.to(torch.long)
         if detected.any():
             restart_beliefs(beliefs, detected, self.windows.latest(), self.rho)
             self.windows.clear(detected)

@@ -10,8 +10,8 @@ Drift: the label-flip scenario (:mod:`federation.drift_scenario`, the ``--flip-c
 from round ``--flip-round``) under base ABPS, ABPS with the fixed ``belief_decay`` and ABPS with the
 Welch-t drift windows (:mod:`abps.drift`). Per run: partnerships touching a flipped center per round,
 rounds until their share falls to half its pre-flip level and until they stop (none for 3 rounds),
-the detection delay of the Welch test on pairs with a flipped peer and its false-alarm rate on the
-other pairs.
+the detection delay of the Welch test (first detection by an unflipped center of a flipped peer)
+and its false alarms (detections on pairs where neither side flipped, per test on those pairs).
 
     OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.bench_privacy_drift --cohort DIR --out-dir DIR
 
@@ -56,6 +56,7 @@ def _watching(preset: str) -> str:
         def setup(self, ctx):  # noqa: ANN001
             super().setup(ctx)
             self._det = torch.zeros(ctx.n, ctx.n, dtype=torch.long)
+            self._tst = torch.zeros(ctx.n, ctx.n, dtype=torch.long)
 
         def after_exchange(self, ctx, round_idx, plan):  # noqa: ANN001
             out = super().after_exchange(ctx, round_idx, plan)
@@ -68,9 +69,12 @@ def _watching(preset: str) -> str:
             out["belief_about_flipped"] = float(self.beliefs.mean()[~f][:, f].mean())
             if self.drift is not None:
                 new = self.drift.detections - self._det
-                self._det = self.drift.detections.clone()
-                out["det_flipped_peer"] = float(new[:, f].sum())
-                out["det_other"] = float(new[:, ~f].sum())
+                new_t = self.drift.tested - self._tst
+                self._det, self._tst = self.drift.detections.clone(), self.drift.tested.clone()
+                unaffected = ~f[:, None] & ~f[None, :]
+                out["det_flipped_peer"] = float(new[~f][:, f].sum())  # others detect a flipped peer
+                out["det_unaffected"] = float(new[unaffected].sum())  # neither side flipped: false alarms
+                out["tests_unaffected"] = float(new_t[unaffected].sum())
             return out
 
     Watch.__name__ = f"Watch_{preset.replace('-', '_')}"
@@ -167,7 +171,8 @@ def drift_study(data: FederatedData, rounds: int, seeds: list[int], flip_round: 
                 after = [k for k in range(flip_round - 1, len(h)) if det_f[k] > 0]
                 row["detection_delay"] = (after[0] + 1 - flip_round) if after else None
                 row["detections_flipped_peer"] = sum(det_f)
-                row["false_alarms"] = sum(r["det_other"] for r in h)
+                row["false_alarms"] = sum(r["det_unaffected"] for r in h)
+                row["tests_unaffected"] = sum(r["tests_unaffected"] for r in h)
                 row["tests_total"] = res.method_summary.get("drift_tests_total")
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
