@@ -207,7 +207,8 @@ class PrivacyDriftHooks:
 
     The method calls :meth:`_publish_metadata` once in ``setup`` (the first release, at filter time),
     :meth:`_drift_step` in ``after_exchange`` after the Beta update, and adds
-    :meth:`_take_resend_bytes` to the round's metadata bytes. Expects ``self.p`` (AbpsParams, with the
+    :meth:`_take_resend_bytes` to the round's metadata bytes, and merges :meth:`_privacy_drift_metrics`
+    into its ``final_metrics``. Expects ``self.p`` (AbpsParams, with the
     :class:`abps.privacy.MetadataDpParams` and :class:`DriftParams` fields), ``self.beliefs``,
     ``self.candidates`` / ``self.tau_sim`` and ``self.meta_dim``.
     """
@@ -222,7 +223,8 @@ class PrivacyDriftHooks:
 
         p = self.p
         self.metadata_release = MetadataRelease(p, ctx.n_train, ctx.seed)
-        self.drift = DriftMonitor(p, ctx.n) if p.drift_window else None
+        window = getattr(p, "drift_window", 0)  # random-partners has no beliefs and no drift windows
+        self.drift = DriftMonitor(p, ctx.n) if window else None
         self._resend = 0
         return self.metadata_release.release(meta) if p.goal is not None else meta
 
@@ -250,7 +252,7 @@ class PrivacyDriftHooks:
                 if resend.any():
                     published = rel.release(meta, resend)
                     self.candidates, self.tau_sim = candidate_mask(
-                        published.double(), p.goal, p.keep_fraction, p.normalize_metadata)
+                        published.double(), p.goal, p.keep_fraction, p.normalize_metadata, p.tau_mode, p.candidacy)
                     self._resend += int(resend.sum()) * self.meta_dim * 4  # float32 on the wire
             out["metadata_resent"] = float(resend.sum())
         if rel.enabled and p.goal is not None:
@@ -262,7 +264,7 @@ class PrivacyDriftHooks:
         b, self._resend = self._resend, 0
         return b
 
-    def final_metrics(self, ctx) -> dict[str, float]:
+    def _privacy_drift_metrics(self) -> dict[str, float]:
         """Privacy spent and drift totals for results.json and the final MLflow metrics.
 
         Keys (only for what is on): :meth:`abps.privacy.MetadataRelease.spent` when a goal makes the

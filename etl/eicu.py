@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 
@@ -78,7 +79,7 @@ def _comorbidity_sql(s: dict[str, str], source: str) -> str:
                        icd_flags=charlson.charlson_flags_sql(f"({icd})"))
 
 
-def _decorate_centers(hosp: pl.DataFrame) -> callable:
+def _decorate_centers(hosp: pl.DataFrame) -> Callable[[pl.DataFrame, pl.DataFrame], pl.DataFrame]:
     """A hospital's "care unit" is its most common unit type; hospital attributes are added."""
 
     def decorate(cohort: pl.DataFrame, centers: pl.DataFrame) -> pl.DataFrame:
@@ -127,7 +128,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     t_start = time.perf_counter()
     att = Attrition()
     with atomic_output_dir(out) as tmp:
-        con = connect(opts, tmp)
+        con = connect(opts.threads, opts.memory_limit, tmp)
         with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
             tables = check_keys(con, tables, KEYS, types, att, root)
             s = {k: v.scan_sql(types) for k, v in tables.items()}

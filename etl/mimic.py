@@ -3,7 +3,7 @@
 The clinical concepts are SQL files under ``etl/sql/mimic/`` (stays, vital rows, vitals per
 charttime, first-day vitals, the diagnosis codes of a stay) and ``etl/sql/charlson.sql``; this
 module locates and checks the source tables, runs the concepts in order on the one DuckDB
-connection (:func:`etl.pipeline.connect`), counts every stay dropped (the attrition table), and
+connection (:func:`etl.sources.connect`), counts every stay dropped (the attrition table), and
 hands the kept stays to the shared tail (:func:`etl.pipeline.finish`). ``chartevents`` is never
 loaded whole: one streaming scan keeps only the vital itemids inside each kept stay's window,
 so memory grows with the number of kept stays, not with the size of the file.
@@ -81,7 +81,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     mimic_dir = Path(mimic_dir)
     tables = _locate_all(mimic_dir)
     inputs = {name: str(t.path.relative_to(mimic_dir)) for name, t in tables.items()}
-    con = connect(opts, scratch)
+    con = connect(opts.threads, opts.memory_limit, scratch)
     att = Attrition()
     timings: dict[str, float] = {}
     units = sorted({CARE_UNITS.get(u, u) for u in opts.care_units})

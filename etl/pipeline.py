@@ -2,9 +2,9 @@
 
 * :class:`EtlOptions` - the options of ``abps etl`` for either source, validated per source (an
   option that does not apply to the source is refused, never ignored).
-* :func:`connect` - the only place a DuckDB connection for the ETL is made: ``--threads``,
-  ``--memory-limit``, a spill folder inside the output's temporary sibling, and the session time
-  zone fixed to UTC (results never depend on the machine's ``TZ``).
+* :func:`etl.sources.connect` (re-exported) - the only place a DuckDB connection of the ETL is
+  made: ``--threads``, ``--memory-limit``, a spill folder inside the output's temporary sibling,
+  and the session time zone fixed to UTC (results never depend on the machine's ``TZ``).
 * :func:`etl.sql.concept_sql` (re-exported) - reads a concept file
   ``etl/sql/<source>/<concept>.sql`` (one clinical concept per file, each citing its source in a
   header comment) and fills its ``${...}`` slots (named ``<slot>`` in the header comments).
@@ -21,7 +21,8 @@ import json
 import math
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -35,8 +36,11 @@ from etl.io import atomic_write_text
 from etl.partition import PARTITIONS, assign_centers, grouped_stratified_split
 from etl.report import cohort_report, report_markdown
 from etl.schema import CARE_UNITS, COHORT_COLUMNS, DEFAULT_CARE_UNITS
-from etl.sources import Table, check_key
-from etl.sql import concept_sql  # noqa: F401  (re-exported: the ETL's one SQL loader)
+from etl.sources import Table, check_key, connect
+from etl.sql import concept_sql
+
+__all__ = ["EtlOptions", "connect", "concept_sql", "frame", "scalar", "Attrition", "check_keys",
+           "drop_small_centers", "center_metadata", "finish"]
 
 COMORBIDITY_SOURCES = ("same-admission", "earlier-admissions")
 SOURCES = ("mimic", "eicu")
@@ -135,23 +139,6 @@ class EtlOptions:
             why = f"--partition {self.partition}"
         if unused:
             raise InputError(f"{unused[0]} does not apply to {why}; leave it out")
-
-
-def connect(opts: EtlOptions, scratch: Path) -> duckdb.DuckDBPyConnection:
-    """The one DuckDB connection of an ETL run (both sources).
-
-    Settings: ``threads`` and ``memory_limit`` from the options, spill files under
-    ``scratch/duckdb_tmp`` (inside the output's temporary sibling), ``TimeZone = 'UTC'`` (a
-    TIMESTAMPTZ never reads differently under another ``TZ``), no insertion-order guarantee
-    (every output is sorted explicitly).
-    """
-    con = duckdb.connect(":memory:")
-    con.execute("SET TimeZone = 'UTC'")
-    con.execute(f"SET threads = {int(opts.threads)}")
-    con.execute(f"SET memory_limit = '{opts.memory_limit.strip()}'")  # validated: digits + unit
-    con.execute(f"SET temp_directory = '{str(scratch / 'duckdb_tmp').replace(chr(39), chr(39) * 2)}'")
-    con.execute("SET preserve_insertion_order = false")
-    return con
 
 
 def frame(con: duckdb.DuckDBPyConnection, query: str) -> pl.DataFrame:
@@ -270,8 +257,6 @@ def finish(
     Returns:
         The cohort report dict (also written as cohort_report.json / .md under ``tmp``).
     """
-    import time
-
     if partition != "hospital":
         cohort = assign_centers(cohort, partition, window_years=opts.window_years,
                                 window_origin=opts.window_origin, n_centers=opts.n_centers,

@@ -91,6 +91,26 @@ class Table:
                 f"columns={{{cols}}}, nullstr='')")
 
 
+def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | None = None) -> duckdb.DuckDBPyConnection:
+    """The one function that opens a DuckDB connection for the ETL (both sources, every step).
+
+    Settings: ``TimeZone = 'UTC'`` (a TIMESTAMPTZ never reads differently under another ``TZ``),
+    ``threads`` (``--threads``), ``memory_limit`` (``--memory-limit``, validated as digits and a
+    unit by ``EtlOptions.validate``), spill files under ``scratch/duckdb_tmp`` (inside the
+    output's temporary sibling), and no insertion-order guarantee (every output is sorted
+    explicitly). Without ``memory_limit`` / ``scratch`` (schema probes) DuckDB's defaults apply.
+    """
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")
+    con.execute(f"SET threads = {int(threads)}")
+    if memory_limit is not None:
+        con.execute(f"SET memory_limit = '{memory_limit.strip()}'")
+    if scratch is not None:
+        con.execute(f"SET temp_directory = '{_quote(scratch / 'duckdb_tmp')}'")
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
 def _csv_header(path: Path) -> tuple[str, ...]:
     try:
         if path.suffix == ".gz":
@@ -163,7 +183,8 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     kinds: tuple[str, ...] = ()
     if path.suffix == ".parquet":
         try:
-            desc = duckdb.connect().sql(f"DESCRIBE SELECT * FROM read_parquet('{_quote(path)}')").fetchall()
+            with contextlib.closing(connect()) as con:
+                desc = con.sql(f"DESCRIBE SELECT * FROM read_parquet('{_quote(path)}')").fetchall()
         except duckdb.Error as exc:
             raise InputError(f"{path}: unreadable Parquet ({exc.__class__.__name__})") from None
         cols = tuple(r[0].lower() for r in desc)
@@ -218,21 +239,21 @@ def diagnose(tables: list[Table], types: dict[str, str]) -> tuple[Table, str] | 
 
     Run only after a scan failed: each used column is read as stored and TRY_CAST to its type.
     """
-    con = duckdb.connect()
-    with contextlib.closing(con):
+    with contextlib.closing(connect()) as con:
         for t in tables:
-            for col, kind in zip(t.columns, t.kinds or ("VARCHAR",) * len(t.columns)):
-                want = types.get(col)
-                if want is None or not kind.startswith("VARCHAR"):
-                    continue
-                try:
-                    bad = con.execute(
-                        f"SELECT count(*) FROM {t.varchar_scan()} "
-                        f"WHERE {col} IS NOT NULL AND TRY_CAST({col} AS {want}) IS NULL").fetchall()[0][0]
-                except duckdb.Error:
-                    continue
-                if bad:
-                    return t, col
+            cols = [(c, types[c]) for c, kind in zip(t.columns, t.kinds or ("VARCHAR",) * len(t.columns))
+                    if c in types and kind.startswith("VARCHAR")]
+            if not cols:
+                continue
+            checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND TRY_CAST({c} AS {w}) IS NULL)"
+                               for c, w in cols)
+            try:
+                bad = con.execute(f"SELECT {checks} FROM {t.varchar_scan()}").fetchall()[0]
+            except duckdb.Error:
+                continue
+            for (c, _), n in zip(cols, bad):
+                if n:
+                    return t, c
     return None
 
 

@@ -26,8 +26,8 @@ from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys,
-                               variance_correct)
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
+from federation.variance import variance_correct
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 
@@ -58,8 +58,8 @@ class RunResult:
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. the DP
-        budget spent by ABPS's metadata releases)."""
+        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
+        per-seed isolation figures and the DP budget spent by its metadata releases)."""
         skip = ("history", "per_center", "params", "artifacts")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -272,6 +272,7 @@ def run_training(
     experiment: str = "abps",
     progress: bool = True,
     track: bool = True,
+    overwrite: bool = True,
 ) -> dict[str, Any]:
     """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
 
@@ -280,8 +281,11 @@ def run_training(
     per-center metrics keyed by center_id), ``config.json``; the parent gets
     ``results.json``. Nothing row-level is logged.
 
+    ``overwrite=False`` refuses an ``output`` that exists (``abps train`` without ``--force``).
+
     Raises:
-        InputError: bad cohort directory or unknown method.
+        InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
+            cohort's files, or (with ``overwrite=False``) an existing file.
     """
     from pydantic import ValidationError
 
@@ -300,6 +304,8 @@ def run_training(
             raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
+        if not overwrite and out.exists():
+            raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
@@ -308,7 +314,8 @@ def run_training(
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid}) if tracker else _null()):
+                                                              COHORT_TAG: cid})
+               if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
@@ -326,8 +333,6 @@ def run_training(
                 results.append(res)
                 if tracker:
                     tracker.log_final(res.summary())
-                    tracker.log_metrics({k: float(v) for k, v in res.method_summary.items()
-                                         if isinstance(v, (int, float))}, res.rounds_run)
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from etl import charlson, eicu, mimic
-from etl.pipeline import EtlOptions, concept_sql, connect, frame, scalar
+from etl.pipeline import concept_sql, connect, frame, scalar
 from etl.schema import CCI_COLUMNS, VITAL_COLUMNS
 from etl.sources import locate
 
@@ -39,7 +39,7 @@ def test_every_concept_file_cites_its_source_and_ships():
 def mimic_con(mimic_demo_dir, tmp_path_factory):
     t = {name: locate(mimic_demo_dir, module, name, cols, mimic.TYPES) for (module, name), cols in mimic.REQUIRED.items()}
     s = {k: v.scan_sql(mimic.TYPES) for k, v in t.items()}
-    con = connect(EtlOptions(), tmp_path_factory.mktemp("duck"))
+    con = connect(2, "2GB", tmp_path_factory.mktemp("duck"))
     con.execute("CREATE TEMP TABLE kept AS " + concept_sql(
         "mimic", "stays", icustays=s["icustays"], admissions=s["admissions"], patients=s["patients"],
         care_units=", ".join(f"('{k}', '{v}')" for k, v in mimic.CARE_UNITS.items())))
@@ -105,7 +105,7 @@ def eicu_con(eicu_demo_dir, tmp_path_factory):
     types = {k.lower(): v for k, v in eicu.TYPES.items()}
     t = {name: locate(eicu_demo_dir, "", name, cols, types) for name, cols in eicu.REQUIRED.items()}
     s = {k: v.scan_sql(types) for k, v in t.items()}
-    con = connect(EtlOptions(), tmp_path_factory.mktemp("duck"))
+    con = connect(2, "2GB", tmp_path_factory.mktemp("duck"))
     con.execute("CREATE TEMP TABLE kept AS " + concept_sql("eicu", "stays", patient=s["patient"]))
     with contextlib.closing(con):
         yield con, s
