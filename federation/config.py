@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
 from federation.checks import count_non_finite
+from federation.drift_scenario import LabelFlipDrift
 
 
 class _Strict(BaseModel):
@@ -106,6 +107,7 @@ class RunConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="method-specific, validated by the method")
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
     data: DataConfig = DataConfig()
+    drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
 
     @field_validator("method")
     @classmethod

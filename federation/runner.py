@@ -20,6 +20,7 @@ from etl.io import atomic_write_text
 from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
+from federation.drift_scenario import apply_drift, drifting_copy
 from federation.engine import AdamState, Params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
@@ -58,7 +59,7 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
         method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
-        per-seed isolation figures)."""
+        per-seed isolation figures and the DP budget spent by its metadata releases)."""
         skip = ("history", "per_center", "params", "artifacts")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -98,7 +99,10 @@ def run_one(
         raise InputError(f"{cfg.method}: data.preprocessing 'pooled' fits statistics on the union of all "
                          f"centers' rows; only the centralized reference may use it")
     data = data.with_preprocessing(cfg.data)  # the run's numeric encoding (no-op when already in use)
+    if cfg.drift is not None and cls.pooled:
+        raise InputError(f"{cfg.method}: the drift scenario needs per-center labels (not a pooled model)")
     method: Method = cls(cls.Params.model_validate(cfg.params))
+    data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
@@ -126,6 +130,7 @@ def run_one(
     last_val = last_test = None
     rounds_run = 0
     for r in range(cfg.max_rounds):
+        apply_drift(data, cfg.drift, r)
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
