@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from cli import project
 from cli.app import app
 from etl.errors import InputError
 
@@ -24,7 +26,7 @@ def _fractions(text: str) -> tuple[float, float, float]:
 @app.command("etl")
 def etl_command(
     out: Path = typer.Option(..., "--out", help="Output folder (cohort.parquet, centers.parquet, cohort_report.*)."),
-    mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/."),
+    mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/ (default: the MIMIC_DIR environment variable)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
     source: str = typer.Option("mimic", "--source", help="mimic (default) or eicu."),
     partition: str = typer.Option("careunit-year", help="careunit-year | careunit-era | dirichlet | iid (mimic; eICU centers are hospitals)."),
@@ -48,9 +50,10 @@ def etl_command(
 
     if mimic_dir is not None and data_dir is not None and mimic_dir != data_dir:
         raise InputError("give the source folder once: --mimic-dir or --data-dir, not both")
-    src_dir = mimic_dir or data_dir
+    src_dir = mimic_dir or data_dir or (Path(os.environ["MIMIC_DIR"]) if source == "mimic" and os.environ.get("MIMIC_DIR") else None)
     if src_dir is None:
-        raise InputError("give the source folder with --mimic-dir (or --data-dir)")
+        raise InputError("give the source folder with --mimic-dir (or --data-dir, or the MIMIC_DIR environment variable)")
+    project.announce_source(src_dir, source)
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,
         care_units=tuple(dict.fromkeys(u.strip() for u in care_units.split(",") if u.strip())),
@@ -80,3 +83,4 @@ def etl_command(
     typer.echo(
         f"cohort: {rep['stays']} stays, {rep['centers']} centers, mortality {rep['mortality']:.3f} -> {out}"
     )
+    project.record_etl(out, source)

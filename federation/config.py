@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
+from federation.checks import count_non_finite
 
 
 class _Strict(BaseModel):
@@ -44,7 +45,7 @@ class ExchangeConfig(_Strict):
     to bfloat16. ``server_momentum``: EMA momentum beta on the exchanged block (0 = off;
     see :func:`federation.mixing.apply_momentum`). ``variance_correction``: rescale each mixed
     layer to the mean variance of its inputs (Tian et al. 2024, Algorithm 3;
-    :func:`federation.mixing.variance_correct`).
+    :func:`federation.variance.variance_correct`).
     """
 
     head_layers: Literal[0, 1, 2] = 0
@@ -83,8 +84,6 @@ class RunConfig(_Strict):
     @classmethod
     def _finite_params(cls, v: dict[str, Any]) -> dict[str, Any]:
         # method parameters are validated by each method; a NaN / infinity is refused for all of them
-        from federation.checks import count_non_finite
-
         bad = [k for k, x in v.items() if count_non_finite(x)]
         if bad:
             raise ValueError(f"method parameter {bad[0]!r} must be a finite number")

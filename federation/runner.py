@@ -25,8 +25,8 @@ from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys,
-                               variance_correct)
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
+from federation.variance import variance_correct
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 
@@ -53,10 +53,12 @@ class RunResult:
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
     params: Params | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
+    method_summary: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts)."""
+        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
+        per-seed isolation figures)."""
         skip = ("history", "per_center", "params", "artifacts")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -167,6 +169,7 @@ def run_one(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
+        method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
     )
 
 
@@ -187,6 +190,7 @@ def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
     rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
     keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    method_summary: Callable[[], dict[str, Any]] | None = None,
 ) -> RunResult:
     """End of a run (shared by every round loop): restore the best round when early stopping is
     on, summarize the last val / test AUROC ``[n]`` and build the :class:`RunResult`.
@@ -196,6 +200,9 @@ def finalize_run(
         params: the live stacked parameters (restored in place).
         keep: called after the restore to store the final parameters in the result.
         artifacts: called for the method's MLflow artifacts.
+        method_summary: called for the method's end-of-run summary (a method's optional
+            ``final_metrics(ctx)`` hook): goes into results.json per seed; its float entries are
+            logged as final MLflow metrics.
     """
     best_round = rounds_run
     if cfg.early_stopping.enabled and best[2] is not None:
@@ -218,6 +225,7 @@ def finalize_run(
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
         params=keep() if keep is not None else None,
         artifacts=artifacts() if artifacts is not None else {},
+        method_summary=method_summary() if method_summary is not None else {},
     )
 
 
@@ -259,6 +267,7 @@ def run_training(
     experiment: str = "abps",
     progress: bool = True,
     track: bool = True,
+    overwrite: bool = True,
 ) -> dict[str, Any]:
     """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
 
@@ -267,8 +276,11 @@ def run_training(
     per-center metrics keyed by center_id), ``config.json``; the parent gets
     ``results.json``. Nothing row-level is logged.
 
+    ``overwrite=False`` refuses an ``output`` that exists (``abps train`` without ``--force``).
+
     Raises:
-        InputError: bad cohort directory or unknown method.
+        InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
+            cohort's files, or (with ``overwrite=False``) an existing file.
     """
     from pydantic import ValidationError
 
@@ -287,6 +299,8 @@ def run_training(
             raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
+        if not overwrite and out.exists():
+            raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
@@ -295,7 +309,8 @@ def run_training(
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid}) if tracker else _null()):
+                                                              COHORT_TAG: cid})
+               if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},

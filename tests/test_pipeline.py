@@ -4,6 +4,7 @@ generator's ground truth) -> abps train, and the eICU hospital federation -> abp
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ CLI = [sys.executable, "-c", "from cli.app import main; main()"]
 
 def _abps(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     p = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600,
-                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]})
     assert p.returncode == 0, p.stderr[-2000:]
     return p
 

@@ -39,7 +39,10 @@ MLP engine), ``aggregate(ctx, w, params)`` forms the exchanged block from ``W`` 
 payloads one model transfer carries (BNN+FL: 2). A method object may expose
 ``artifacts``: a mapping ``{file name: JSON-able object}`` or a hook ``artifacts(ctx) ->
 mapping`` called once after the last round (aggregates keyed by center_id only); the runner
-logs each entry as an MLflow artifact of the seed's run.
+logs each entry as an MLflow artifact of the seed's run. A method object may also define
+``final_metrics(ctx) -> dict`` (called once after the last round; aggregates keyed by
+center_id only): the runner stores it as ``method_summary`` in the seed's results.json entry
+and logs its numeric entries as final MLflow metrics (ABPS: per-seed isolation figures).
 
 Register a method class with the decorator :func:`federation.methods.registry.register`
 (``@register(display_name=..., family=..., paper_order=...)``).
