@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -25,8 +23,6 @@ from etl.meds import run_meds_etl
 from etl.mimic import EtlOptions, run_etl
 from etl.schema import COHORT_COLUMNS, VITAL_COLUMNS
 
-REPO = Path(__file__).resolve().parents[1]
-ABPS = [sys.executable, "-c", "from cli.app import main; main()"]
 PRESENT = ("tuning", "held_out")
 #: Columns the two paths must agree on exactly (everything but the split, which depends on the
 #: cohort's size, and anchor_year_group, which MEDS does not carry).
@@ -69,6 +65,8 @@ def test_same_stays_labels_and_fields_as_the_csv_path(both, mimic_demo_dir):
     assert icu.filter(pl.col("subject_id").is_in(subjects.implode())).height == 27
     assert rep_m["attrition"][1]["stays_in"] == 27
     assert int(m["label"].sum()) == 4
+    # the split is the shared tail's, grouped by subject (docs/meds.md: not MEDS's subject_splits)
+    assert m.group_by("subject_id").agg(pl.col("split").n_unique())["split"].max() == 1
     assert set(m[charlson.CCI_COLUMNS[0]].unique().to_list()) <= {0, 1}
 
 
@@ -111,6 +109,7 @@ def test_only_anchor_year_group_is_lost_and_the_report_has_the_same_form(both):
     m, c, rep_m, rep_c, _ = both
     assert m["anchor_year_group"].null_count() == m.height
     assert c["anchor_year_group"].null_count() == 0
+    assert rep_m["partition_statistics"]["cramers_v_window_vs_anchor_year_group"] is None
     assert rep_m["source"] == "meds" and rep_c["source"] == "mimic"
     assert set(rep_m) == set(rep_c)
     assert rep_m["inputs"]["meds_version"] == "0.3.3"
@@ -176,16 +175,21 @@ def test_conflicting_icu_admissions_and_bad_options(meds_demo_dir, tmp_path):
         run_meds_etl(meds_demo_dir, tmp_path / "o3", EtlOptions(partition="careunit-era"), splits=PRESENT)
 
 
-def test_cli_one_line_error_and_success(meds_demo_dir, tmp_path):
-    p = subprocess.run([*ABPS, "etl", "--source", "meds", "--data-dir", str(meds_demo_dir), "--out",
-                        str(tmp_path / "o")], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert p.returncode == 2
-    assert p.stderr.strip().count("\n") == 0 and "missing shard" in p.stderr and "Traceback" not in p.stderr
+def test_cli_one_line_error_and_success(meds_demo_dir, tmp_path, capsys):
+    """The console entry point in-process (cli.app.main, as the ``abps`` script runs it)."""
+    from cli.app import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["etl", "--source", "meds", "--data-dir", str(meds_demo_dir), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.strip().count("\n") == 0 and err.startswith("error: missing shard") and "Traceback" not in err
     assert not (tmp_path / "o").exists()
-    p = subprocess.run([*ABPS, "etl", "--source", "meds", "--data-dir", str(meds_demo_dir), "--meds-splits",
-                        "tuning,held_out", "--min-center-stays", "1", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert "cohort: 27 stays" in p.stdout
+    main(["etl", "--source", "meds", "--data-dir", str(meds_demo_dir), "--meds-splits", "tuning,held_out",
+          "--min-center-stays", "1", "--out", str(tmp_path / "o")])
+    assert "cohort: 27 stays" in capsys.readouterr().out
     rep = json.loads((tmp_path / "o" / "cohort_report.json").read_text())
     assert rep["stays"] == 27 and rep["source"] == "meds"
+    with pytest.raises(SystemExit):
+        main(["etl", "--data-dir", str(meds_demo_dir), "--meds-splits", "tuning", "--out", str(tmp_path / "p")])
+    assert "--meds-splits does not apply to --source mimic" in capsys.readouterr().err
