@@ -26,11 +26,10 @@ from pathlib import Path
 
 import polars as pl
 
-from etl import charlson
 from etl.errors import InputError
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, concept_sql, connect, finish, frame, scalar
-from etl.schema import CARE_UNITS
+from etl.mimic import assemble, care_unit_rows, charlson_sql, first_day_vitals, keep_adult_unit_stays
 from etl.sources import Table, duckdb_errors, locate
 
 __all__ = ["run_meds_etl", "build_meds_cohort", "REQUIRED", "OPTIONAL", "TYPES"]
@@ -156,7 +155,6 @@ def build_meds_cohort(data_dir: str | Path, opts: EtlOptions, scratch: Path,
     att.add(f"subjects in the MEDS splits read ({', '.join(shards)})", n_listed,
             sum(listed[s] for s in shards), unit="subjects")
     timings: dict[str, float] = {}
-    units = sorted({CARE_UNITS.get(u, u) for u in opts.care_units})
     con = connect(opts.threads, opts.memory_limit, scratch)
     with contextlib.closing(con), duckdb_errors(tables, TYPES):
         t0 = time.perf_counter()
@@ -174,7 +172,7 @@ def build_meds_cohort(data_dir: str | Path, opts: EtlOptions, scratch: Path,
             raise InputError(f"{where}: conflicting MEDS_BIRTH or GENDER events: {bad} subjects have more than one")
         con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql(
             "mimic", "stays", icustays="meds_icustays", admissions="meds_admissions", patients="meds_patients",
-            care_units=", ".join(f"('{k}', '{v}')" for k, v in CARE_UNITS.items())))
+            care_units=care_unit_rows()))
         n_join = scalar(con, "SELECT count(*) FROM all_stays")
         att.add("ICU stays with admission and birth events", n_icu, n_join)
         if n_join == 0:
@@ -182,43 +180,20 @@ def build_meds_cohort(data_dir: str | Path, opts: EtlOptions, scratch: Path,
         known = "label IS NOT NULL AND intime IS NOT NULL"
         n_label = scalar(con, f"SELECT count(*) FROM all_stays WHERE {known}")
         att.add("known in-hospital outcome (HOSPITAL_DISCHARGE event) and intime", n_join, n_label)
-        age = f"{known} AND age BETWEEN ? AND ?"
-        n_age = scalar(con, f"SELECT count(*) FROM all_stays WHERE {age}", [opts.min_age, opts.max_age])
-        att.add(f"age {opts.min_age:g} to {opts.max_age:g}", n_label, n_age)
-        con.execute(f"CREATE TEMP TABLE kept AS SELECT * FROM all_stays WHERE {age} "
-                    "AND care_unit IN (SELECT unnest(?::VARCHAR[]))", [opts.min_age, opts.max_age, units])
-        n_unit = scalar(con, "SELECT count(*) FROM kept")
-        att.add(f"care unit in {', '.join(units)}", n_age, n_unit)
-        if n_unit == 0:
-            raise InputError("empty cohort after the age and care-unit filters (check --care-units, --min-age, --max-age)")
+        keep_adult_unit_stays(con, opts, att, n_label)
         timings["stays_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        con.execute("CREATE TEMP TABLE vital_rows AS " + concept_sql(
-            "mimic", "vital_rows", chartevents="meds_chartevents", from_hours=float(opts.vitals_from_hours)))
-        n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), count(*) FROM vital_rows").fetchall()[0]
-        if n_rows != n_distinct:
-            att.add("identical duplicate vital events collapsed (in the window)", n_rows, n_distinct, unit="rows")
-        con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign"))
-        vitals = frame(con, concept_sql("mimic", "first_day_vitalsign"))
+        vitals = first_day_vitals(con, "meds_chartevents", opts, att,
+                                  "identical duplicate vital events collapsed (in the window)")
         timings["events_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        if opts.comorbidity_source == "same-admission":
-            rel = concept_sql("mimic", "diagnoses_same_admission", diagnoses_icd="meds_diagnoses_icd")
-        else:
-            rel = concept_sql("mimic", "diagnoses_earlier_admissions", diagnoses_icd="meds_diagnoses_icd",
-                              admissions="meds_admissions")
-        cci = frame(con, charlson.charlson_flags_sql(f"({rel})"))
+        cci = frame(con, charlson_sql("meds_diagnoses_icd", "meds_admissions", opts.comorbidity_source))
         timings["charlson_s"] = time.perf_counter() - t0
         kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
 
-    cohort = (
-        kept.join(vitals, on="stay_id", how="left")
-        .join(cci, on="hadm_id", how="left")
-        .with_columns([pl.col(c).fill_null(0).cast(pl.Int8) for c in charlson.CCI_COLUMNS])
-    )
-    return cohort, att, timings, inputs
+    return assemble(kept, vitals, cci), att, timings, inputs
 
 
 def run_meds_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None = None,
