@@ -118,6 +118,60 @@ def test_only_anchor_year_group_is_lost_and_the_report_has_the_same_form(both):
                                      "subjects_out": 20}
 
 
+def test_each_meds_concept_equals_the_csv_table(meds_demo_dir, mimic_demo_dir):
+    """Known-value test per etl/sql/meds concept: on the 20 MEDS subjects each rebuilt relation
+    equals the raw CSV table (DuckDB EXCEPT both ways, counts asserted)."""
+    from etl.sql import concept_sql
+
+    con = duckdb.connect()
+    ev = f"read_parquet('{meds_demo_dir}/data/*/*.parquet', union_by_name=true)"
+    con.execute(f"CREATE TABLE subj AS SELECT DISTINCT subject_id FROM {ev}")
+
+    def csv(rel: str) -> str:
+        return f"(SELECT * FROM read_csv_auto('{mimic_demo_dir / rel}') WHERE subject_id IN (SELECT subject_id FROM subj))"
+
+    def same(a: str, b: str) -> int:
+        assert con.sql(f"SELECT count(*) FROM (({a}) EXCEPT ALL ({b}))").fetchall()[0][0] == 0
+        assert con.sql(f"SELECT count(*) FROM (({b}) EXCEPT ALL ({a}))").fetchall()[0][0] == 0
+        return con.sql(f"SELECT count(*) FROM ({a})").fetchall()[0][0]
+
+    m = {k: f"({concept_sql('meds', k, events=ev)})" for k in
+         ("icustays", "admissions", "patients", "chartevents", "diagnoses_icd")}
+    assert same(f"SELECT stay_id, subject_id, hadm_id, first_careunit, intime FROM {m['icustays']}",
+                f"SELECT stay_id, subject_id, hadm_id, first_careunit, intime FROM {csv('icu/icustays.csv.gz')}") == 27
+    cols = "hadm_id, subject_id, admittime, admission_type, admission_location, insurance, race, hospital_expire_flag"
+    assert same(f"SELECT {cols} FROM {m['admissions']}", f"SELECT {cols} FROM {csv('hosp/admissions.csv.gz')}") == 37
+    assert same(f"SELECT subject_id, gender, anchor_year - anchor_age FROM {m['patients']}",
+                f"SELECT subject_id, gender, anchor_year - anchor_age FROM {csv('hosp/patients.csv.gz')}") == 20
+    assert same(f"SELECT DISTINCT hadm_id, icd_code, icd_version FROM {m['diagnoses_icd']}",
+                "SELECT DISTINCT hadm_id, icd_code, icd_version FROM "
+                f"(SELECT d.* FROM read_csv_auto('{mimic_demo_dir / 'hosp/diagnoses_icd.csv.gz'}', "
+                "types={'icd_code': 'VARCHAR'}) d WHERE subject_id IN (SELECT subject_id FROM subj))") > 400
+    vit = "itemid IN (220045, 220179, 220050, 225309, 220180, 220051, 225310, 220181, 220052, 225312, " \
+          "220210, 224690, 220277, 223761, 223762) AND valuenum IS NOT NULL"
+    con.execute(f"CREATE TABLE mv AS SELECT stay_id, charttime, itemid, valuenum FROM {m['chartevents']} WHERE {vit}")
+    con.execute(f"CREATE TABLE cv AS SELECT stay_id, charttime, itemid, valuenum FROM {csv('icu/chartevents.csv.gz')} "
+                f"WHERE {vit}")
+    # the same vital events (time, item, value) ...
+    assert same("SELECT charttime, itemid, valuenum FROM mv", "SELECT charttime, itemid, valuenum FROM cv") > 9000
+    # ... but 16 sit in another stay: the shared CSV chartevents is rebuilt from this MEDS release
+    # with stay_id = the nearest stay (its PROVENANCE.md), MEDS keeps the published icustay_id.
+    # All 16 lie outside [intime, intime + 24 h] of both stays (no effect on the default window)
+    # and inside the 6 h before the CSV stay's intime (the CSV path's -6 h window only).
+    con.execute("CREATE TABLE moved AS SELECT a.stay_id AS meds_stay, b.stay_id AS csv_stay, a.charttime "
+                "FROM ((SELECT * FROM mv) EXCEPT ALL (SELECT * FROM cv)) a "
+                "JOIN ((SELECT * FROM cv) EXCEPT ALL (SELECT * FROM mv)) b USING (charttime, itemid, valuenum)")
+    icu = f"read_csv_auto('{mimic_demo_dir / 'icu/icustays.csv.gz'}')"
+    n, in_day, before = con.sql(
+        "SELECT count(*), "
+        "count(*) FILTER (WHERE mv.charttime BETWEEN i.intime AND i.intime + INTERVAL 24 HOUR "
+        "                 OR mv.charttime BETWEEN j.intime AND j.intime + INTERVAL 24 HOUR), "
+        "count(*) FILTER (WHERE mv.charttime >= j.intime - INTERVAL 6 HOUR AND mv.charttime < j.intime) "
+        f"FROM moved mv JOIN {icu} i ON i.stay_id = mv.meds_stay JOIN {icu} j ON j.stay_id = mv.csv_stay").fetchall()[0]
+    assert (n, in_day, before) == (16, 0, 16)
+    assert con.sql("SELECT count(DISTINCT csv_stay) FROM moved").fetchall()[0][0] == 2
+
+
 # ---- bad input: one line naming the file, nothing written ----------------------------------------
 
 def _copy(meds_demo_dir: Path, dst: Path, shard_sql: str | None = None) -> Path:
