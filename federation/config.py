@@ -44,7 +44,7 @@ class ExchangeConfig(_Strict):
     to bfloat16. ``server_momentum``: EMA momentum beta on the exchanged block (0 = off;
     see :func:`federation.mixing.apply_momentum`). ``variance_correction``: rescale each mixed
     layer to the mean variance of its inputs (Tian et al. 2024, Algorithm 3;
-    :func:`federation.mixing.variance_correct`).
+    :func:`federation.variance.variance_correct`).
     """
 
     head_layers: Literal[0, 1, 2] = 0

@@ -11,8 +11,8 @@ center with its accepted partners). Transforms (ABPS paper Sec. 6.4):
   ``mixed_i = sum_j W[i,j] bf16(theta_j) + W[i,i] (theta_i - bf16(theta_i))``;
 * server-side EMA momentum (:func:`apply_momentum`, FedAvgM, Hsu et al. 2019);
 * variance correction (:func:`federation.variance.variance_correct`, Tian et al. 2024,
-  Algorithm 3, re-exported here): every mixed layer is rescaled to the W-weighted mean variance
-  of the layers that went into it.
+  Algorithm 3, the one module that implements it): every mixed layer is rescaled to the
+  W-weighted mean variance of the layers that went into it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from federation.engine import PARAM_NAMES, Params
-from federation.variance import variance_correct  # noqa: F401  (Algorithm 3 lives in one module)
 
 _HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
 

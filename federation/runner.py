@@ -25,8 +25,8 @@ from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
 from federation.metrics import batched_auroc, summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys,
-                               variance_correct)
+from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
+from federation.variance import variance_correct
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 

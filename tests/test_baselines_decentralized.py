@@ -237,10 +237,10 @@ def test_cli_train_end_to_end(cohort: Path, tmp_path: Path) -> None:
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("abps")
-    runs = client.search_runs([exp.experiment_id], "tags.method = 'wpfed'")
+    runs = client.search_runs([exp.experiment_id], "tags.method = 'wpfed' and tags.`abps.kind` = 'run'")
     assert runs and runs[0].data.metrics["rel_bandwidth"] == pytest.approx(2 / 50)
     assert "quality_mean" in runs[0].data.metrics
-    (decefl_run,) = client.search_runs([exp.experiment_id], "tags.method = 'decefl'")
+    (decefl_run,) = client.search_runs([exp.experiment_id], "tags.method = 'decefl' and tags.`abps.kind` = 'run'")
     names = {a.path for a in client.list_artifacts(decefl_run.info.run_id)}
     assert "graph.json" in names
     graph = json.loads(Path(client.download_artifacts(decefl_run.info.run_id, "graph.json", str(tmp_path))).read_text())

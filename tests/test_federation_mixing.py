@@ -93,7 +93,8 @@ def test_variance_correction_restores_mean_input_variance():
     """Algorithm 3 (Tian et al. 2024) through the runtime's transform: a uniform average of
     n independent layers has ~1/n of their variance; the correction restores the mean."""
     from federation.variance import layer_variance
-    from federation.mixing import mix_params, variance_correct
+    from federation.mixing import mix_params
+    from federation.variance import variance_correct
 
     torch.manual_seed(0)
     n = 8

@@ -15,7 +15,8 @@ from sklearn.metrics import f1_score
 from etl.errors import InputError
 from etl.images import ImageDataset
 from federation.images import selectors as sel
-from federation.images.data import make_graph, make_shards, neighbour_table
+from federation.graphs import neighbour_table
+from federation.images.data import make_graph, make_shards
 from federation.images.metrics import accuracy, confusion_matrices, macro_f1
 from federation.images.models import (EncoderDecoderClassifier, ModelSpec, StackedModel,
                                       batch_plan, to_float)

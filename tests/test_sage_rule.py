@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from etl.images import FASHION_MNIST_DIR
 from federation.images import sage
 from federation.images import selectors as sel
+from federation.images.models import FMNIST_SPEC, StackedModel
 
 
 # --- eq. (7) --------------------------------------------------------------------------------
@@ -206,6 +206,20 @@ def test_all_eight_selectors_end_to_end(tmp_path):
     assert table["AQ-128"]["budget_consumed"] >= table["SAGE-OS"]["budget_consumed"]
     assert table["AQ-128"]["budget_consumed"] >= table["Vanilla SAGE"]["budget_consumed"]
     assert 1.0 < table["PENS"]["comm_oh"] <= 2.0 and 1.0 < table["PFedDST"]["comm_oh"] <= 2.0
+    # Traffic through federation.ledger: omega (encoder + decoder) on each undirected edge used;
+    # probe bytes = sum d m x (784 image bytes out + 10 float32 logits back).
+    assert table["LOCAL"]["model_bytes"] == 0 and table["LOCAL"]["probe_bytes"] == 0
+    assert table["RG"]["probe_bytes"] == 0
+    omega = 4 * sum(v[0].numel() for n, v in StackedModel(FMNIST_SPEC, 1, 0).params.items()
+                    if n.startswith(("encoder.", "decoder.")))
+    for name in ("RG", "SAGE-OS", "PENS"):
+        hist = res["runs"]["0"][{"RG": "rg", "SAGE-OS": "sage_os", "PENS": "pens"}[name]]["history"]
+        assert table[name]["model_bytes"] == sum(h["edges"] for h in hist) * omega
+        # each receiver takes >= 1 model; an undirected edge carries at most two of them
+        assert all(6 / 2 <= h["edges"] <= h["model_exchanges"] for h in hist)
+        assert table[name]["probe_bytes"] == sum(round(h.get("probe_evaluations", 0.0) * (784 + 40))
+                                                 for h in hist)
+    assert table["SAGE-OS"]["probe_bytes"] > 0
     for row in table.values():
         assert 0.0 <= row["global_acc"] <= 1.0 and 0.0 <= row["macro_f1"] <= 1.0
         assert row["worst_client_acc"] <= row["client_acc"]
@@ -220,3 +234,65 @@ def test_all_eight_selectors_end_to_end(tmp_path):
     assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [1, 2]
     assert len(client.get_metric_history(os_run.info.run_id, "budget_consumed")) == 2
     assert math.isclose(sorted(hist, key=lambda m: m.step)[-1].value, table["SAGE-OS"]["global_acc"])
+
+
+def _triangle_table(ce: list[list[float]]) -> sel.ProbeTable:
+    # K = 3 fully connected: receiver k's candidate slots are the two other clients in id order.
+    cand = torch.tensor([[1, 2], [0, 2], [0, 1]])
+    k = 3
+    return sel.ProbeTable(cand, torch.ones(k, 2, dtype=torch.bool), torch.full((k,), 2),
+                          torch.tensor([16, 32]), torch.tensor([2, 2, 1]),
+                          torch.zeros(k, 2, 2, dtype=torch.float64), torch.tensor(ce, dtype=torch.float64))
+
+
+def test_pens_choices_match_hand_computation():
+    table = _triangle_table([[0.5, 0.2], [0.1, 0.9], [0.3, 0.4]])
+    state = sel.PensState(torch.zeros(3, 2, dtype=torch.float64), discovery_rounds=1)
+    n_train = torch.tensor([100, 200, 300])
+    g = torch.Generator().manual_seed(0)
+    # Discovery (top_m = 1): the lowest-CE neighbour: 0 -> 2, 1 -> 0, 2 -> 0.
+    dec = sel.decide_pens(table, state, 0, 1, n_train, g)
+    assert dec.peers.tolist() == [[-1, 2], [0, -1], [0, -1]]
+    assert dec.anchors_used.tolist() == [32, 32, 16]          # m_{L_k}: L = (2, 2, 1)
+    assert state.counts.tolist() == [[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]
+    # PENS' sample-size-weighted average of the receiver and its peer.
+    W = sel.mixing_matrix(dec, 0.5, n_train, native_average=True)
+    torch.testing.assert_close(W, torch.tensor([[0.25, 0.0, 0.75], [1 / 3, 2 / 3, 0.0], [0.25, 0.0, 0.75]]))
+    # After discovery: neighbours selected more often than expected (1 * 1 / 2): the same peers.
+    after = sel.decide_pens(table, state, 1, 1, n_train, g)
+    assert after.peers.tolist() == [[-1, 2], [0, -1], [0, -1]]
+    assert state.neighbours.tolist() == [[False, True], [True, False], [True, False]]
+
+
+def test_pfeddst_choices_match_hand_computation():
+    # S_kj = s_p (alpha s_l - s_d + c), alpha = c = 1; heads: 0 and 1 parallel, 2 orthogonal.
+    table = _triangle_table([[0.7, 1.5], [0.6, 2.0], [0.9, 0.8]])
+    heads = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    own = torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64)
+    state = sel.PfeddstState(torch.full((3, 2), -1, dtype=torch.long))
+    n_train = torch.tensor([1, 1, 1])
+    # Round 0 (s_p = 1/2 everywhere): S_0 = (0.6, 0.5) -> 1; S_1 = (0.55, 0.75) -> 2; S_2 = (0.2, 0.15) -> 0.
+    dec = sel.decide_pfeddst(table, state, 0, 1, heads, own, 1.0, 1.0, n_train)
+    assert dec.peers.tolist() == [[1, -1], [-1, 2], [0, -1]]
+    assert state.last_selected.tolist() == [[0, -1], [-1, 0], [0, -1]]
+    # Round 1: the never-selected slot gains recency (s_p = 2/3): S_0 = (0.5 * 1.2, 2/3 * 1.0) -> 2.
+    dec1 = sel.decide_pfeddst(table, state, 1, 1, heads, own, 1.0, 1.0, n_train)
+    assert dec1.peers[0].tolist() == [-1, 2]
+    # Uniform native average of the receiver and its peer.
+    W = sel.mixing_matrix(dec, 0.5, None, native_average=True)
+    assert W[0].tolist() == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_sage_os_cumulative_stage_cost_reading():
+    # Reading "cumulative": C_{l+1} = lambda d_k m_{l+1}. Receiver 1 (A = 0, d = 6) stops at m = 32:
+    # 2e-3 * 6 * 64 = 0.768 >= 2 r_2 = 0.621, where the literal increment 2e-3 * 6 * 32 = 0.384 does not.
+    # Receiver 0 at m = 16: 2e-3 * 6 * 32 = 0.384 < A + 2 r_1 = 0.75 + 0.878 -> continues, certified at 32.
+    dec = sel.decide_anchor("sage_os", _hand_table(), 0.1, 2e-3, torch.Generator().manual_seed(0),
+                            stage_cost="cumulative")
+    assert dec.anchors_used.tolist() == [32, 32, 0]
+    assert dec.certified.tolist() == [True, False, False]
+    assert dec.cost_gossip.tolist() == [False, True, False]
+    assert float(sage.cost_stop(2e-3, 6, 0, 64, torch.tensor(0.0), sage.confidence_radius(32, 6, 4, 0.1)))
+    assert not float(sage.cost_stop(2e-3, 6, 32, 64, torch.tensor(0.0), sage.confidence_radius(32, 6, 4, 0.1)))
+    # eq. (28): 6 * (32 + 32) / (128 * 18) = 1/6 (literal reading: 0.25, test above).
+    assert 1 - sage.evidence_saving(dec.anchors_used, torch.full((3,), 6), 128) == pytest.approx(1 / 6)

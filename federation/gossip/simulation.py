@@ -26,11 +26,13 @@ variances ``[N, L]``, count ``[N]``), which is all Algorithm 3 needs (lines 2 an
 does not grow with the buffer size. Evaluation every ``eval_every`` ticks computes every node's
 accuracy on one fixed test subset in one batched forward pass.
 
-Variants (Sec. III-C): ``topology: star`` (Star(N): node 0 is the hub, the federated-learning
-variant III-C1); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
+Variants (Sec. III-C, IV, VI-A): ``topology: star`` (Star(N): node 0 is the hub, the
+federated-learning variant III-C1); ``initial_model: broadcast_average`` (the global broadcast of
+Fig. 6); ``server: true`` (Fig. 8's federated-learning reference: a non-training server); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
 transfer-learning variant III-C3: nodes start unconnected, the base graph's peers form a waiting
-list, and at each evaluation a node whose accuracy on its own data is >= the threshold (0.8 in the
-paper) connects to one more peer; buffer sizes follow the current degree so R stays constant).
+list, and after each of its training steps (``transfer_check``) a node whose accuracy on its own
+data is >= the threshold (0.8 in the paper, or tied to the target) connects to one more peer;
+buffer sizes follow the current degree so R stays constant).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accurac
 from federation.variance import correct_flat, flat_layer_variance
 
 
+#: Sec. III-C3 threshold (0.8) over the paper's reaching target (0.9 on MNIST).
+TL_THRESHOLD_RATIO = 0.8 / 0.9
+
+
 class GossipConfig(BaseModel):
     """One gossip-learning simulation (defaults: the paper's baseline network, Sec. III-A).
 
@@ -66,7 +72,12 @@ class GossipConfig(BaseModel):
         beta: weight of the old model in eq. (1) (0.5 baseline; 0 = model replacement).
         averaging: "plain" (eq. (1)) or "variance_corrected" (Algorithm 3 then eq. (1)).
         compression_ratio: share of weights sent per message (Sec. III-C2; 1 = whole model).
-        transfer_threshold: own-data accuracy that lets a node add a peer (Sec. III-C3; None = off).
+        transfer_threshold: own-data accuracy that lets a node add a peer (Sec. III-C3; None = off;
+            ``"target"`` = ``target_accuracy * 0.8 / 0.9``, the paper's threshold-to-target ratio,
+            so a lowered reaching target lowers the threshold with it).
+        transfer_check: when a node tests its own-data accuracy: ``"acquisition"`` (after each of
+            its training steps, the paper's rule "once its accuracy reaches 0.8") or
+            ``"evaluation"`` (only at evaluation ticks, the earlier reading).
         batch_size: samples per acquisition (64).
         lr, momentum, weight_decay, lr_gamma, lr_power: SGD and Caffe "inv" policy.
         partition: "iid" or "dirichlet"; alpha: Dirichlet concentration (0.5).
@@ -77,6 +88,15 @@ class GossipConfig(BaseModel):
         plateau_smooth: moving-average width for eq. (2) on the noisy mean accuracy.
         engine: "grouped" or "vmap" (federation.gossip.model).
         variance_node: node whose layer variances are reported (Fig. 7 used node 49; None = last).
+        initial_model: "independent" Xavier draws per node (the paper's gossip setting);
+            "broadcast_average" = the global broadcast of Sec. IV / Fig. 6: before any training every
+            node is replaced by the average of all independent initial models; "shared" = every
+            node starts from node 0's draw (federated learning's w_0, Algorithm 1 line 2).
+        server: Fig. 8's federated-learning reference (Sec. VI-A): needs ``topology: star``; node 0
+            is a parameter server that never trains; when its buffer holds one model from each
+            of the N - 1 clients it averages them (eq. (1), ``beta``; Algorithm 3 if
+            ``averaging: variance_corrected``) and sends the new global model to every client,
+            which replaces its own (Algorithm 1). ``n_nodes`` counts the server (51 = 50 clients).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -90,7 +110,8 @@ class GossipConfig(BaseModel):
     beta: float = Field(0.5, ge=0.0, le=1.0)
     averaging: Literal["plain", "variance_corrected"] = "plain"
     compression_ratio: float = Field(1.0, gt=0.0, le=1.0)
-    transfer_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    transfer_threshold: float | Literal["target"] | None = None
+    transfer_check: Literal["acquisition", "evaluation"] = "acquisition"
     batch_size: int = Field(64, ge=1)
     lr: float = Field(0.01, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
@@ -107,6 +128,8 @@ class GossipConfig(BaseModel):
     plateau_smooth: int = Field(3, ge=1)
     engine: Literal["grouped", "vmap"] = "grouped"
     variance_node: int | None = None
+    initial_model: Literal["independent", "broadcast_average", "shared"] = "independent"
+    server: bool = False
 
     @field_validator("t_acquisition")
     @classmethod
@@ -118,10 +141,26 @@ class GossipConfig(BaseModel):
             raise ValueError("t_acquisition range must satisfy 1 <= lo <= hi")
         return v
 
+    @field_validator("transfer_threshold")
+    @classmethod
+    def _check_threshold(cls, v):
+        if isinstance(v, float) and not 0.0 <= v <= 1.0:
+            raise ValueError("transfer_threshold must be in [0, 1] or 'target'")
+        return v
+
+    @property
+    def transfer_accuracy(self) -> float | None:
+        """The own-data accuracy that lets a node connect one more peer (None: variant off)."""
+        if self.transfer_threshold == "target":
+            return self.target_accuracy * TL_THRESHOLD_RATIO
+        return self.transfer_threshold
+
     @model_validator(mode="after")
     def _check_graph(self):
         if self.topology == "regular" and (self.degree >= self.n_nodes or (self.n_nodes * self.degree) % 2):
             raise ValueError(f"Regular(N={self.n_nodes}, k={self.degree}) needs k < N and N*k even")
+        if self.server and self.topology != "star":
+            raise ValueError("server: true needs topology: star (node 0 is the parameter server)")
         if self.plateau_smooth % 2 == 0:
             raise ValueError("plateau_smooth must be odd")
         if self.variance_node is not None and not 0 <= self.variance_node < self.n_nodes:
@@ -277,6 +316,7 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
     src = torch.from_numpy(np.concatenate([und[:, 0], und[:, 1]]))
     dst = torch.from_numpy(np.concatenate([und[:, 1], und[:, 0]]))
     transfer = cfg.transfer_threshold is not None
+    tl_acc = cfg.transfer_accuracy
     edge_on = torch.zeros(len(src), dtype=torch.bool) if transfer else torch.ones(len(src), dtype=torch.bool)
     base_deg = torch.bincount(dst, minlength=n)
     # waiting list of the transfer-learning variant: each node's base peers in a random order
@@ -299,6 +339,10 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
 
     # ---- state
     flat = init_stacked(n, gen, layout)
+    if cfg.initial_model == "broadcast_average":      # Sec. IV, Fig. 6: global broadcast at t = 0
+        flat[:] = flat.mean(0, keepdim=True)
+    elif cfg.initial_model == "shared":               # one w_0 for every node (Algorithm 1)
+        flat[:] = flat[0:1].clone()
     mom = torch.zeros_like(flat)
     iters = torch.zeros(n, dtype=torch.int64)
     n_layers = len(layout.names)
@@ -314,6 +358,8 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         return torch.randint(lo, hi + 1, (k,), generator=gen, dtype=torch.int64)
 
     next_train = draw_interval(n) - 1
+    if cfg.server:
+        next_train[0] = cfg.ticks + 1                 # the parameter server never trains
     var_node = n - 1 if cfg.variance_node is None else cfg.variance_node
     weight_cols = [layout.names.index(f"{name}.weight") for name in LAYERS]
 
@@ -344,10 +390,10 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
                     m[f"var_{name}_node{var_node}"] = float(lv[var_node, j])
                     m[f"diff_{name}"] = float(diff[name])
                 on_eval(t, m)
-            if transfer and t < cfg.ticks:
+            if transfer and cfg.transfer_check == "evaluation" and t < cfg.ticks:
                 own_x, own_y = sampler.draw(torch.arange(n), cfg.own_subset)
                 own_acc = accuracy_own(flat, own_x, own_y, layout)
-                _connect_next_peer(own_acc >= cfg.transfer_threshold, waiting, wait_ptr, base_deg, edge_on, edge_index)
+                _connect_next_peer(own_acc >= tl_acc, waiting, wait_ptr, base_deg, edge_on, edge_index)
         if t == cfg.ticks:
             break
 
@@ -361,6 +407,15 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         next_train[active] += draw_interval(active.numel())
         n_steps += int(active.numel())
         train_s += time.perf_counter() - ts
+        if transfer and cfg.transfer_check == "acquisition":
+            # Sec. III-C3: a node that just trained checks its own-data accuracy and, at >= the
+            # threshold, connects to its next waiting peer before it sends.
+            pending = active[wait_ptr[active] < base_deg[active]]
+            if pending.numel():
+                own_x, own_y = sampler.draw(pending, cfg.own_subset)
+                ok = torch.zeros(n, dtype=torch.bool)
+                ok[pending] = accuracy_own(flat.index_select(0, pending), own_x, own_y, layout) >= tl_acc
+                _connect_next_peer(ok, waiting, wait_ptr, base_deg, edge_on, edge_index)
 
         # ---- 2. send to current peers: A_t [N, n_active] sparse
         is_active = torch.zeros(n, dtype=torch.bool)
@@ -407,6 +462,11 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         buf_sum.index_fill_(0, full, 0.0)
         buf_cnt[full] = 0.0
         n_avg += int(full.numel())
+        if cfg.server and bool((full == 0).any()):
+            # Algorithm 1: the server sends the new global model; every client replaces its own.
+            flat[1:] = flat[0:1]
+            n_msg += n - 1
+            params_sent += float((n - 1) * layout.total)
         if t_first_avg is None:
             t_first_avg = t
 
@@ -425,7 +485,7 @@ def _connect_next_peer(eligible: torch.Tensor, waiting: torch.Tensor, wait_ptr: 
     """Transfer-learning variant (Sec. III-C3): each eligible node connects to its next waiting peer.
 
     Peers already connected (by the other side) are skipped. Connections are mutual: both
-    directed edges are switched on. Runs only at evaluation ticks.
+    directed edges are switched on. Runs at most once per node and acquisition (or evaluation).
     """
     todo = torch.nonzero(eligible & (wait_ptr < base_deg)).flatten().tolist()
     for i in todo:  # at most N per evaluation; not the per-tick hot path

@@ -20,7 +20,6 @@ from etl.errors import InputError
 from etl.images import ImageDataset
 from etl.partition import dirichlet_partition
 from federation.graphs import GRAPH_ALIASES, build_graph
-from federation.graphs import neighbour_table  # noqa: F401  (re-exported for the runner)
 
 
 @dataclass

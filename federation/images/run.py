@@ -26,11 +26,13 @@ from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, ImageDataset, load_cifar10, load_idx_dataset
 from etl.io import atomic_write_text
 from federation.images import selectors as sel
-from federation.images.data import ClientShards, make_graph, make_shards, neighbour_table, subsample
+from federation.graphs import neighbour_table
+from federation.images.data import ClientShards, make_graph, make_shards, subsample
 from federation.images.metrics import accuracy, confusion_matrices, macro_f1
 from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, StackedModel
 from federation.images.probe import draw_anchors, empty_table, probe
 from federation.images.sage import evidence_saving
+from federation.ledger import Ledger
 
 
 class PensOptions(BaseModel):
@@ -76,6 +78,7 @@ class SageConfig(BaseModel):
     schedule: list[int] = [16, 32, 64, 128]
     delta: float = Field(0.1, gt=0, lt=1)
     lambda_cost: float = Field(2e-3, ge=0)
+    stage_cost: Literal["increment", "cumulative"] = "increment"
     eval_every: int = Field(1, ge=1)
     train_samples: int | None = Field(None, ge=1)
     test_samples: int | None = Field(None, ge=1)
@@ -173,6 +176,11 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
     g_data = torch.Generator().manual_seed(seed)
     g_sel = torch.Generator().manual_seed(seed * 1000 + sel.SELECTORS.index(selector) + 1)
     rule = sel.REGISTRY[selector](cfg, cand, cand_valid, degree, shards.n_train, g_sel)
+    # Traffic through the runtime's ledger (one bandwidth definition with the clinical runs): the
+    # model-bearing block omega on each undirected edge that carried one, plus probe bytes.
+    shared_params = sum(model.params[n][0].numel() for n in model.shared_names)
+    ledger = Ledger(k, sum(p[0].numel() for p in model.params.values()), reference_rounds=cfg.rounds)
+    probe_unit = probe_bytes_per_anchor(shards.x_train, shards.n_classes)
     stats = sel.SelectorStats()
     history: list[dict[str, float]] = []
     stop_labels = [f"stop_at_{m}" for m in cfg.schedule]
@@ -195,6 +203,10 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
         model.mix_shared(rule.mix(dec))
         t2 = time.perf_counter()
         row = _round_metrics(selector, dec, degree, m_max, stats, cfg.schedule, stop_labels, k)
+        rb = ledger.record(t, exchange_adjacency(dec.peers), 0, shared_params, 4,
+                           probe_bytes=int(round(row.get("probe_evaluations", 0.0) * probe_unit)))
+        row.update(model_bytes=float(rb.model_bytes), probe_bytes=float(rb.probe_bytes),
+                   edges=float(rb.edges))
         row["train_loss"] = loss
         if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
             row.update(evaluate(model, shards))
@@ -207,8 +219,33 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
         if tracker is not None:
             tracker.log_metrics(row, step=t + 1)
     summary = _summary(selector, stats, history, cfg.schedule, m_max, k, cfg.rounds)
-    summary.update(seconds_train=t_train, seconds_probe_mix=t_probe, seconds_eval=t_eval)
+    summary.update(seconds_train=t_train, seconds_probe_mix=t_probe, seconds_eval=t_eval,
+                   model_bytes=ledger.model_bytes, probe_bytes=ledger.probe_bytes,
+                   total_bytes=ledger.total_bytes, rel_bandwidth=ledger.relative_bandwidth)
     return {"history": history, "summary": summary}
+
+
+def exchange_adjacency(peers: Tensor) -> Tensor:
+    """bool [K, K]: ``A[k, j]`` when receiver k took a model-bearing object from peer j this round.
+
+    Args:
+        peers: long [K, P] selected peers (padding -1), :attr:`selectors.Decision.peers`.
+    """
+    k = peers.shape[0]
+    adj = torch.zeros(k, k, dtype=torch.bool)
+    rows = torch.arange(k)[:, None].expand_as(peers)
+    ok = peers >= 0
+    adj[rows[ok], peers[ok]] = True
+    return adj
+
+
+def probe_bytes_per_anchor(x_train: Tensor, n_classes: int) -> int:
+    """Bytes one (receiver, candidate, anchor) probe moves: the uint8 image out, float32 logits back.
+
+    Args:
+        x_train: uint8 [N, C, H, W] (C H W bytes per anchor image).
+    """
+    return int(x_train[0].numel()) * x_train.element_size() + 4 * n_classes
 
 
 def _round_metrics(selector: str, dec: sel.Decision, degree: Tensor, m_max: int,
@@ -307,6 +344,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         params = {"config": name, "seed": seed, "dataset": cfg.dataset, "graph": cfg.graph,
                   "alpha_dir": cfg.alpha_dir, "n_clients": cfg.n_clients, "rounds": cfg.rounds,
                   "schedule": cfg.schedule, "delta": cfg.delta, "lambda_cost": cfg.lambda_cost,
+                  "stage_cost": cfg.stage_cost,
                   "alpha_mix": cfg.alpha_mix, "recon_weight": cfg.recon_weight}
         parent = tracker.parent(f"{name}-seed{seed}", params) if tracker else contextlib.nullcontext()
         with parent:

@@ -103,14 +103,18 @@ def decide_rg(cand: Tensor, degree: Tensor, generator: torch.Generator) -> Decis
 
 
 def decide_anchor(kind: str, table: ProbeTable, delta: float, lam: float,
-                  generator: torch.Generator, loss_bound: float = 1.0) -> Decision:
+                  generator: torch.Generator, loss_bound: float = 1.0,
+                  stage_cost: str = "increment") -> Decision:
     """AQ-128, SAGE-NF, Vanilla SAGE or SAGE-OS for every receiver at once.
 
     * ``aq128``: the empirical best peer at the largest feasible stage m_{L_k} (always commits).
     * ``vanilla_sage``: first stage where (8) holds selects j_hat_1; none by m_{L_k} -> RG.
     * ``sage_nf``: as Vanilla but commits to j_hat_1 at m_{L_k} when nothing is certified.
     * ``sage_os``: Algorithm 1: first stage where (20) holds selects j_hat_1; else, before the last
-      stage, the cost rule (24) switches to RG; at the last stage -> RG.
+      stage, the cost rule (24) switches to RG; at the last stage -> RG. ``stage_cost`` picks the
+      reading of the stage cost in (24): ``"increment"`` = eq. (22) literally,
+      lambda d_k (m_{l+1} - m_l); ``"cumulative"`` = lambda d_k m_{l+1}, the whole next stage's
+      evidence (docs/sage.md, "SAGE-OS budget").
     Receivers with fewer than m_1 anchors (L_k = 0) fall back to RG with m_{k,t} = 0 (Sec. V-B).
     The radius (7) uses d_k and the truncated L_k.
 
@@ -133,7 +137,8 @@ def decide_anchor(kind: str, table: ProbeTable, delta: float, lam: float,
         adv, j1, _ = sage.advantage_over_gossip(risk, valid)                 # [K, L]
         cert = sage.gossip_certificate(adv, radius) & stage_ok
         m_next = torch.cat([sched[1:], sched[-1:]])
-        cstop = sage.cost_stop(lam, table.degree[:, None], sched[None, :], m_next[None, :], adv,
+        m_cur = sched if stage_cost == "increment" else torch.zeros_like(sched)
+        cstop = sage.cost_stop(lam, table.degree[:, None], m_cur[None, :], m_next[None, :], adv,
                                radius) & stage_ok & ~last
     else:
         cert, j1 = sage.runner_up_certificate(risk, valid, radius)
@@ -462,7 +467,8 @@ class _AnchorRule(Selector):
         return True
 
     def decide(self, round_idx, table, own_ce, model):
-        return decide_anchor(self.name, table, self.cfg.delta, self.cfg.lambda_cost, self.generator)
+        return decide_anchor(self.name, table, self.cfg.delta, self.cfg.lambda_cost, self.generator,
+                             stage_cost=self.cfg.stage_cost)
 
 
 @register_selector
