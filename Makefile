@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
 ui: $(STAMP)
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db --port 5000
+	$(ABPS) ui --port 5000
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR)

@@ -30,7 +30,47 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["BetaBeliefs"]
+__all__ = ["BetaBeliefs", "ucb_bonus", "max_resting_gamma"]
+
+
+def ucb_bonus(t: int, pulls: Tensor | float, gamma: float) -> Tensor:
+    """Exploration bonus of eq. (7): ``gamma * sqrt(2 ln t / (n + 1))``.
+
+    Args:
+        t: round index, ``t >= 1`` (1-based; the bonus is 0 at ``t = 1``).
+        pulls: ``n_{i->j}``, a tensor of any shape or a float (>= 0).
+        gamma: exploration weight, ``>= 0``.
+    Returns:
+        float64 tensor shaped like ``pulls``.
+    Raises:
+        ValueError: ``t < 1`` or ``gamma < 0``.
+    """
+    if t < 1:
+        raise ValueError(f"round index t must be >= 1, got {t}")
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    n = torch.as_tensor(pulls, dtype=torch.float64)
+    return gamma * torch.sqrt(2.0 * math.log(t) / (n + 1.0))
+
+
+def max_resting_gamma(mu: float, t: int, pulls: float, tau_acc: float = 0.5) -> float:
+    """Largest gamma for which a peer with posterior mean ``mu`` after ``pulls`` observations scores
+    ``UCB < tau_acc`` at round ``t`` (eq. 7), i.e. can be refused under the rest rule of Lemma 1.
+
+    ``mu + gamma sqrt(2 ln t / (n + 1)) < tau_acc  <=>  gamma < (tau_acc - mu) / sqrt(2 ln t / (n + 1))``.
+    At ``t = 1`` the bonus is 0, so any gamma works when ``mu < tau_acc`` (returns ``inf``).
+
+    Returns:
+        The supremum (strict bound); 0 when ``mu >= tau_acc`` (no gamma makes the UCB fall below).
+    Raises:
+        ValueError: ``t < 1`` or ``pulls < 0``.
+    """
+    if pulls < 0:
+        raise ValueError(f"pulls must be >= 0, got {pulls}")
+    if mu >= tau_acc:
+        return 0.0
+    radius = float(ucb_bonus(t, pulls, 1.0))
+    return math.inf if radius == 0.0 else (tau_acc - mu) / radius
 
 
 @dataclass
@@ -92,12 +132,7 @@ class BetaBeliefs:
         Raises:
             ValueError: ``t < 1`` or ``gamma < 0``.
         """
-        if t < 1:
-            raise ValueError(f"round index t must be >= 1, got {t}")
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
-        bonus = gamma * torch.sqrt(2.0 * math.log(t) / (self.pulls + 1.0))
-        return self.mean() + bonus
+        return self.mean() + ucb_bonus(t, self.pulls, gamma)
 
     def update(self, phi_bar: Tensor, observed: Tensor) -> None:
         """Conjugate update of eq. (6) for the observed ordered pairs, in place.

@@ -122,14 +122,17 @@ class CoalitionPlan:
     """Every coalition of every center as one batched evaluation request.
 
     Attributes:
-        mixing: ``[R, n]`` float64 row-stochastic; row ``r`` mixes the exchanged block over a coalition
-            ``{i} U S`` with the same FedAvg weights as the exchange.
+        cols: ``[R, M]`` int64 members of each row's coalition ``{i} U S`` (target first; padded
+            with the target at weight 0).
+        vals: ``[R, M]`` float64 their FedAvg weights (the exchange's, renormalized over the
+            coalition; rows sum to 1).
         targets: ``[R]`` int64, the center ``i`` whose head and validation split row ``r`` uses.
         partners: ``[n, n]`` bool partner graph the plan was built from.
         truncation_tol: TMC truncation tolerance (AUROC units).
     """
 
-    mixing: Tensor
+    cols: Tensor
+    vals: Tensor
     targets: Tensor
     partners: Tensor
     truncation_tol: float = 0.0
@@ -140,6 +143,22 @@ class CoalitionPlan:
     def num_rows(self) -> int:
         """Number of coalition rows ``R``."""
         return int(self.targets.numel())
+
+    @property
+    def mixing(self) -> Tensor:
+        """``[R, n]`` float64 dense row-stochastic mixing rows (built on access; ``O(R n)`` memory)."""
+        n = self.partners.shape[0]
+        out = torch.zeros(self.num_rows, n, dtype=torch.float64)
+        return out.scatter_add_(1, self.cols, self.vals)
+
+    @property
+    def mixing_sparse(self) -> Tensor:
+        """The mixing rows as a coalesced sparse COO ``[R, n]`` float64 tensor (``O(R M)`` memory)."""
+        n = self.partners.shape[0]
+        keep = self.vals > 0
+        rows = torch.arange(self.num_rows).unsqueeze(1).expand_as(self.cols)[keep]
+        idx = torch.stack([rows, self.cols[keep]])
+        return torch.sparse_coo_tensor(idx, self.vals[keep], (self.num_rows, n), check_invariants=False).coalesce()
 
 
 @dataclass
@@ -160,17 +179,17 @@ class ShapleyResult:
     u_full: Tensor
 
 
-def _member_rows(centers: Tensor, partners: Tensor, bits: Tensor, n: int, weights: Tensor) -> Tensor:
-    """Mixing rows ``[c, K, n]`` for coalitions ``{center} U {partners[k] : bits[c?, K, k] = 1}``."""
+def _member_rows(centers: Tensor, partners: Tensor, bits: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Sparse mixing rows ``(cols, vals)``, each ``[c, K, m + 1]``, for coalitions
+    ``{center} U {partners[k] : bits[c?, K, k] = 1}``: column 0 is the center, column ``1 + k``
+    partner ``k`` (weight 0 when absent); weights renormalized over the coalition."""
     c, m = partners.shape
     k_rows = bits.shape[-2]
-    members = torch.zeros(c, k_rows, n, dtype=torch.float64)
-    members[torch.arange(c), :, centers] = 1.0
-    if m:
-        src = bits.expand(c, k_rows, m) if bits.ndim == 2 or bits.shape[0] == 1 else bits
-        members.scatter_(2, partners[:, None, :].expand(c, k_rows, m), src.to(torch.float64))
-    rows = members * weights[None, None, :]
-    return rows / rows.sum(dim=2, keepdim=True)
+    cols = torch.cat([centers[:, None], partners], dim=1)[:, None, :].expand(c, k_rows, m + 1)
+    incl = torch.cat([torch.ones(c, k_rows, 1, dtype=torch.float64),
+                      bits.to(torch.float64).expand(c, k_rows, m)], dim=2)
+    vals = incl * weights[cols]
+    return cols, vals / vals.sum(dim=2, keepdim=True)
 
 
 def build_coalitions(
@@ -210,7 +229,7 @@ def build_coalitions(
     if num_permutations < 1:
         raise ValueError(f"num_permutations must be >= 1, got {num_permutations}")
     deg = p.sum(dim=1)
-    blocks_w: list[Tensor] = []
+    blocks_w: list[tuple[Tensor, Tensor]] = []
     blocks_t: list[Tensor] = []
     exact_groups: list[_ExactGroup] = []
     tmc_groups: list[_TmcGroup] = []
@@ -221,9 +240,9 @@ def build_coalitions(
         plist = torch.nonzero(p[cs]).reshape(cs.numel(), m, 2)[:, :, 1]
         c = cs.numel()
         if m <= exact_max:
-            rows = _member_rows(cs, plist, _bits(m)[None], n, w)  # [c, 2^m, n]
+            cols, vals = _member_rows(cs, plist, _bits(m)[None], w)  # [c, 2^m, m + 1]
             exact_groups.append(_ExactGroup(cs, plist, row))
-            blocks_w.append(rows.reshape(c * 2**m, n))
+            blocks_w.append((cols.reshape(c * 2**m, m + 1), vals.reshape(c * 2**m, m + 1)))
             blocks_t.append(cs.repeat_interleave(2**m))
             row += c * 2**m
         else:
@@ -236,15 +255,22 @@ def build_coalitions(
             pref = (rank[:, :, None, :] < lengths[None, None, :, None]).to(torch.float64)  # [c, B, m-1, m]
             ends = torch.stack([torch.zeros(m, dtype=torch.float64), torch.ones(m, dtype=torch.float64)])  # empty, full
             bits = torch.cat([ends[None].expand(c, 2, m), pref.reshape(c, b * (m - 1), m)], dim=1)
-            rows = _member_rows(cs, plist, bits, n, w)  # [c, 2 + B (m-1), n]
+            cols, vals = _member_rows(cs, plist, bits, w)  # [c, 2 + B (m-1), m + 1]
             k_rows = 2 + b * (m - 1)
             tmc_groups.append(_TmcGroup(cs, plist, perms, row))
-            blocks_w.append(rows.reshape(c * k_rows, n))
+            blocks_w.append((cols.reshape(c * k_rows, m + 1), vals.reshape(c * k_rows, m + 1)))
             blocks_t.append(cs.repeat_interleave(k_rows))
             row += c * k_rows
-    mixing = torch.cat(blocks_w) if blocks_w else torch.zeros(0, n, dtype=torch.float64)
+    width = max((cw.shape[1] for cw, _ in blocks_w), default=1)
     targets = torch.cat(blocks_t) if blocks_t else torch.zeros(0, dtype=torch.long)
-    return CoalitionPlan(mixing, targets, p, float(truncation_tol), exact_groups, tmc_groups)
+    cols = targets[:, None].repeat(1, width)  # padding: the target at weight 0
+    vals = torch.zeros(targets.numel(), width, dtype=torch.float64)
+    lo = 0
+    for cw, vw in blocks_w:
+        cols[lo : lo + cw.shape[0], : cw.shape[1]] = cw
+        vals[lo : lo + cw.shape[0], : cw.shape[1]] = vw
+        lo += cw.shape[0]
+    return CoalitionPlan(cols, vals, targets, p, float(truncation_tol), exact_groups, tmc_groups)
 
 
 def shapley_from_utilities(plan: CoalitionPlan, utilities: Tensor) -> ShapleyResult:

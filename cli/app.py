@@ -29,7 +29,7 @@ def _register() -> None:
     import importlib
 
     for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd", "cli.sweep_cmd",
-                 "cli.report_cmd"):
+                 "cli.report_cmd", "cli.runs_cmd"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:  # a command module not written yet

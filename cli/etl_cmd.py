@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from cli import project
 from cli.app import app
 from etl.errors import InputError
 
@@ -33,7 +35,7 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 @app.command("etl")
 def etl_command(
     out: Path = typer.Option(..., "--out", help="Output folder (cohort.parquet, centers.parquet, cohort_report.*)."),
-    mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/."),
+    mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/ (default: the MIMIC_DIR environment variable)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
     source: str = typer.Option("mimic", "--source", help="mimic (default), eicu or meds (a MEDS dataset: data/<split>/*.parquet + metadata/)."),
     meds_splits: Optional[str] = typer.Option(None, "--meds-splits", help="Comma-separated MEDS splits to read (meds; default: every split of metadata/subject_splits.parquet)."),
@@ -58,9 +60,10 @@ def etl_command(
 
     if mimic_dir is not None and data_dir is not None and mimic_dir != data_dir:
         raise InputError("give the source folder once: --mimic-dir or --data-dir, not both")
-    src_dir = mimic_dir or data_dir
+    src_dir = mimic_dir or data_dir or (Path(os.environ["MIMIC_DIR"]) if source == "mimic" and os.environ.get("MIMIC_DIR") else None)
     if src_dir is None:
-        raise InputError("give the source folder with --mimic-dir (or --data-dir)")
+        raise InputError("give the source folder with --mimic-dir (or --data-dir, or the MIMIC_DIR environment variable)")
+    project.announce_source(src_dir, source)
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,
         care_units=tuple(dict.fromkeys(u.strip() for u in care_units.split(",") if u.strip())),
@@ -96,3 +99,4 @@ def etl_command(
     typer.echo(
         f"cohort: {rep['stays']} stays, {rep['centers']} centers, mortality {rep['mortality']:.3f} -> {out}"
     )
+    project.record_etl(out, source)

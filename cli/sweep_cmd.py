@@ -19,7 +19,8 @@ from etl.errors import InputError
 def sweep(
     ctx: typer.Context,
     config: Path = typer.Option(..., "--config", help="sweep YAML (e.g. configs/table1.yaml)"),
-    engine: Optional[str] = typer.Option(None, "--engine", help="local (process pool) or ray; default from the file"),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local (process pool) or ray; default from the file"),
+    engine: Optional[str] = typer.Option(None, "--engine", hidden=True, help="renamed --executor"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
     workers: Optional[int] = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
     cohort: Optional[Path] = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
@@ -34,6 +35,9 @@ def sweep(
 
     from federation.sweep import load_sweep, run_sweep
 
+    if engine is not None:
+        raise InputError("--engine is now called --executor (local or ray)")
+
     def _terminate(signum: int, frame: object) -> None:
         # `kill PID` unwinds like Ctrl-C: the run being logged ends FAILED, workers stop, Ray shuts down
         raise SystemExit(128 + signum)
@@ -46,7 +50,7 @@ def sweep(
     cohort_dir = cohort or (Path(spec.cohort) if spec.cohort else None)
     if cohort_dir is None:
         raise InputError(f"{config}: no cohort (give --cohort DIR or `cohort:` in the file)")
-    out = run_sweep(spec, base, cohort_dir, engine=engine, workers=workers, address=address, rounds=rounds,
+    out = run_sweep(spec, base, cohort_dir, executor=executor, workers=workers, address=address, rounds=rounds,
                     seeds=list(seeds) if seeds else None, tracking_uri=tracking_uri, experiment=experiment,
                     progress=not no_progress)
     from federation.runner import dropped_message

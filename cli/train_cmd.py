@@ -15,10 +15,12 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperCommand
 
+from cli import project
 from cli.app import app
 from etl.errors import InputError
 
 _BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
+_THREAD_KEYS = {"sage": "num_threads", "vv": "threads"}  # each benchmark config's torch thread count
 
 
 def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
@@ -63,6 +65,23 @@ class _TrainCommand(TyperCommand):
         super().format_help(ctx, formatter)
 
 
+def goal_preset(goal: str) -> str:
+    """The registered goal-aware ABPS preset of ``goal`` (family ``goal``: ABPS+P+Q+kappa=1 with the
+    goal's filter, ABPS paper Sec. 6.5), e.g. ``diversity -> abps-div``.
+
+    Raises:
+        InputError: no registered preset has that goal (the message lists the goals).
+    """
+    from federation.methods import all_methods
+
+    presets = {str(c.default_config.get("params", {}).get("goal")): name
+               for name, c in all_methods().items() if c.family == "goal"}
+    g = goal.strip().lower()
+    if g not in presets:
+        raise InputError(f"--goal {goal!r}: choose one of {', '.join(sorted(presets))}")
+    return presets[g]
+
+
 @app.command(
     "train",
     cls=_TrainCommand,
@@ -71,11 +90,15 @@ class _TrainCommand(TyperCommand):
 def train(
     ctx: typer.Context,
     method: Optional[str] = typer.Option(None, "--method", help="registered method (listed in `abps train --help`)"),
-    cohort: Optional[Path] = typer.Option(None, "--cohort", help="directory with cohort.parquet + centers.parquet"),
+    cohort: Optional[Path] = typer.Option(
+        None, "--cohort", help="directory with cohort.parquet + centers.parquet (default: the cohort of this "
+        "project's most recent `abps etl`, recorded in .abps/state.json, else ./cohort)"),
     seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
     rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
-    output: Optional[Path] = typer.Option(None, "--output", help="results.json path (default results.json)"),
+    output: Optional[Path] = typer.Option(
+        None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
+    force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
     experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment name (default abps)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
@@ -84,10 +107,15 @@ def train(
         None, "--param", help="method parameter NAME=VALUE (YAML value), repeatable; e.g. --param goal=diversity"
     ),
     goal: Optional[str] = typer.Option(
-        None, "--goal", help="ABPS goal-aware filter: homogeneity | diversity | alignment (same as --param goal=...)"
+        None, "--goal", help="ABPS goal-aware filter: homogeneity | diversity | alignment. Without --method it "
+        "runs the goal-aware preset abps-hom | abps-div | abps-align (ABPS+P+Q+kappa=1 with the goal's filter, "
+        "as the ABPS paper runs the goals, Sec. 6.5); with an ABPS --method it sets that method's goal"
     ),
 ) -> None:
-    """Train a method on a cohort for each seed; log to MLflow; write results.json."""
+    """Train a method on a cohort for each seed; log to MLflow; write results.json.
+
+    `abps train --goal diversity` alone trains the goal-aware ABPS preset on this project's cohort.
+    """
     from federation.config import build_config, load_yaml
 
     seed_list = _parse_seeds(seeds, list(ctx.args))
@@ -103,25 +131,33 @@ def train(
         if cfg_seeds is not None and (not isinstance(cfg_seeds, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cfg_seeds)):
             raise InputError(f"{config}: seeds must be a list of non-negative integers")
-        out_path = output or file_cfg.get("output") or Path("results.json")
+        out_path = Path(output or file_cfg.get("output") or project.run_output(
+            experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))))
+        project.check_output(out_path, force)
+        if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
+            file_cfg = {**file_cfg, _THREAD_KEYS[name]: threads}
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
         mod.cli_run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
         typer.echo(f"{name} benchmark done -> {out_path}")
         return
     seed_list = seed_list or [11]
-    output = output or Path("results.json")
     experiment = experiment or "abps"
     if method is None:
         method = str(file_cfg.get("method")) if file_cfg and file_cfg.get("method") else None
+    if method is None and goal is not None:
+        method = goal_preset(goal)
+        goal = None
     if method is None:
-        raise InputError("--method is required (or a --config naming `method:`)")
-    if cohort is None:
-        raise InputError("--cohort is required for clinical runs")
+        raise InputError("--method is required (or --goal, or a --config naming `method:`)")
     from federation.methods import get_method
     from federation.runner import run_training
 
     cls = get_method(method)
+    if cohort is None:
+        cohort = project.default_cohort()
+        typer.echo(f"cohort: {cohort} (this project's default; --cohort DIR for another)", err=True)
+    output = output or project.run_output(experiment, cls.name)
     if goal is not None:
         if "goal" not in getattr(cls.Params, "model_fields", {}):
             raise InputError(f"--goal applies to the ABPS methods only, not {method!r}")
@@ -135,7 +171,7 @@ def train(
 
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
-                       progress=not no_progress)
+                       progress=not no_progress, overwrite=force)
     from federation.runner import dropped_message
 
     note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])

@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.errors import InputError
+from federation.checks import count_non_finite
+from federation.drift_scenario import LabelFlipDrift
 
 
 class _Strict(BaseModel):
@@ -62,6 +64,37 @@ class EarlyStoppingConfig(_Strict):
     max_rounds: int = Field(100, ge=1)
 
 
+PREPROCESSING_MODES: tuple[str, ...] = ("auto", "per-center", "federated", "shrinkage", "pooled")
+"""Numeric feature encodings of :class:`DataConfig` (see federation/data.py)."""
+
+
+class DataConfig(_Strict):
+    """Numeric feature encoding (imputation value, mean, std) of the runtime (federation/data.py).
+
+    ``preprocessing``:
+
+    * ``per-center``: each center's own train-split median / mean / std (ABPS paper Sec. 6.1);
+    * ``federated``: one federation-wide median / mean / std merged from per-center aggregates a
+      real federation can share (row and value counts, sums, sums of squares, a fixed-range
+      histogram as the mergeable quantile sketch); the bytes go into the ledger as metadata;
+    * ``shrinkage``: per center and feature, ``lambda = n / (n + shrinkage_rows)`` of the center's
+      own statistic plus ``1 - lambda`` of the federation's (same aggregates as ``federated``);
+    * ``pooled``: exact statistics of the pooled train split (the Centralized reference only);
+    * ``auto`` (default): ``per-center`` when the median center has at least
+      ``min_center_rows`` train rows, else ``federated`` (docs/decisions.md).
+
+    ``small_center``: what a ``per-center`` encoding does when a center has fewer than
+    ``min_center_rows`` train rows: ``warn`` (a UserWarning naming how many) or ``refuse``
+    (an InputError).
+    """
+
+    preprocessing: Literal["auto", "per-center", "federated", "shrinkage", "pooled"] = "auto"
+    min_center_rows: int = Field(30, ge=1)
+    shrinkage_rows: float = Field(50.0, gt=0.0)
+    histogram_bins: int = Field(256, ge=8, le=65536)
+    small_center: Literal["warn", "refuse"] = "warn"
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -73,6 +106,8 @@ class RunConfig(_Strict):
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
     params: dict[str, Any] = Field(default_factory=dict, description="method-specific, validated by the method")
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
+    data: DataConfig = DataConfig()
+    drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
 
     @field_validator("method")
     @classmethod
@@ -83,8 +118,6 @@ class RunConfig(_Strict):
     @classmethod
     def _finite_params(cls, v: dict[str, Any]) -> dict[str, Any]:
         # method parameters are validated by each method; a NaN / infinity is refused for all of them
-        from federation.checks import count_non_finite
-
         bad = [k for k, x in v.items() if count_non_finite(x)]
         if bad:
             raise ValueError(f"method parameter {bad[0]!r} must be a finite number")

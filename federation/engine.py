@@ -27,8 +27,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.optim.adam import adam as _adam
 
 from federation.config import EngineConfig
 from federation.data import FederatedData
@@ -93,26 +95,57 @@ class RandomStreams:
         key = torch.where(pad, (1 << 32) + r.unsqueeze(0), key)
         return torch.argsort(key, dim=1, stable=True)
 
+    def dropout_bits(self, round_idx: int, epoch: int, step: int, n: int, rows: int, units: int) -> torch.Tensor:
+        """``[n, rows, units]`` int16 uniform draws of one step (keyed by (seed, round, epoch, step)).
+
+        Four 16-bit draws per 64-bit output of NumPy's PCG64 (a fixed, version-stable bit stream;
+        about 4x faster than ``torch.Generator.random_``, which matters at ~5 M units per step).
+        """
+        numel = n * rows * units
+        bg = np.random.PCG64(mix_seed(self.seed, round_idx, epoch, step, 0xD0))
+        words = bg.random_raw((numel + 3) // 4)
+        return torch.from_numpy(words.view(np.int16)[:numel]).view(n, rows, units)
+
+    def keep_masks(
+        self, round_idx: int, epoch: int, step: int, n: int, rows: int, hidden: tuple[int, int], p: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Kept units of one step as float32 0/1 tensors ``([n, rows, h1], [n, rows, h2])``
+        (contiguous; the non-zeros of :meth:`dropout_scale`, unscaled); None when
+        ``round(p * 65536) == 0`` (no dropout)."""
+        k = int(round(p * 65536))
+        if k == 0:
+            return None
+        return keep_from_bits(self.dropout_bits(round_idx, epoch, step, n, rows, hidden[0] + hidden[1]), hidden, k)
+
     def dropout_scale(
         self, round_idx: int, epoch: int, step: int, n: int, rows: int, units: int, p: float
     ) -> torch.Tensor:
         """``[n, rows, units]`` float32 inverted-dropout multipliers (``nn.Dropout`` semantics).
 
-        Each unit draws a uniform 16-bit integer (four per 64-bit draw of the generator, which
-        is ~5x cheaper than float uniforms) and is dropped when it falls in the lowest
+        Each unit draws a uniform 16-bit integer (:meth:`dropout_bits`) and is dropped when it
+        falls in the lowest
         ``k = round(p * 65536)`` values, so the drop probability is ``k / 65536`` (0.2 ->
         0.19999695); kept units are scaled by ``65536 / (65536 - k)``, which keeps
         ``E[multiplier] = 1`` exactly.
         """
-        g = torch.Generator().manual_seed(mix_seed(self.seed, round_idx, epoch, step, 0xD0))
-        numel = n * rows * units
-        words = torch.empty((numel + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1, generator=g)
-        u16 = words.view(torch.int16)[:numel].view(n, rows, units)
         k = int(round(p * 65536))
         if k == 0:
             return torch.ones(n, rows, units)
-        keep = u16 >= (k - 32768)
+        keep = self.dropout_bits(round_idx, epoch, step, n, rows, units) >= (k - 32768)
         return keep.to(torch.float32).mul_(65536.0 / (65536 - k))
+
+
+def keep_from_bits(bits: torch.Tensor, hidden: tuple[int, int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """0/1 float32 kept-unit masks ``([..., h1], [..., h2])`` (contiguous) from int16 draws
+    ``bits [..., h1 + h2]`` (:meth:`RandomStreams.dropout_bits`): a unit is kept when its draw is
+    not among the lowest ``k`` of the 65,536 values."""
+    u = bits.numpy()
+    out = []
+    for part in (u[..., : hidden[0]], u[..., hidden[0] :]):
+        f = np.empty(part.shape, dtype=np.float32)
+        np.greater_equal(part, k - 32768, out=f, casting="unsafe")  # one pass, no bool temporary
+        out.append(torch.from_numpy(f))
+    return out[0], out[1]
 
 
 @dataclass
@@ -178,14 +211,15 @@ def forward(params: Params, x: torch.Tensor, drop: torch.Tensor | None = None) -
     Returns:
         ``(logits [m, rows], rep [m, rows, h2])``.
     """
-    h1 = torch.relu(torch.baddbmm(params["b1"].unsqueeze(1), x, params["w1"]))
+    # bmm then an in-place bias add: cheaper than baddbmm, which first copies the broadcast bias
+    h1 = torch.bmm(x, params["w1"]).add_(params["b1"].unsqueeze(1)).relu_()
     n1 = h1.shape[-1]
     if drop is not None:
         h1 = h1 * drop[..., :n1]
-    h2 = torch.relu(torch.baddbmm(params["b2"].unsqueeze(1), h1, params["w2"]))
+    h2 = torch.bmm(h1, params["w2"]).add_(params["b2"].unsqueeze(1)).relu_()
     if drop is not None:
         h2 = h2 * drop[..., n1:]
-    logits = torch.baddbmm(params["b3"].unsqueeze(1), h2, params["w3"]).squeeze(-1)
+    logits = torch.bmm(h2, params["w3"]).squeeze(-1).add_(params["b3"])
     return logits, h2
 
 
@@ -225,6 +259,8 @@ class StackedEngine:
         self.hidden = (cfg.hidden[0], cfg.hidden[1])
         #: centers per group of partial last batches (see :meth:`_segments`)
         self.partial_group = 24
+        #: most centers in one batched computation (bounds activation memory at large n)
+        self.max_segment = 2048
 
     @property
     def n(self) -> int:
@@ -243,44 +279,53 @@ class StackedEngine:
         """Train split with centers ordered by n_train descending (cached): (order, x, y, n)."""
         if not hasattr(self, "_sorted"):
             tr = self.data.splits["train"]
-            order = torch.argsort(tr.n, descending=True, stable=True)
-            self._sorted = (order, tr.x[order], tr.y[order], tr.n[order])
+            order, n_sorted = self._size_order()
+            self._sorted = (order, tr.x[order], tr.y[order], n_sorted)
         return self._sorted
 
     def adam_step(self, params: Params, grads: Params, state: AdamState, a: int, start: int = 0) -> None:
         """In-place Adam update (``torch.optim.Adam`` formulas, L2 weight decay added to the
         gradient, per-center bias correction from each center's own step count) of centers
         ``start .. a-1`` of ``params`` / ``state`` (``grads`` hold exactly those rows); the
-        other centers are untouched."""
+        other centers are untouched.
+
+        Runs PyTorch's fused Adam kernel (one pass over parameter, gradient and moments) on
+        each run of consecutive centers with equal step count (centers ordered by size share
+        it, so a step makes one call per distinct number of local steps per epoch).
+        """
         b1, b2 = self.cfg.betas
-        lr, wd, eps = self.cfg.lr, self.cfg.weight_decay, self.cfg.eps
-        state.t[start:a] += 1
-        t = state.t[start:a].double()
-        step_size = (lr / (1 - b1**t)).float()
-        bc2_sqrt = (1 - b2**t).sqrt().float()
-        for k, p in params.items():
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            ps = p[start:a]
-            g = grads[k]
-            if wd:
-                g = g.add(ps, alpha=wd)
-            m = state.m[k][start:a].lerp_(g, 1 - b1)
-            v = state.v[k][start:a].mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v.sqrt() / bc2_sqrt.view(shape)).add_(eps)
-            ps.sub_(m / denom * step_size.view(shape))
+        t = state.t[start:a]
+        t += 1
+        counts, lens = torch.unique_consecutive(t, return_counts=True)
+        keys = list(params)
+        lo = start
+        for count, length in zip(counts.tolist(), lens.tolist()):
+            hi = lo + length
+            _adam([params[k][lo:hi] for k in keys], [grads[k][lo - start : hi - start] for k in keys],
+                  [state.m[k][lo:hi] for k in keys], [state.v[k][lo:hi] for k in keys], [],
+                  [torch.tensor(float(count - 1)) for _ in keys], fused=True, amsgrad=False, beta1=b1, beta2=b2,
+                  lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, eps=self.cfg.eps, maximize=False)
+            lo = hi
 
     def _segments(self, n_rows: torch.Tensor, lo: int, a: int) -> list[tuple[int, int, int]]:
         """Split the active prefix ``[:a]`` (sizes descending) of a step into groups that run
-        as separate batched computations: the centers with a full batch, then the centers in
+        as separate batched computations (each of at most ``max_segment`` centers): the centers
+        with a full batch, then the centers in
         their last, partial batch in groups of ``partial_group`` (each padded only to its own
-        widest batch). Returns ``(start, stop, width)`` triples."""
-        bs = self.cfg.batch_size
+        widest batch; a group extends over the following centers of the same width, so equal
+        sizes make one unpadded group). Returns ``(start, stop, width)`` triples."""
+        bs, cap = self.cfg.batch_size, self.max_segment
         f = int((n_rows[:a] >= lo + bs).sum())
-        segs = [(0, f, bs)] if f else []
+        segs = [(c0, min(f, c0 + cap), bs) for c0 in range(0, f, cap)]
         g = self.partial_group
-        for c0 in range(f, a, g):
+        last = (n_rows[f:a] - lo).tolist()
+        c0 = f
+        while c0 < a:  # groups of at most g centers, or a longer run of equal width (no padding)
             c1 = min(a, c0 + g)
-            segs.append((c0, c1, int(n_rows[c0]) - lo))
+            while c1 < a and c1 - c0 < cap and last[c1 - f] == last[c0 - f]:
+                c1 += 1
+            segs.append((c0, c1, last[c0 - f]))
+            c0 = c1
         return segs
 
     def train_round(
@@ -298,37 +343,127 @@ class StackedEngine:
 
         Returns ``params`` (the same dict, updated).
         """
-        order, x_all, y_all, n_rows = self._sorted_train()
-        max_rows = x_all.shape[1]
+        order, n_rows = self._size_order()
+        tr = self.data.splits["train"]
+        max_rows, d = tr.x.shape[1], tr.x.shape[2]
         bs, p_drop = self.cfg.batch_size, self.cfg.dropout
         units = self.hidden[0] + self.hidden[1]
-        ps = {k: params[k][order] for k in PARAM_NAMES}
-        st = AdamState({k: v[order] for k, v in state.m.items()}, {k: v[order] for k, v in state.v.items()},
-                       state.t[order])
+        k_drop = int(round(p_drop * 65536))
+        scale = 65536.0 / (65536 - k_drop)  # inverted-dropout multiplier of a kept unit
+        in_place = self._identity_order and all(params[k].is_contiguous() for k in PARAM_NAMES)
+        if in_place:  # centers already in size order: train the caller's tensors directly
+            ps, st = params, state
+        else:
+            ps = {k: params[k][order] for k in PARAM_NAMES}
+            st = AdamState({k: v[order] for k, v in state.m.items()}, {k: v[order] for k, v in state.v.items()},
+                           state.t[order])
+        # rows are gathered from the caller-order data: flat row of (sorted slot c, position q)
+        x_flat, y_flat = tr.x.reshape(-1, d), tr.y.reshape(-1)
+        base = (order * max_rows).unsqueeze(1)
         for epoch in range(self.cfg.local_epochs):
             perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
             for step in range(self.steps_per_epoch()):
                 lo = step * bs
                 a = int((n_rows > lo).sum())
                 width = min(bs, max_rows - lo)
-                drop = self.streams.dropout_scale(round_idx, epoch, step, a, width, units, p_drop)
+                bits = self.streams.dropout_bits(round_idx, epoch, step, a, width, units) if k_drop else None
                 for c0, c1, w in self._segments(n_rows, lo, a):
-                    cols = perm[c0:c1, lo : lo + w]
-                    rows = (lo + torch.arange(w)).unsqueeze(0) < n_rows[c0:c1].unsqueeze(1)
-                    ar = torch.arange(c0, c1).unsqueeze(1)
-                    xb, yb = x_all[ar, cols], y_all[ar, cols]
-                    sub = {k: ps[k][c0:c1].detach().requires_grad_(True) for k in PARAM_NAMES}
-                    logits, rep = forward(sub, xb, drop[c0:c1, :w])
-                    bce = F.binary_cross_entropy_with_logits(logits, yb, reduction="none")
-                    rowsf = rows.to(bce.dtype)
-                    loss_c = (bce * rowsf).sum(1) / rowsf.sum(1)
-                    if local_loss is not None:
-                        batch = Batch(order[c0:c1], xb, yb, rows, logits, rep, round_idx, epoch, step)
-                        loss_c = loss_c + local_loss(sub, batch)
-                    grads = torch.autograd.grad(loss_c.sum(), [sub[k] for k in PARAM_NAMES])
-                    with torch.no_grad():
-                        self.adam_step(ps, dict(zip(PARAM_NAMES, grads)), st, c1, start=c0)
+                    flat = (perm[c0:c1, lo : lo + w] + base[c0:c1]).view(-1)
+                    xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
+                    yb = y_flat.index_select(0, flat).view(c1 - c0, w)
+                    real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
+                    rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
+                    keep_seg = None if bits is None else keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop)
+                    if local_loss is None:
+                        grads = self._grads(
+                            {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
+                    else:
+                        grads = self._grads_autograd(
+                            {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale,
+                            local_loss, Batch(order[c0:c1], xb, yb, rows if rows is not None
+                                              else torch.ones(c1 - c0, w, dtype=torch.bool),
+                                              None, None, round_idx, epoch, step))  # type: ignore[arg-type]
+                    self.adam_step(ps, grads, st, c1, start=c0)
+        if in_place:
+            return params
         return self.scatter_back(params, state, ps, st, order, PARAM_NAMES)
+
+    def _size_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order, n_train[order]): centers by train size, descending (stable; cached)."""
+        if not hasattr(self, "_order"):
+            n = self.data.splits["train"].n
+            order = torch.argsort(n, descending=True, stable=True)
+            self._order = (order, n[order])
+        return self._order
+
+    @property
+    def _identity_order(self) -> bool:
+        """True when the centers are already ordered by train size (descending, stable)."""
+        if not hasattr(self, "_identity"):
+            order = self._size_order()[0]
+            self._identity = bool(torch.equal(order, torch.arange(order.numel())))
+        return self._identity
+
+    def _grads(self, p: Params, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None, real: torch.Tensor,
+               keep: tuple[torch.Tensor, torch.Tensor] | None, scale: float) -> Params:
+        """Gradients of the summed per-center mean BCE of one segment, by hand (no autograd).
+
+        Same values as :meth:`_grads_autograd` without a local loss, in fewer passes over the
+        ``[c, B, h]`` activations: ReLU and dropout are applied in place to the pre-activation
+        (``h' = relu(z) * keep``, unscaled), the dropout scale ``s`` is moved into the next
+        layer's weights (``z_next = h' (s W) + b``), and the ReLU-and-dropout gradient is one
+        ``threshold_backward`` on ``h'`` (a unit passes gradient iff ``h' > 0``).
+
+        Args:
+            p: the segment's stacked parameters (views, ``[c, ...]``).
+            x: ``[c, w, d]``; y: ``[c, w]``; rows: ``[c, w]`` bool real rows or None (all real);
+            real: ``[c]`` real rows per center; keep: 0/1 float masks ``([c, w, h1], [c, w, h2])``
+            of kept units (:meth:`RandomStreams.keep_masks`) or None (no dropout);
+            scale: the kept-unit multiplier ``s``.
+        Returns:
+            ``{name: [c, ...]}`` gradients.
+        """
+        s = scale if keep is not None else 1.0
+        h1 = torch.bmm(x, p["w1"]).add_(p["b1"].unsqueeze(1)).relu_()
+        if keep is not None:
+            h1.mul_(keep[0])
+        w2s = p["w2"] * s if s != 1.0 else p["w2"]
+        h2 = torch.bmm(h1, w2s).add_(p["b2"].unsqueeze(1)).relu_()
+        if keep is not None:
+            h2.mul_(keep[1])
+        w3s = p["w3"] * s
+        logits = torch.baddbmm(p["b3"].unsqueeze(1), h2, w3s).squeeze(-1)
+        dl = torch.sigmoid(logits).sub_(y)  # d BCE / d logit
+        if rows is not None:
+            dl.mul_(rows)
+        dl.div_(real.to(dl.dtype).unsqueeze(1))
+        # q = s * dL/dz2 (the s of layer 1's dropout, moved here)
+        q = torch.ops.aten.threshold_backward(dl.unsqueeze(-1) * (w3s * s).transpose(1, 2), h2, 0.0)
+        dz1 = torch.ops.aten.threshold_backward(torch.bmm(q, p["w2"].transpose(1, 2)), h1, 0.0)
+        return {
+            "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": dz1.sum(1),
+            "w2": torch.bmm(h1.transpose(1, 2), q), "b2": q.sum(1).div_(s),
+            "w3": torch.bmm(h2.transpose(1, 2), dl.unsqueeze(-1)).mul_(s), "b3": dl.sum(1, keepdim=True),
+        }
+
+    def _grads_autograd(self, p: Params, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,
+                        real: torch.Tensor, keep: tuple[torch.Tensor, torch.Tensor] | None, scale: float,
+                        local_loss: LocalLoss | None = None, batch: Batch | None = None) -> Params:
+        """Gradients of one segment by autograd: the summed per-center mean BCE plus, when
+        given, ``local_loss(params, batch)`` (``batch.logits`` / ``batch.rep`` are filled in
+        here). Arguments as :meth:`_grads`."""
+        sub = {k: v.detach().requires_grad_(True) for k, v in p.items()}
+        drop = None if keep is None else torch.cat(keep, dim=-1).mul_(scale)
+        logits, rep = forward(sub, x, drop)
+        bce = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+        if rows is not None:
+            bce = bce * rows
+        loss_c = bce.sum(1) / real.to(bce.dtype)
+        if local_loss is not None and batch is not None:
+            batch.logits, batch.rep = logits, rep
+            loss_c = loss_c + local_loss(sub, batch)
+        grads = torch.autograd.grad(loss_c.sum(), [sub[k] for k in PARAM_NAMES])
+        return dict(zip(PARAM_NAMES, grads))
 
     @staticmethod
     def scatter_back(params: Params, state: AdamState, ps: Params, st: AdamState, order: torch.Tensor,
@@ -349,19 +484,26 @@ class StackedEngine:
         """Eval-mode logits ``[m, rows]`` of ``params`` (leading axis m) on ``split`` of
         ``centers`` (``[m]`` center indices; default all centers, m = n).
 
-        Centers are processed in groups of ``chunk`` sorted by split size, each group padded
-        only to its own largest center, so padding costs little compute; logits on padding
-        positions are 0.
+        Centers are processed in groups sorted by split size (at least ``chunk`` centers, or
+        about 8,192 rows), each group padded only to its own largest center, so padding costs
+        little compute; logits on padding positions are 0.
         """
         s = self.data.splits[split]
         idx = torch.arange(self.n) if centers is None else centers
         n_rows = s.n[idx]
         order = torch.argsort(n_rows, descending=True, stable=True)
+        sizes = n_rows[order].tolist()
         out = torch.zeros(idx.numel(), s.x.shape[1])
-        for lo in range(0, idx.numel(), chunk):
-            sel = order[lo : lo + chunk]
-            r = int(n_rows[sel].max())
-            if r == 0:
-                break
-            out[sel, :r] = forward({k: v[sel] for k, v in params.items()}, s.x[idx[sel], :r])[0]
+        lo = 0
+        while lo < idx.numel() and sizes[lo] > 0:
+            r = sizes[lo]
+            hi = min(idx.numel(), lo + max(chunk, 8192 // r))  # at least `chunk` centers, ~8k rows
+            sel = order[lo:hi]
+            first = int(sel[0])
+            if bool((sel == first + torch.arange(sel.numel())).all()):  # consecutive rows: views, no copy
+                model = {k: v[first : first + sel.numel()] for k, v in params.items()}
+            else:
+                model = {k: v[sel] for k, v in params.items()}
+            out[sel, :r] = forward(model, s.x[idx[sel], :r])[0]
+            lo = hi
         return out

@@ -18,6 +18,7 @@ center with its accepted partners). Transforms (ABPS paper Sec. 6.4):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from federation.engine import PARAM_NAMES, Params
 
@@ -58,6 +59,36 @@ def check_row_stochastic(w: torch.Tensor, atol: float = 1e-6) -> None:
         raise ValueError(f"mixing matrix rows must sum to 1 (max error {err:.2e})")
 
 
+def sparse_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise non-zeros of ``w [m, n]`` (dense, or sparse COO) as ``(cols [m, K] int64,
+    vals [m, K])`` with ``K`` the largest number of non-zeros in a row; shorter rows are padded
+    with weight 0 (column of their first entry, or 0). Column order within a row is ascending."""
+    m = w.shape[0]
+    if w.is_sparse:
+        w = w.coalesce()
+        rr, cc = w.indices()
+        nz = w.values() != 0
+        rr, cc, v = rr[nz], cc[nz], w.values()[nz]
+    else:
+        rr, cc = torch.nonzero(w, as_tuple=True)
+        v = w[rr, cc]
+    counts = torch.bincount(rr, minlength=m)
+    k = int(counts.max()) if m and rr.numel() else 1
+    start = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(rr.numel()) - start[rr]
+    first = torch.zeros(m, dtype=torch.int64)
+    first[counts > 0] = cc[start[counts > 0]]
+    cols = first.unsqueeze(1).repeat(1, k)
+    vals = torch.zeros(m, k, dtype=w.dtype)
+    cols[rr, pos] = cc
+    vals[rr, pos] = v
+    return cols, vals
+
+
+#: rows with at most n / SPARSE_RATIO non-zeros are mixed by gathering (see :func:`mix`)
+SPARSE_RATIO = 8
+
+
 def mix(w: torch.Tensor, theta: torch.Tensor, bf16: bool, own: torch.Tensor | None = None) -> torch.Tensor:
     """Mix one stacked tensor.
 
@@ -70,10 +101,23 @@ def mix(w: torch.Tensor, theta: torch.Tensor, bf16: bool, own: torch.Tensor | No
 
     Returns:
         ``[m, ...]``: ``sum_j w[r, j] wire(theta_j) + w[r, own_r] (theta_own_r - wire(theta_own_r))``.
+
+    Three equivalent evaluations (equal up to float summation order): identical rows (FedAvg's
+    rank-one ``W``) mix once and broadcast; sparse rows (at most ``n / SPARSE_RATIO`` non-zeros,
+    e.g. ABPS's ``kappa + 1``) are a weighted sum of gathered rows (``embedding_bag``), so the
+    cost is ``m K P`` instead of ``m n P``; otherwise one dense product.
     """
     wf = w.to(theta.dtype)
     sent = wire(theta, bf16)
-    out = torch.einsum("mn,n...->m...", wf, sent)
+    m, n = wf.shape
+    if m > 1 and bool((wf == wf[:1]).all()):
+        out = torch.einsum("n,n...->...", wf[0], sent).expand(m, *theta.shape[1:]).clone()
+    elif m and n >= SPARSE_RATIO and int((wf != 0).sum(1).max()) * SPARSE_RATIO <= n:
+        cols, vals = sparse_rows(wf)
+        flat = sent.reshape(n, -1)
+        out = F.embedding_bag(cols, flat, per_sample_weights=vals, mode="sum").view(m, *theta.shape[1:])
+    else:
+        out = torch.einsum("mn,n...->m...", wf, sent)
     if bf16:
         own = torch.arange(theta.shape[0]) if own is None else own
         diag = wf.gather(1, own.unsqueeze(1)).squeeze(1)

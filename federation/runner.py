@@ -20,6 +20,7 @@ from etl.io import atomic_write_text
 from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
+from federation.drift_scenario import apply_drift, drifting_copy
 from federation.engine import AdamState, Params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
@@ -53,10 +54,12 @@ class RunResult:
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
     params: Params | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
+    method_summary: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
-        method artifacts)."""
+        method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
+        per-seed isolation figures and the DP budget spent by its metadata releases)."""
         skip = ("history", "per_center", "params", "artifacts")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
@@ -92,7 +95,14 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
+    if cfg.data.preprocessing == "pooled" and not cls.pooled:
+        raise InputError(f"{cfg.method}: data.preprocessing 'pooled' fits statistics on the union of all "
+                         f"centers' rows; only the centralized reference may use it")
+    data = data.with_preprocessing(cfg.data)  # the run's numeric encoding (no-op when already in use)
+    if cfg.drift is not None and cls.pooled:
+        raise InputError(f"{cfg.method}: the drift scenario needs per-center labels (not a pooled model)")
     method: Method = cls(cls.Params.model_validate(cfg.params))
+    data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
@@ -120,6 +130,7 @@ def run_one(
     last_val = last_test = None
     rounds_run = 0
     for r in range(cfg.max_rounds):
+        apply_drift(data, cfg.drift, r)
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
@@ -144,8 +155,9 @@ def run_one(
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
             for k, v in mixed.items():
                 train_params[k].copy_(v)
+        meta_bytes = plan.metadata_bytes + (data.encoding_bytes if r == 0 else 0)  # + encoding aggregates
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
-                           payload, bpp, plan.probe_bytes, plan.metadata_bytes)
+                           payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
         for k, v in extras.items():
             check_finite(f"method output {k!r}", v, *where)
@@ -167,6 +179,7 @@ def run_one(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
+        method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
     )
 
 
@@ -187,6 +200,7 @@ def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
     rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
     keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    method_summary: Callable[[], dict[str, Any]] | None = None,
 ) -> RunResult:
     """End of a run (shared by every round loop): restore the best round when early stopping is
     on, summarize the last val / test AUROC ``[n]`` and build the :class:`RunResult`.
@@ -196,6 +210,9 @@ def finalize_run(
         params: the live stacked parameters (restored in place).
         keep: called after the restore to store the final parameters in the result.
         artifacts: called for the method's MLflow artifacts.
+        method_summary: called for the method's end-of-run summary (a method's optional
+            ``final_metrics(ctx)`` hook): goes into results.json per seed; its float entries are
+            logged as final MLflow metrics.
     """
     best_round = rounds_run
     if cfg.early_stopping.enabled and best[2] is not None:
@@ -218,6 +235,7 @@ def finalize_run(
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
         params=keep() if keep is not None else None,
         artifacts=artifacts() if artifacts is not None else {},
+        method_summary=method_summary() if method_summary is not None else {},
     )
 
 
@@ -259,6 +277,7 @@ def run_training(
     experiment: str = "abps",
     progress: bool = True,
     track: bool = True,
+    overwrite: bool = True,
 ) -> dict[str, Any]:
     """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
 
@@ -267,8 +286,11 @@ def run_training(
     per-center metrics keyed by center_id), ``config.json``; the parent gets
     ``results.json``. Nothing row-level is logged.
 
+    ``overwrite=False`` refuses an ``output`` that exists (``abps train`` without ``--force``).
+
     Raises:
-        InputError: bad cohort directory or unknown method.
+        InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
+            cohort's files, or (with ``overwrite=False``) an existing file.
     """
     from pydantic import ValidationError
 
@@ -287,7 +309,9 @@ def run_training(
             raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
         if out in {(Path(cohort_dir) / f).resolve() for f in ("cohort.parquet", "centers.parquet")}:
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
-    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
+        if not overwrite and out.exists():
+            raise InputError(f"{output} exists; give --force to replace it, or another --output")
+    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
@@ -295,7 +319,8 @@ def run_training(
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid}) if tracker else _null()):
+                                                              COHORT_TAG: cid})
+               if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},

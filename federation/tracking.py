@@ -60,6 +60,9 @@ SWEEP_TAG = "abps.sweep_hash"
 CELL_SECONDS_TAG = "abps.cell_seconds"
 EXECUTOR_TAG = "abps.executor"
 BENCHMARK_TAG = "benchmark"
+SELECTOR_TAG = "selector"  # SAGE runs: the selector's display name
+ARM_TAG = "arm"  # variance-correction runs: the arm (plain / corrected)
+GRID_CELL_TAG = "cell"  # variance-correction runs: the grid cell's label
 
 #: final metrics of a clinical run, logged at step = rounds run (train and sweep alike)
 FINAL_KEYS = ("final_auroc_mean", "final_auroc_std", "final_val_auroc_mean", "rounds_run", "best_round",
@@ -216,13 +219,13 @@ class Tracker:
         finally:
             self._stack.pop()
             status, end = self._end.pop(rid, (None, None))
-            _retry(lambda: self.client.set_terminated(rid, "FAILED" if failed else (status or "FINISHED"), end))
+            self.close(rid, "FAILED" if failed else (status or "FINISHED"), end)
 
-    def run(self, name: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
-            parent_id: str | None = None, start_time_ms: int | None = None) -> contextlib.AbstractContextManager[str]:
-        """Open a run (context manager yielding its id): nested under ``parent_id``, else under
-        the innermost open run, else top-level. ``start_time_ms`` (epoch ms) records when the
-        work started when the run is logged afterwards (sweep cells)."""
+    def create(self, name: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+               parent_id: str | None = None, start_time_ms: int | None = None) -> str:
+        """Create a RUNNING run and return its id (close it with :meth:`close`): nested under
+        ``parent_id``, else under the innermost open run, else top-level. ``start_time_ms``
+        (epoch ms, default now) is when its work started."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
         all_tags = {MLFLOW_RUN_NAME: name, **(tags or {})}
@@ -232,6 +235,29 @@ class Tracker:
         run = _retry(lambda: self.client.create_run(self.experiment_id, start_time=start_time_ms, tags=all_tags,
                                                     run_name=name))
         rid = run.info.run_id
+        if params:
+            with self.on(rid):
+                self.log_params(params)
+        return rid
+
+    @contextlib.contextmanager
+    def on(self, run_id: str) -> Iterator[str]:
+        """Make ``run_id`` the innermost run for the block (no status change)."""
+        self._stack.append(run_id)
+        try:
+            yield run_id
+        finally:
+            self._stack.pop()
+
+    def close(self, run_id: str, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
+        """End a run: ``status`` (FINISHED, FAILED, KILLED) at ``end_time_ms`` (default now)."""
+        _retry(lambda: self.client.set_terminated(run_id, status, end_time_ms))
+
+    def run(self, name: str, params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+            parent_id: str | None = None, start_time_ms: int | None = None) -> contextlib.AbstractContextManager[str]:
+        """:meth:`create` a run and open it for the block (context manager yielding its id); it
+        ends FINISHED, FAILED on an exception (KeyboardInterrupt included), or as :meth:`finish_as` set."""
+        rid = self.create(name, None, tags, parent_id, start_time_ms)
 
         @contextlib.contextmanager
         def cm() -> Iterator[str]:
@@ -304,8 +330,13 @@ class Tracker:
             self.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ts)
 
     def log_final(self, summary: dict[str, Any]) -> None:
-        """Log the :data:`FINAL_KEYS` of a run summary at step = rounds run."""
-        self.log_metrics({k: summary[k] for k in FINAL_KEYS if k in summary}, int(summary.get("rounds_run") or 0))
+        """Log the :data:`FINAL_KEYS` of a run summary, and the finite numbers of its
+        ``method_summary`` (a method's ``final_metrics``, e.g. ABPS's ``rest_share_mean``), as
+        final metrics at step = rounds run."""
+        final = {k: summary[k] for k in FINAL_KEYS if k in summary}
+        final.update({k: float(v) for k, v in (summary.get("method_summary") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))})
+        self.log_metrics(final, int(summary.get("rounds_run") or 0))
 
     def log_json(self, obj: Any, artifact_file: str) -> None:
         """Store ``obj`` as a strict-JSON artifact of the current run (NaN / infinity -> null).

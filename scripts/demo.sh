@@ -2,7 +2,8 @@
 # `make demo`: the whole pipeline on synthetic MIMIC-IV-format data, on a fresh machine, no credentials.
 #   synthetic MIMIC-IV v3.1 (full default scale) -> ETL (230 careunit-by-year centers) -> a short sweep
 #   (FedAvg, ABPS, ABPS-X, ABPS with the diversity goal; 2 seeds; configs/demo.yaml) -> report
-#   (Table 1 + Figure 3) -> prints the table and the command that opens the MLflow UI.
+#   (Table 1 + Figure 3) -> prints the table and the next commands (abps train --goal diversity,
+#   abps runs, abps ui). The ETL records the cohort as the project's default (.abps/state.json).
 # Usage: bash scripts/demo.sh [DIR]   (default demo_out; run from the repository root)
 # Idempotent: existing synthetic data / cohort are reused, finished sweep cells are skipped.
 # MLflow store: sqlite:///mlflow/mlflow.db (the default of every abps command), experiment "demo".
@@ -28,7 +29,11 @@ else
   $ABPS synth mimic --out "$DIR/mimic"
 fi
 
-if [[ -f "$DIR/cohort/cohort.parquet" && -f "$DIR/cohort/centers.parquet" ]]; then
+# skipped only when the cohort exists AND is this project's recorded default (.abps/state.json,
+# written by `abps etl`), so that `abps train --goal diversity` afterwards trains on it
+COHORT_ABS="$(cd "$DIR" && pwd -P)/cohort"
+if [[ -f "$DIR/cohort/cohort.parquet" && -f "$DIR/cohort/centers.parquet" ]] \
+   && grep -qF "\"$COHORT_ABS\"" .abps/state.json 2>/dev/null; then
   stamp "cohort already in $DIR/cohort (skipped)"
 else
   stamp "ETL -> $DIR/cohort"
@@ -36,7 +41,7 @@ else
 fi
 
 stamp "sweep configs/demo.yaml (FedAvg, ABPS, ABPS-X, ABPS diversity goal x 2 seeds), $WORKERS workers"
-$ABPS sweep --config configs/demo.yaml --cohort "$DIR/cohort" --engine local --workers "$WORKERS"
+$ABPS sweep --config configs/demo.yaml --cohort "$DIR/cohort" --executor local --workers "$WORKERS"
 
 stamp "report -> $DIR/report"
 $ABPS report --experiment demo --out "$DIR/report"
@@ -47,5 +52,7 @@ echo
 cat "$DIR/report/table1.md"
 echo
 stamp "done"
-echo "Open the MLflow UI (then http://127.0.0.1:5000, experiment \"demo\"):"
-echo "  .venv/bin/mlflow ui --backend-store-uri sqlite:///mlflow/mlflow.db"
+echo "Next: train the goal-aware ABPS on this cohort, list the runs, open the MLflow UI:"
+echo "  .venv/bin/abps train --goal diversity"
+echo "  .venv/bin/abps runs --experiment demo"
+echo "  .venv/bin/abps ui        # http://127.0.0.1:5000, experiment \"demo\""

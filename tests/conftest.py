@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# `abps etl` records the project's latest cohort (cli/project.py); the tests' ETL runs go to a
+# scratch record, never to the checkout's own .abps/state.json (subprocesses inherit this)
+os.environ["ABPS_STATE"] = os.path.join(tempfile.mkdtemp(prefix="abps-test-state-"), "state.json")
 SHARED = Path(os.environ.get("ABPS_SHARED", REPO.parent / "shared"))
 MIMIC_DEMO = SHARED / "data" / "mimic-iv-demo"
 EICU_DEMO = SHARED / "data" / "eicu-demo"

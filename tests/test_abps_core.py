@@ -11,7 +11,9 @@ import torch
 
 from abps.bandit import StationaryPeerBandit, clustered_utilities, simulate
 from abps.beliefs import BetaBeliefs
-from abps.goal_filter import calibrate_tau_sim, candidate_mask, goal_scores, normalize_metadata
+from abps.beliefs import max_resting_gamma, ucb_bonus
+from abps.goal_filter import (calibrate_tau_sim, calibrate_tau_sim_per_center, candidate_mask, goal_scores,
+                               normalize_metadata)
 from abps.matching import fedavg_mixing, propose_reject
 from abps.shapley import build_coalitions, clip_phi, exact_shapley, shapley_from_utilities, shapley_matrix
 
@@ -171,6 +173,39 @@ def test_tmc_close_to_exact_on_seven_players():
     assert shapley_from_utilities(trunc, _star_utilities(trunc, 0, game)).phi[0, 1:].abs().max().item() == 0.0
 
 
+def test_tmc_truncation_rule_by_hand():
+    """Truncation rule (Ghorbani & Zou 2019, Algorithm 1): walking permutation b, the marginal of the
+    L-th partner is U(prefix_L) - U(prefix_{L-1}), and is set to 0 once some earlier prefix (the empty
+    one included) is within ``tol`` of U(P_i). Additive game on 6 partners of center 0,
+    U(S) = 0.6 + sum_{k in S} w_k, w = (.04, .02, .01, .005, 0, 0): U(P_0) = 0.675. With tol = 0.012 a
+    prefix is "close" once it holds 0.063 or more, i.e. once .04, .02 and one of .01 / .005 are in."""
+    n = 7
+    p = torch.zeros(n, n, dtype=torch.bool)
+    p[0, 1:] = p[1:, 0] = True
+    w = [0.04, 0.02, 0.01, 0.005, 0.0, 0.0]
+
+    def game(s):
+        return 0.6 + sum(w[j - 1] for j in s)
+
+    plan = build_coalitions(p, exact_max=5, num_permutations=3, truncation_tol=0.012, rng=np.random.default_rng(4))
+    phi = shapley_from_utilities(plan, _star_utilities(plan, 0, game)).phi[0, 1:]
+    perms = plan.tmc_groups[0].perms[0].tolist()  # [B, 6] orders over partners 1..6 (indices 0..5)
+    expected = [0.0] * 6
+    for order in perms:  # the reference walk, one partner at a time
+        total, stop = 0.0, False
+        for k in order:
+            if abs(0.075 - total) < 0.012:
+                stop = True
+            expected[k] += 0.0 if stop else w[k]
+            total += w[k]
+    assert phi.tolist() == pytest.approx([e / 3 for e in expected], abs=1e-12)
+    # without truncation an additive game gives every partner exactly its weight, whatever the order
+    plain = build_coalitions(p, exact_max=5, num_permutations=3, rng=np.random.default_rng(4))
+    assert shapley_from_utilities(plain, _star_utilities(plain, 0, game)).phi[0, 1:].tolist() == pytest.approx(w)
+    # some permutation must actually have been truncated, or the test would not test the rule
+    assert sum(expected) < 3 * sum(w) - 1e-9
+
+
 # ---------------------------------------------------------------- matching (Sec. 4.3)
 
 
@@ -290,7 +325,7 @@ def test_candidate_mask_keeps_top_quarter_by_goal():
 
     # 6 pairs, 25% -> ceil(1.5) = 2 pairs. cosines: 01 .71, 02 0, 03 -1, 12 .71, 13 -.71, 23 0
     hom, tau = candidate_mask(V4, "homogeneity", 0.25, normalize=False)
-    assert pairs(hom) == {(0, 1), (1, 2)} and tau == pytest.approx(1 / math.sqrt(2))
+    assert pairs(hom) == {(0, 1), (1, 2)} and tau.tolist() == pytest.approx([1 / math.sqrt(2)] * 4)
     assert torch.equal(hom, hom.T) and not hom.diagonal().any()
     div, _ = candidate_mask(V4, "diversity", 0.25, normalize=False)
     assert pairs(div) == {(0, 3), (1, 3)}
@@ -298,7 +333,7 @@ def test_candidate_mask_keeps_top_quarter_by_goal():
     ali, _ = candidate_mask(meta, "alignment", 0.25)
     assert pairs(ali) == {(2, 3), (1, 3)}  # |diff| 0.01 and 0.04 are the smallest
     none, tau0 = candidate_mask(V4, None)
-    assert torch.equal(none, ~torch.eye(4, dtype=torch.bool)) and tau0 == float("-inf")
+    assert torch.equal(none, ~torch.eye(4, dtype=torch.bool)) and tau0.tolist() == [float("-inf")] * 4
 
 
 @pytest.mark.parametrize("goal", ["homogeneity", "diversity", "alignment"])
@@ -310,7 +345,7 @@ def test_candidate_mask_keeps_25_percent_of_pairs(goal):
     mask, tau = candidate_mask(meta.to(F64), goal, 0.25)
     k = math.ceil(0.25 * n * (n - 1) / 2)
     assert int(torch.triu(mask, 1).sum()) == k and int(mask.sum()) == 2 * k
-    assert tau == calibrate_tau_sim(goal_scores(meta, goal), 0.25)
+    assert (tau == calibrate_tau_sim(goal_scores(meta, goal), 0.25)).all()
 
 
 def test_zscore_normalization_spreads_cosines():
@@ -362,3 +397,124 @@ def test_lemma1_center_ends_up_resting_when_all_peers_harmful():
     helpful = StationaryPeerBandit(torch.full((n, n), 0.8, dtype=F64), noise="beta")
     tr2 = simulate(helpful, rounds=300, kappa=3, gamma=0.5, epsilon=0.1, seed=0)
     assert tr2.isolation[-100:].to(F64).mean().item() < 0.05
+
+
+# V5: directions 0, 45, 90, 135 and 270 degrees (raw cosine, no z-scoring); with a = 1 / sqrt 2 the
+# cosines are 01 a, 02 0, 03 -a, 04 0, 12 a, 13 0, 14 -a, 23 a, 24 -1, 34 -a (ties are exact in floats)
+V5 = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0], [-1.0, 1.0], [0.0, -1.0]], dtype=F64)
+
+
+def test_per_center_tau_sim_keeps_top_quarter_of_each_row():
+    """n = 5: each center keeps ceil(0.25 * 4) = 1 peer, its most similar one (Sec. 6.5, App. C.2):
+    0 -> 1 (a); 1 -> 0 and 2 tie at a (ties at the threshold are kept); 2 -> 1, 3 (a); 3 -> 2 (a);
+    4 -> 0 (cos 0, its best)."""
+    mask, tau = candidate_mask(V5, "homogeneity", 0.25, normalize=False, tau_mode="per_center")
+    c = 1 / math.sqrt(2)
+    assert tau.tolist() == pytest.approx([c, c, c, c, 0.0], abs=1e-12)
+    rows = {i: set(torch.nonzero(mask[i]).flatten().tolist()) for i in range(5)}
+    assert rows == {0: {1}, 1: {0, 2}, 2: {1, 3}, 3: {2}, 4: {0}}
+    assert (calibrate_tau_sim_per_center(goal_scores(V5, "homogeneity", normalize=False), 0.25) == tau).all()
+    # one-sided: 0 is in C_4 but 4 is not in C_0; "mutual" drops such pairs, 4 keeps no candidate
+    mutual, _ = candidate_mask(V5, "homogeneity", 0.25, normalize=False, tau_mode="per_center",
+                               candidacy="mutual")
+    assert {i: set(torch.nonzero(mutual[i]).flatten().tolist()) for i in range(5)} == {
+        0: {1}, 1: {0, 2}, 2: {1, 3}, 3: {2}, 4: set()}
+    assert torch.equal(mutual, mutual.T)
+    # diversity: each keeps its most dissimilar peer: 0 -> 3 (-a); 1 -> 4 (-a); 2 -> 4 (-1); 3 -> 0, 4 tie
+    # (-a); 4 -> 2 (-1)
+    div, _ = candidate_mask(V5, "diversity", 0.25, normalize=False, tau_mode="per_center")
+    assert {i: set(torch.nonzero(div[i]).flatten().tolist()) for i in range(5)} == {
+        0: {3}, 1: {4}, 2: {4}, 3: {0, 4}, 4: {2}}
+    # global reading on the same data: ceil(0.25 * 10) = 3 pairs at cos a: (0,1), (1,2), (2,3); 4 has none
+    glob, gt = candidate_mask(V5, "homogeneity", 0.25, normalize=False)
+    assert {(i, j) for i, j in torch.nonzero(torch.triu(glob, 1)).tolist()} == {(0, 1), (1, 2), (2, 3)}
+    assert not glob[4].any() and gt.tolist() == pytest.approx([c] * 5)
+    with pytest.raises(ValueError, match="tau_mode"):
+        candidate_mask(V5, "homogeneity", tau_mode="local")
+    with pytest.raises(ValueError, match="candidacy"):
+        candidate_mask(V5, "homogeneity", candidacy="receiver")
+
+
+def test_per_center_every_center_keeps_its_quarter():
+    n = 41
+    g = torch.Generator().manual_seed(3)
+    meta = torch.rand(n, 15, generator=g, dtype=F64)
+    for goal in ("homogeneity", "diversity", "alignment"):
+        mask, _ = candidate_mask(meta, goal, 0.25, tau_mode="per_center")
+        assert mask.sum(dim=1).tolist() == [10] * n  # ceil(0.25 * 40) = 10, continuous scores: no ties
+        assert not mask.diagonal().any()
+
+
+def test_one_sided_candidacy_proposer_side_decides():
+    """Under ``proposer`` candidacy, 4 (whose only candidate is 0) proposes to 0, and 0 accepts when its
+    own UCB on 4 clears tau_acc, though 4 is not in C_0: the receiver checks only its UCB and capacity
+    (Algorithm 1 line 17). Center 0's UCB on 4 below tau_acc refuses it."""
+    mask, _ = candidate_mask(V5, "homogeneity", 0.25, normalize=False, tau_mode="per_center")
+    assert mask[4, 0] and not mask[0, 4]
+    ucb = torch.full((5, 5), 0.5, dtype=F64)
+    first4 = next(s for s in range(50) if int(np.random.default_rng(s).permutation(5)[0]) == 4)
+    m = propose_reject(ucb, mask, 1, 0.5, 0.0, np.random.default_rng(first4))
+    assert int(m.order[0]) == 4 and m.partners[4, 0] and m.partners[0, 4]
+    ucb[0, 4] = 0.4
+    m = propose_reject(ucb, mask, 1, 0.5, 0.0, np.random.default_rng(first4))
+    assert not m.partners[0, 4] and m.resting[4]  # refused by its only candidate: 4 rests
+
+
+@pytest.mark.parametrize(
+    "alpha,beta,n,t,gamma,expected",
+    [
+        # mu = 3/5 = 0.6; bonus = 2 sqrt(2 ln 10 / 4) = 2 * 1.0729830 = 2.1459660
+        (3.0, 2.0, 3.0, 10, 2.0, 0.6 + 2.1459660),
+        # gamma = sqrt 2: 0.6 + sqrt(2) * 1.0729830 = 0.6 + 1.5174271
+        (3.0, 2.0, 3.0, 10, math.sqrt(2), 0.6 + 1.5174271),
+        # mu = 4/11 = 0.3636364; 50 rounds, 9 pulls: sqrt(2 ln 50 / 10) = 0.8845364; gamma 0.1 -> 0.0884536
+        (4.0, 7.0, 9.0, 50, 0.1, 0.3636364 + 0.0884536),
+        # t = 1: no bonus whatever gamma
+        (2.0, 3.0, 1.0, 1, 2.0, 0.4),
+    ],
+)
+def test_ucb_value_by_hand_for_each_gamma_reading(alpha, beta, n, t, gamma, expected):
+    b = BetaBeliefs(torch.tensor([[1.0, alpha], [1.0, 1.0]], dtype=F64), torch.tensor([[1.0, beta], [1.0, 1.0]], dtype=F64),
+                    torch.tensor([[0.0, n], [0.0, 0.0]], dtype=F64))
+    assert b.ucb(t, gamma)[0, 1].item() == pytest.approx(expected, abs=1e-6)
+    assert float(ucb_bonus(t, n, gamma)) == pytest.approx(expected - alpha / (alpha + beta), abs=1e-6)
+
+
+def test_when_ucb_can_fall_below_tau_acc():
+    """Lemma 1's rest rule needs UCB < tau_acc. With the Shapley utilities near 0.5 +- 0.05 of a
+    clinical federation (mu about 0.45), the paper's gamma = 2 never allows it in 50 rounds, nor
+    does sqrt 2; gamma around 0.1 does once a peer has been pulled about 10 times."""
+    # bound = (0.5 - 0.45) / sqrt(2 ln 50 / 50) = 0.05 / 0.3955 = 0.1264
+    assert max_resting_gamma(0.45, 50, 49) == pytest.approx(0.05 / math.sqrt(2 * math.log(50) / 50), rel=1e-9)
+    assert max_resting_gamma(0.45, 50, 49) == pytest.approx(0.12642, abs=1e-4)
+    for gamma in (2.0, math.sqrt(2)):
+        assert all(max_resting_gamma(0.45, t, t - 1) < gamma for t in range(2, 51))
+    # with gamma = 2 the bonus alone is >= 0.6 up to t = 102 even for a peer pulled every round
+    # (n = t - 1, the most a pair can be pulled): 2 sqrt(2 ln t / t) >= 0.6 <=> t <= 22.2 ln t
+    assert all(float(ucb_bonus(t, t - 1, 2.0)) >= 0.6 for t in range(3, 103))
+    assert float(ucb_bonus(103, 102, 2.0)) < 0.6
+    # gamma = 0.1: after 10 pulls at t = 15 a mu = 0.40 peer is refused: 0.40 + 0.1 * 0.7035 = 0.4704 < 0.5
+    assert max_resting_gamma(0.40, 15, 10) > 0.1
+    # a peer believed useful can never be refused; at t = 1 any gamma works for a harmful one
+    assert max_resting_gamma(0.55, 50, 10) == 0.0 and max_resting_gamma(0.3, 1, 0) == math.inf
+
+
+def test_fidelity_study_choice_rule():
+    """benchmarks.bench_fidelity: the distance outside the targets (diversity rests 20-60 %,
+    homogeneity / alignment rest <= 5 % with E|P| >= 0.95) and the choice of the closest reading."""
+    from benchmarks.bench_fidelity import choose, readings, target_distance
+
+    def rows(div_rest, hom_rest, hom_p, ali_rest, ali_p):
+        return {"diversity": {"rest": div_rest, "partners": 1 - div_rest},
+                "homogeneity": {"rest": hom_rest, "partners": hom_p},
+                "alignment": {"rest": ali_rest, "partners": ali_p}}
+
+    meets = rows(0.41, 0.01, 0.99, 0.02, 0.98)
+    assert target_distance(meets) == 0.0
+    # diversity 2.5 % (0.175 short), homogeneity 10.4 % rest (0.054 over) with E|P| 0.896 (0.054 short)
+    miss = rows(0.025, 0.104, 0.896, 0.017, 0.983)
+    assert target_distance(miss) == pytest.approx(0.175 + 0.054 + 0.054)
+    assert choose({"a": miss, "b": meets}) == "b"
+    # tie on targets: the one closer to the paper (rest 41 %, E|P| 0.59 / 0.99 / 0.99) wins
+    assert choose({"far": rows(0.25, 0.0, 0.96, 0.0, 0.96), "near": meets}) == "near"
+    assert len(readings([2.0, 1.0, 0.1])) == 18  # (global | per_center x proposer, mutual) x z, raw x 3 gammas

@@ -43,6 +43,28 @@ def small() -> FederatedData:
     return _data(24, seed=1)
 
 
+def _ctx(data: FederatedData, cfg) -> Context:
+    """A Context on freshly initialized parameters (no training)."""
+    engine = StackedEngine(data, cfg.engine, 5)
+    params = engine.init_params()
+    ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
+    return Context(cfg=cfg, data=data, engine=engine, seed=5, ledger=Ledger(data.n_centers, 1), exchanged=ex,
+                   head=hd, bf16=cfg.exchange.bf16_wire, params=params,
+                   round_start={k: v.clone() for k, v in params.items()},
+                   pre_exchange={k: v.clone() for k, v in params.items()})
+
+
+def _run_spy(spy: type, cfg, data: FederatedData, seed: int):
+    """run_one with ``spy`` (a subclass of a registered method) registered under a temporary name."""
+    from federation.methods.registry import METHODS
+
+    METHODS["abps-spy-test"] = spy
+    try:
+        return run_one(cfg.model_copy(update={"method": "abps-spy-test"}), data, seed)
+    finally:
+        METHODS.pop("abps-spy-test")
+
+
 def _cfg(name: str, rounds: int):
     return build_config(name, get_method(name).default_config, None, rounds=rounds)
 
@@ -165,6 +187,18 @@ def test_short_runs_log_isolation_and_are_deterministic(small, monkeypatch):
     assert all(h["mean_partners"] <= 1.0 for h in div.history)
     again = run_one(_cfg("abps-div", 3), small, 11)
     assert again.history == div.history
+    # per-seed isolation figures (results.json "method_summary") agree with the per-round history
+    ms = div.method_summary
+    assert ms["rest_share_mean"] == pytest.approx(sum(iso) / 3)
+    assert ms["partners_mean"] == pytest.approx(sum(h["mean_partners"] for h in div.history) / 3)
+    props = sum(h["proposals"] for h in div.history)
+    acc = sum(h["acceptance_rate"] * h["proposals"] for h in div.history)
+    assert ms["run_acceptance_rate"] == pytest.approx(acc / props)
+    rested = ms["rounds_rested"]
+    assert set(rested) <= set(small.center_ids) and all(1 <= v <= 3 for v in rested.values())
+    assert sum(rested.values()) == round(sum(iso) * small.n_centers)
+    assert ms["centers_ever_rested"] == len(rested)
+    assert div.summary()["method_summary"] == ms
 
 
 def test_belief_artifact_center_ids_only(small):
@@ -177,13 +211,7 @@ def test_belief_artifact_center_ids_only(small):
             captured["art"] = self.artifacts(ctx)
             return out
 
-    from federation.methods.registry import METHODS
-
-    METHODS["abps-spy-test"] = Spy
-    try:
-        run_one(cfg.model_copy(update={"method": "abps-spy-test"}), small, 11)
-    finally:
-        METHODS.pop("abps-spy-test")
+    _run_spy(Spy, cfg, small, 11)
     rows = captured["art"]["abps_beliefs.json"]
     assert [r["center_id"] for r in rows] == small.center_ids
     allowed = {"center_id", "rounds_rested", "rest_share", "mean_partners", "mean_belief", "max_belief",
@@ -192,3 +220,101 @@ def test_belief_artifact_center_ids_only(small):
     assert all(r["best_peer"] is None or r["best_peer"] in small.center_ids for r in rows)
     assert sum(r["pulls"] for r in rows) > 0
     json.dumps(rows)  # serializable as an MLflow JSON artifact
+
+
+def test_random_partners_ablation(small):
+    """random-partners: same filter and capacity as ABPS, uniformly random partners, no Shapley."""
+    from abps.method import RandomPartnersMethod, SelectionParams
+
+    cls = get_method("random-partners")
+    assert cls is RandomPartnersMethod and cls.Params is SelectionParams
+    doc = load_yaml(CONFIGS / "random-partners.yaml")
+    cfg = build_config("random-partners", cls.default_config, doc, rounds=4)
+    assert (cfg.exchange.head_layers, cfg.exchange.bf16_wire) == (1, True)
+    assert SelectionParams.model_validate(cfg.params).kappa == 1
+    table1 = load_yaml(CONFIGS / "table1.yaml")
+    assert {"method": "random-partners", "config": "random-partners.yaml"} in table1["methods"]
+    with pytest.raises(Exception, match="gamma"):
+        SelectionParams.model_validate({"gamma": 2.0})  # no beliefs: no UCB parameters
+    res = run_one(cfg, small, 11)
+    for h in res.history:
+        assert "mean_phi" not in h and "coalitions_evaluated" not in h
+        # no threshold: only full receivers refuse, and each accepted proposal is one partnership
+        assert h["acceptance_rate"] * h["proposals"] == pytest.approx(h["partnerships"])
+        assert h["mean_partners"] <= 1.0
+    # kappa 1, no filter: the matching is maximal (two unmatched centers would be each other's free
+    # candidates), so at most one center rests per round
+    assert all(h["isolation_rate"] <= 1 / small.n_centers for h in res.history)
+    assert res.method_summary["partners_mean"] == pytest.approx(sum(h["mean_partners"] for h in res.history) / 4)
+    assert run_one(cfg, small, 11).history == res.history
+    # with the diversity goal, the candidate sets are ABPS's (same filter code)
+    div = build_config("random-partners", cls.default_config, {"params": {"goal": "diversity"}}, rounds=1)
+    m = cls(SelectionParams.model_validate(div.params))
+    ab = AbpsMethod(AbpsParams(goal="diversity", kappa=1))
+    ctx = _ctx(small, div)
+    m.setup(ctx)
+    ab.setup(ctx)
+    assert torch.equal(m.candidates, ab.candidates)
+    plan = m.plan_round(ctx, 0)
+    assert bool((plan.adjacency <= m.candidates | m.candidates.T).all())
+
+
+def test_watched_centers_share_and_auroc(small):
+    watched = list(small.center_ids[:6])
+    cfg = build_config("abps+p+q+k1", get_method("abps+p+q+k1").default_config,
+                       {"params": {"watch_centers": watched}}, rounds=2)
+    res = run_one(cfg, small, 11)
+    for h in res.history:
+        assert 0.0 <= h["watched_partnership_share"] <= 1.0
+        assert 0.5 < h["unwatched_test_auroc_mean"] <= 1.0
+    with pytest.raises(ValueError, match="unknown center_id"):
+        bad = build_config("abps", {}, {"params": {"watch_centers": ["nope"]}}, rounds=1)
+        run_one(bad, small, 11)
+
+
+def test_tmc_shapley_kappa_above_five_against_exact():
+    """kappa 6 on 7 centers: every center holds all 6 peers, so |P_i| = 6 > 5 takes the TMC path
+    (paper: B = 8, no truncation). On the same round's coalition utilities, TMC with B = 8 keeps
+    efficiency exactly (eq. 19) and with B = 400 permutations is within 0.01 of exact Shapley."""
+    from abps.shapley import build_coalitions, shapley_from_utilities
+
+    data = _data(7, seed=2)
+    got = {}
+    for b in (8, 400):
+        cfg = build_config("abps", {}, {"params": {"kappa": 6, "tmc_permutations": b}}, rounds=1)
+
+        class Spy(AbpsMethod):
+            def after_exchange(self, ctx, round_idx, plan):
+                out = super().after_exchange(ctx, round_idx, plan)
+                exact = build_coalitions(self.last.partners, self.weights, exact_max=6)
+                util = ctx.evaluate_mixtures(exact.mixing, exact.targets, split="val").double()
+                got[b] = (self.last_credit, shapley_from_utilities(exact, util), self.last.degree.clone())
+                return out
+
+        _run_spy(Spy, cfg, data, 11)
+    tmc8, exact, deg = got[8]
+    assert deg.tolist() == [6] * 7
+    ok = torch.isfinite(exact.u_full)
+    assert ok.sum() >= 5
+    eff = torch.nansum(tmc8.phi, dim=1)[ok]
+    assert torch.allclose(eff, (exact.u_full - exact.u_local)[ok], atol=1e-9)
+    tmc400, exact400, _ = got[400]
+    both = torch.isfinite(tmc400.phi) & torch.isfinite(exact400.phi)
+    assert both.sum() >= 30
+    assert (tmc400.phi[both] - exact400.phi[both]).abs().max().item() < 0.01
+
+
+def test_report_shows_rest_share():
+    """`abps report`'s Table 1 carries the per-seed rest share (final MLflow metric rest_share_mean)."""
+    from federation.report import CellRun, table1, table1_markdown
+
+    def cell(method, seed, rest):
+        return CellRun(run_id=f"{method}{seed}", label=method, method=method, seed=seed, cohort="c", config_hash=None,
+                       start_time=0, final_auroc_mean=0.7, model_bytes=100.0, rel_bandwidth=1.0, rounds_run=3.0,
+                       rest_share=rest)
+
+    rows, _ = table1([cell("fedavg", 11, float("nan")), cell("abps-div", 11, 0.3), cell("abps-div", 22, 0.4)])
+    by = {r.label: r for r in rows}
+    assert by["abps-div"].rest_share == pytest.approx(0.35) and by["fedavg"].rest_share != by["fedavg"].rest_share
+    md = table1_markdown(rows, "fedavg")
+    assert "Rest share" in md and "35.0 %" in md and "| –" in md

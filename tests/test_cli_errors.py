@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,7 @@ CLI = [sys.executable, "-c", "from cli.app import main; main()"]
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]})
 
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
@@ -151,7 +152,7 @@ def test_seeds_yaml_and_sweep_address_errors(tiny_cohort, tmp_path):
     one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
                        "--address", "127.0.0.1:1"), "--address")
     one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
-                       "--engine", "ray", "--address", "127.0.0.1:1"), "cannot reach")
+                       "--executor", "ray", "--address", "127.0.0.1:1"), "cannot reach")
     bad = tmp_path / "badcohort"
     bad.mkdir()
     (bad / "cohort.parquet").write_text("junk")

@@ -128,3 +128,64 @@ def test_variance_correction_option_runs_in_the_round_loop(tmp_path):
     w_plain, w_vc = plain.params["w2"], vc.params["w2"]
     assert torch.allclose(w_vc[0], w_vc[1])                       # still a consensus
     assert float(layer_variance(w_vc)[0]) > float(layer_variance(w_plain)[0])  # variance restored upward
+
+
+def _dense_mix(w, theta, bf16, own):
+    """The exchange formula written out: sum_j w_rj wire(theta_j) + w_r,own (theta_own - wire(theta_own))."""
+    sent = wire(theta, bf16)
+    out = torch.einsum("mn,n...->m...", w.float(), sent)
+    if bf16:
+        out = out + w.float().gather(1, own[:, None]).view(-1, *[1] * (theta.dim() - 1)) * (theta - sent)[own]
+    return out
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_mix_rank_one_and_sparse_paths_equal_dense(bf16):
+    from federation.mixing import sparse_rows
+
+    g = torch.Generator().manual_seed(5)
+    n = 24
+    theta = torch.randn(n, 3, 5, generator=g)
+    fed = fedavg_matrix(torch.randint(10, 100, (n,), generator=g))  # identical rows
+    sp = torch.eye(n, dtype=torch.float64)  # each center with up to 2 partners (<= n / 8 members)
+    for i in range(n):
+        j, k = (i + 1) % n, (i + 7) % n
+        sp[i, [i, j, k]] = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64) if i % 3 else torch.tensor(
+            [1.0, 0.0, 0.0], dtype=torch.float64)
+    own = torch.arange(n)
+    for w in (fed, sp):
+        assert torch.allclose(mix(w, theta, bf16), _dense_mix(w, theta, bf16, own), atol=1e-6)
+    cols, vals = sparse_rows(sp)
+    assert cols.shape == (n, 3) and torch.equal(vals.sum(1), sp.sum(1))
+    assert cols[0].tolist() == [0, 0, 0] and vals[0].tolist() == [1.0, 0.0, 0.0]  # padded with its own column
+    assert cols[1].tolist() == [1, 2, 8]
+
+
+@pytest.mark.parametrize("head,bf16", [(0, False), (1, True), (2, True)])
+def test_evaluate_mixtures_sparse_rows_equal_dense(tmp_path, monkeypatch, head, bf16):
+    """ABPS-like coalition rows (target + up to 2 members of 24) take the pair-product path;
+    it scores the same AUROC as the dense mixing path."""
+    import federation.methods.base as base
+
+    write_fedprox_cohort(tmp_path / "c", n_centers=24, seed=4, mean_size=80, shared=0.8)
+    data = FederatedData.from_cohort(tmp_path / "c")
+    cfg = build_config("fedavg", {"exchange": {"head_layers": head, "bf16_wire": bf16}}, None)
+    eng = StackedEngine(data, cfg.engine, seed=1)
+    g = torch.Generator().manual_seed(6)
+    params = {k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in eng.init_params().items()}
+    ctx = Context(cfg=cfg, data=data, engine=eng, seed=1, ledger=Ledger(24, 1), exchanged=exchanged_keys(head),
+                  head=(), bf16=bf16, pre_exchange=params)
+    tc = torch.arange(24).repeat_interleave(4)
+    wc = torch.zeros(tc.numel(), 24, dtype=torch.float64)
+    for r, t in enumerate(tc.tolist()):  # coalitions {t}, {t, a}, {t, b}, {t, a, b}
+        a, b = (t + 3) % 24, (t + 11) % 24
+        members = [[t], [t, a], [t, b], [t, a, b]][r % 4]
+        wts = torch.rand(len(members), generator=g, dtype=torch.float64) + 0.1
+        wc[r, members] = wts / wts.sum()
+    got = ctx.evaluate_mixtures(wc, tc, "val", chunk=37)
+    assert torch.equal(ctx.evaluate_mixtures(wc.to_sparse(), tc, "val", chunk=37).nan_to_num(-1), got.nan_to_num(-1))
+    monkeypatch.setattr(base, "SPARSE_RATIO", 10**9)  # force the dense path, dense einsum mixing included
+    monkeypatch.setattr("federation.mixing.SPARSE_RATIO", 10**9)
+    ref = ctx.evaluate_mixtures(wc, tc, "val", chunk=37)
+    assert torch.isfinite(ref).sum() > 80
+    assert torch.allclose(got, ref, atol=1e-9, equal_nan=True)

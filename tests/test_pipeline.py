@@ -4,6 +4,7 @@ generator's ground truth) -> abps train, and the eICU hospital federation -> abp
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ CLI = [sys.executable, "-c", "from cli.app import main; main()"]
 
 def _abps(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     p = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600,
-                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]})
     assert p.returncode == 0, p.stderr[-2000:]
     return p
 
@@ -73,7 +74,11 @@ def test_train_fedavg_and_abps_diversity_on_the_synthetic_cohort(synth_cohort, t
     assert all(0.0 <= m.value <= 3.0 for m in partners)  # kappa = 3
     # the goal-aware filter ran: each center's 15-dim metadata vector crossed the network once
     n_centers = pl.read_parquet(synth_cohort / "cohort" / "centers.parquet").height
-    assert doc["seeds"]["11"]["metadata_bytes"] == n_centers * 15 * 4
+    # plus, once, the federated encoding's aggregates when the centers are small (data.preprocessing auto)
+    from federation.data import FederatedData
+
+    enc = FederatedData.from_cohort(synth_cohort / "cohort").encoding_bytes
+    assert doc["seeds"]["11"]["metadata_bytes"] == n_centers * 15 * 4 + enc
     # privacy: no identifier values in params or metrics keys
     ids = set(map(str, pl.read_parquet(synth_cohort / "cohort" / "cohort.parquet")["stay_id"].head(200)))
     for r in runs:

@@ -67,3 +67,33 @@ def test_retry_waits_out_a_locked_database_only():
     with pytest.raises(RuntimeError, match="no such table"):
         tracking._retry(broken, first_wait_s=0.001)
     assert len(calls) == 1  # other errors are not retried
+
+
+def test_tag_names_are_spelled_only_in_tracking():
+    """One tag schema: no module but federation/tracking.py spells an `abps.*` tag name."""
+    import re
+
+    offenders = []
+    for p in [*REPO.glob("federation/**/*.py"), *REPO.glob("cli/*.py"), *REPO.glob("abps/**/*.py")]:
+        if p.name == "tracking.py" and p.parent.name == "federation":
+            continue
+        for m in re.finditer(r"[\"']abps\.(kind|config_hash|cohort_id|label|sweep_hash|cell_seconds|executor)[\"']",
+                             p.read_text()):
+            offenders.append(f"{p.relative_to(REPO)}: {m.group(0)}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("bench,key", [("sage", "num_threads"), ("vv", "threads")])
+def test_threads_option_reaches_the_image_benchmarks(tmp_path, monkeypatch, bench, key):
+    import importlib
+
+    from cli.app import main
+    from cli.train_cmd import _BENCHMARKS
+
+    got = {}
+    mod = importlib.import_module(_BENCHMARKS[bench])
+    monkeypatch.setattr(mod, "cli_run", lambda cfg, *a, **k: got.update(cfg))
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(f"benchmark: {bench}\nname: t\n")
+    main(["train", "--config", str(cfg), "--threads", "3", "--output", str(tmp_path / "r.json")])
+    assert got[key] == 3

@@ -95,7 +95,8 @@ def test_entry_config_file_and_key_order_do_not_change_the_hash(tmp_path):
 def test_sweep_files_load():
     spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
     cells = sw.expand_cells(spec, base, "c")
-    assert len(cells) == 20 * 5 and len({c.label for c in cells}) == 20
+    # the paper's 20 rows (with centralized) + the random-partners ablation (issue 12) + abps-drift (issue 17)
+    assert len(cells) == 22 * 5 and len({c.label for c in cells}) == 22
     spec, base = sw.load_sweep(CONFIGS / "demo.yaml")
     cells = sw.expand_cells(spec, base, "c")
     assert [c.label for c in cells[::2]] == ["fedavg", "abps", "abps-x", "abps-div"]
@@ -109,6 +110,9 @@ def test_bad_sweep_files(tmp_path):
         sw.load_sweep(p)
     p.write_text("methods: [fedavg]\nseeds: [1, 1]\n")
     with pytest.raises(InputError, match="seeds"):
+        sw.load_sweep(p)
+    p.write_text("methods: [fedavg]\nengine: ray\n")  # renamed (issue 16 item 7)
+    with pytest.raises(InputError, match="`engine:` .* is now called `executor:`"):
         sw.load_sweep(p)
     with pytest.raises(InputError, match="unknown --method"):
         sw.expand_cells(_spec({"methods": ["nosuch"]}), tmp_path, "c")
@@ -125,7 +129,7 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
 
     uri = f"sqlite:///{tmp_path}/ml.db"
     spec = _spec({"name": "resume", "seeds": [1, 2], "rounds": 2, "methods": ["fedavg", "abps"]})
-    real = sw.run_cell
+    real = sw.cells.run_cell
     calls: list[tuple[str, int]] = []
 
     def failing(config, cohort_dir, seed, threads=1):
@@ -134,7 +138,7 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
             raise RuntimeError("simulated crash")
         return real(config, cohort_dir, seed, threads)
 
-    monkeypatch.setattr(sw, "run_cell", failing)
+    monkeypatch.setattr(sw.cells, "run_cell", failing)
     out1 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     assert len(out1.ran) == 3 and len(out1.failed) == 1
     assert "simulated crash" in next(iter(out1.failed.values()))
@@ -148,7 +152,7 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
     client.log_metric(stale.info.run_id, "test_auroc_mean", 0.5, step=1)
 
     calls.clear()
-    monkeypatch.setattr(sw, "run_cell", lambda c, d, s, t=1: (calls.append((c["method"], s)), real(c, d, s, t))[1])
+    monkeypatch.setattr(sw.cells, "run_cell", lambda c, d, s, t=1: (calls.append((c["method"], s)), real(c, d, s, t))[1])
     out2 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     assert calls == [("abps", 2)]  # only the missing cell is computed
     assert sorted(out2.skipped) == sorted(k for k in (c.key for c in out2.cells) if k != missing)
@@ -181,21 +185,23 @@ def test_interrupted_logging_leaves_no_finished_run(cohort, tmp_path, monkeypatc
 
     uri = f"sqlite:///{tmp_path}/ml.db"
     spec = _spec({"name": "halfway", "seeds": [1], "rounds": 2, "methods": ["fedavg"]})
-    real_log = sw._log_json
+    from federation.tracking import Tracker
 
-    def boom(client, run_id, obj, name):
+    real_log = Tracker.log_json
+
+    def boom(self, obj, name):
         if name == "config.json":
             raise KeyboardInterrupt  # killed after metrics and per_center.json, before config.json
-        real_log(client, run_id, obj, name)
+        real_log(self, obj, name)
 
-    monkeypatch.setattr(sw, "_log_json", boom)
+    monkeypatch.setattr(Tracker, "log_json", boom)
     with pytest.raises(KeyboardInterrupt):
         sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("halfway")
     (run,) = _cell_runs(client, exp.experiment_id)
     assert run.info.status == "FAILED" and "final_auroc_mean" in run.data.metrics
-    monkeypatch.setattr(sw, "_log_json", real_log)
+    monkeypatch.setattr(Tracker, "log_json", real_log)
     out = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     assert len(out.ran) == 1
     statuses = sorted(r.info.status for r in _cell_runs(client, exp.experiment_id))
@@ -221,7 +227,7 @@ def test_local_and_ray_engines_and_worker_counts_give_identical_metrics(cohort, 
     got = {}
     for engine, workers in (("local", 1), ("local", 2), ("ray", 2)):
         exp = f"engines-{engine}-{workers}"
-        out = sw.run_sweep(spec, CONFIGS, cohort, engine=engine, workers=workers, tracking_uri=uri,
+        out = sw.run_sweep(spec, CONFIGS, cohort, executor=engine, workers=workers, tracking_uri=uri,
                            experiment=exp, progress=False)
         assert len(out.ran) == 4 and not out.failed
         client = MlflowClient(uri)
@@ -231,3 +237,84 @@ def test_local_and_ray_engines_and_worker_counts_give_identical_metrics(cohort, 
     assert ref[("fedavg", "1")] != ref[("fedavg", "2")]  # the seed matters
     for k, v in got.items():
         assert v == ref, k
+
+
+def test_executor_key(tmp_path):
+    p = tmp_path / "s.yaml"  # the old `engine:` key is refused in test_bad_sweep_files
+    p.write_text("methods: [fedavg]\nexecutor: ray\nworkers: 3\n")
+    spec, _ = sw.load_sweep(p)
+    assert spec.executor == "ray" and spec.workers == 3
+    # `engine:` inside an entry's overrides is the run config's model / optimizer section, as before
+    spec = _spec({"methods": [{"method": "fedavg", "overrides": {"engine": {"lr": 0.01}}}], "seeds": [1]})
+    assert sw.expand_cells(spec, CONFIGS, "c")[0].config.engine.lr == 0.01
+
+
+def test_sweep_artifacts_are_strict_json_and_runs_show_compute_time(cohort, tmp_path, monkeypatch):
+    """One writer (federation.tracking.Tracker): NaN becomes null in sweep artifacts, as in
+    results.json; a cell run's start / end times are those of its computation, not of the logging;
+    per-round metrics carry the time their round ended."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    real = sw.cells.run_cell
+    seen = {}
+
+    def slow_nan(config, cohort_dir, seed, threads=1):
+        res = real(config, cohort_dir, seed, threads)
+        first = next(iter(res["per_center"]))
+        res["per_center"][first]["test_auroc"] = float("nan")  # a one-class test split
+        seen.update(res)
+        time.sleep(1.0)  # the driver logs well after the work ended
+        return res
+
+    monkeypatch.setattr(sw.cells, "run_cell", slow_nan)
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    spec = _spec({"name": "strict", "seeds": [1], "rounds": 2, "methods": ["fedavg"]})
+    out = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    client = MlflowClient(uri)
+    rid = next(iter(out.ran.values()))
+    path = client.download_artifacts(rid, "per_center.json", str(tmp_path))
+    text = Path(path).read_text()
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert "NaN" not in text and doc[next(iter(doc))]["test_auroc"] is None
+    run = client.get_run(rid)
+    assert run.info.start_time == seen["started_ms"] and run.info.end_time == seen["ended_ms"]
+    hist = sorted(client.get_metric_history(rid, "test_auroc_mean"), key=lambda m: m.step)
+    assert [m.timestamp for m in hist] == seen["round_ms"]
+    assert client.get_run(out.parent_run_id).data.tags["abps.executor"] == "local x1"
+
+
+def test_a_running_sweep_logs_rounds_live(cohort, tmp_path, monkeypatch):
+    """While a cell runs, its run exists (RUNNING) and already holds the finished rounds."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    seen: list[tuple[str, int]] = []
+    real_event = sw.log.CellLog.event
+
+    def spy(self, kind, cell, payload):
+        real_event(self, kind, cell, payload)
+        if kind == "round":
+            client = MlflowClient(uri)
+            rid = self.open[cell.key][0]
+            run = client.get_run(rid)
+            steps = sorted(m.step for m in client.get_metric_history(rid, "val_auroc_mean"))
+            seen.append((run.info.status, steps[-1]))
+
+    monkeypatch.setattr(sw.log.CellLog, "event", spy)
+    spec = _spec({"name": "live", "seeds": [1], "rounds": 3, "methods": ["fedavg"]})
+    out = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert seen == [("RUNNING", 1), ("RUNNING", 2), ("RUNNING", 3)]
+    assert MlflowClient(uri).get_run(next(iter(out.ran.values()))).info.status == "FINISHED"
+
+
+def test_engine_option_is_renamed(tmp_path, capsys):
+    from cli.app import main
+
+    p = tmp_path / "s.yaml"
+    p.write_text("methods: [fedavg]\n")
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--config", str(p), "--engine", "ray", "--cohort", str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --engine is now called --executor (local or ray)"

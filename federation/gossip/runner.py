@@ -35,6 +35,7 @@ from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
 from etl.io import atomic_write_text
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
+from federation.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
              "threads"}
@@ -157,7 +158,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         if tracker is None:
             res = simulate(cfg, data, seed)
         else:
-            with tracker.child(label, params, {"arm": arm, "cell": _cell_label(cell), "benchmark": "vv"}):
+            with tracker.child(label, params, {ARM_TAG: arm, GRID_CELL_TAG: _cell_label(cell), BENCHMARK_TAG: "vv"}):
                 res = simulate(cfg, data, seed, on_eval=lambda t, m: tracker.log_metrics(m, step=t))
                 final = {k: float(v) for k, v in res.summary().items() if v is not None}
                 tracker.log_metrics(final, step=cfg.ticks)
@@ -173,7 +174,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         run_all()
     else:
         with tracker.parent(name, {"benchmark": "vv", "n_runs": len(runs) * len(seeds), "seeds": json.dumps(seeds),
-                                   "data": data.name}, {"benchmark": "vv"}):
+                                   "data": data.name}, {BENCHMARK_TAG: "vv"}):
             run_all()
 
     doc = {"benchmark": "vv", "name": name, "data": data.name, "output": str(json_path),

@@ -33,6 +33,7 @@ from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, Stack
 from federation.images.probe import draw_anchors, empty_table, probe
 from federation.images.sage import evidence_saving
 from federation.ledger import Ledger
+from federation.tracking import BENCHMARK_TAG, SELECTOR_TAG
 
 
 class PensOptions(BaseModel):
@@ -350,7 +351,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         with parent:
             for s in cfg.selectors:
                 child = (tracker.child(f"{name}-{sel.DISPLAY[s]}-seed{seed}", {**params, "selector": sel.DISPLAY[s]},
-                                       {"benchmark": "sage", "selector": sel.DISPLAY[s]})
+                                       {BENCHMARK_TAG: "sage", SELECTOR_TAG: sel.DISPLAY[s]})
                          if tracker else contextlib.nullcontext())
                 with child:
                     out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker)

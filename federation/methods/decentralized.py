@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federation.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
 from federation.methods.base import Context, Method, RoundPlan
@@ -236,6 +236,15 @@ class WpfedParams(BaseModel):
     similarity_weight: float = Field(0.5, ge=0.0, le=1.0)
     quality_decay: float = Field(0.5, ge=0.0, lt=1.0)
     quality_prior: float = Field(0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _mixing_row_defined(self) -> "WpfedParams":
+        """``similarity_weight = 0`` with ``quality_prior = 0`` makes every weight of round 1
+        ``lambda sim + (1 - lambda) q = 0``: a 0/0 mixing row. Refused here."""
+        if self.similarity_weight == 0.0 and self.quality_prior == 0.0:
+            raise ValueError("similarity_weight = 0 with quality_prior = 0 gives every neighbour and the center "
+                             "itself weight 0 in round 1 (a 0/0 mixing row); raise one of them above 0")
+        return self
 
 
 def simhash_codes(embedding: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,204 @@
+"""A federation with harmful centers, where ABPS's rest rule (Lemma 1) must fire (issue 12).
+
+:func:`flip_centers` takes an existing cohort (``cohort.parquet`` + ``centers.parquet``, any source:
+``abps etl`` on real or synthetic MIMIC-IV, ``abps synth fedprox``) and flips the in-hospital
+mortality label ``y -> 1 - y`` of every stay of a chosen share of centers, in all three splits. A
+flipped center learns the mirror image of everybody else's risk function, so
+
+* a healthy center's model gets worse when averaged with a flipped one, and vice versa (negative
+  transfer: the Shapley marginal of the other side is negative, eq. 4), while
+* two flipped centers help each other as much as two healthy ones do.
+
+The label-derived columns of ``centers.parquet`` follow exactly (``pos_rate`` and ``meta_pos_rate``
+become ``1 - p``); every other column, and every feature, is unchanged. The chosen centers are drawn
+uniformly with a seeded generator and listed by center_id (never a patient identifier) in
+``harmful.json``.
+
+What the study measures per round (:func:`study_rows`, from the ``watch_centers`` metrics of
+:class:`abps.method.SelectionParams`): the share of partnerships with a harmful center
+(``watched_partnership_share``: at least one end flipped), the share of *mixed* partnerships
+(``mixed_partnership_share``: one healthy and one flipped end, the only pairs that carry negative
+transfer; flipped-flipped pairs are beneficial), the rest share, and the mean test AUROC of the
+healthy centers (``unwatched_test_auroc_mean``).
+
+Command line::
+
+    python -m abps.harmful --cohort SRC --out DST [--share 0.2] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from etl.errors import InputError
+from etl.io import atomic_output_dir
+
+__all__ = ["STUDY_CONFIG", "choose_harmful", "flip_centers", "write_harmful_cohort", "read_harmful", "study_config",
+           "study_rows", "mean_finite", "main"]
+
+MANIFEST = "harmful.json"
+
+#: Run config of the harmful-center study, shared by ABPS and ``random-partners`` (config overrides).
+#: kappa 1 and the bf16 wire as ABPS+P+Q+kappa=1, but no personalized head: a personalized last layer
+#: absorbs a label flip with one sign change, so a flipped center would not be harmful. Local
+#: training is stronger than the clinical default (lr 0.02, 5 local epochs) so that a center's model
+#: reflects its own label function again after one round of averaging.
+STUDY_CONFIG: dict = {"engine": {"lr": 0.02, "local_epochs": 5},
+                      "exchange": {"head_layers": 0, "bf16_wire": True}, "params": {"kappa": 1}}
+
+
+def choose_harmful(center_ids: Sequence[str], share: float, seed: int) -> list[str]:
+    """``round(share * n)`` center_ids (at least 1 when ``share > 0``) drawn uniformly without replacement.
+
+    Returns:
+        The chosen ids in their original order.
+    Raises:
+        InputError: ``share`` outside [0, 1) or no centers.
+    """
+    if not 0.0 <= share < 1.0:
+        raise InputError(f"--share must be in [0, 1), got {share}")
+    n = len(center_ids)
+    if n == 0:
+        raise InputError("the cohort has no centers")
+    k = 0 if share == 0 else min(n - 1, max(1, round(share * n)))
+    picked = set(np.random.default_rng(seed).choice(n, size=k, replace=False).tolist())
+    return [c for i, c in enumerate(center_ids) if i in picked]
+
+
+def flip_centers(
+    cohort: pl.DataFrame, centers: pl.DataFrame, harmful: Sequence[str]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Flip the label of every stay of the ``harmful`` centers and update the label columns of ``centers``.
+
+    Args:
+        cohort: cohort.parquet frame (needs ``center_id``, ``label``).
+        centers: centers.parquet frame (needs ``center_id``, ``pos_rate``, ``meta_pos_rate``).
+        harmful: center_ids to flip.
+    Returns:
+        ``(cohort, centers)`` with the same columns, types and row order.
+    Raises:
+        InputError: a harmful id is not a center of the cohort, or a column is missing.
+    """
+    for col, frame, name in (("label", cohort, "cohort.parquet"), ("pos_rate", centers, "centers.parquet"),
+                             ("meta_pos_rate", centers, "centers.parquet")):
+        if col not in frame.columns:
+            raise InputError(f"{name}: missing column {col!r}")
+    known = set(centers["center_id"].to_list())
+    unknown = [c for c in harmful if c not in known]
+    if unknown:
+        raise InputError(f"unknown center_id {unknown[0]!r}")
+    hit = pl.col("center_id").is_in(list(harmful))
+    dtype = cohort.schema["label"]
+    cohort = cohort.with_columns(pl.when(hit).then(1 - pl.col("label")).otherwise(pl.col("label")).cast(dtype)
+                                 .alias("label"))
+    centers = centers.with_columns(
+        [pl.when(hit).then(1.0 - pl.col(c)).otherwise(pl.col(c)).cast(centers.schema[c]).alias(c)
+         for c in ("pos_rate", "meta_pos_rate")]
+    )
+    return cohort, centers
+
+
+def write_harmful_cohort(src: str | Path, out: str | Path, share: float = 0.2, seed: int = 0) -> list[str]:
+    """Read the cohort in ``src``, flip ``share`` of its centers (:func:`flip_centers`), write the new
+    cohort and ``harmful.json`` into ``out`` atomically.
+
+    Returns:
+        The flipped center_ids.
+    Raises:
+        InputError: missing files, ``out`` equal to ``src`` or a non-empty folder that is not an earlier
+            output of this command, bad ``share``.
+    """
+    srcp, outp = Path(src), Path(out)
+    files = [srcp / "cohort.parquet", srcp / "centers.parquet"]
+    for f in files:
+        if not f.is_file():
+            raise InputError(f"--cohort {src}: {f.name} not found")
+    if outp.resolve() == srcp.resolve():
+        raise InputError("--out must differ from --cohort")
+    if outp.is_dir() and any(outp.iterdir()) and not (outp / MANIFEST).is_file():
+        raise InputError(f"--out {out}: not empty and not an earlier harmful-cohort output")
+    cohort, centers = pl.read_parquet(files[0]), pl.read_parquet(files[1])
+    harmful = choose_harmful(centers["center_id"].to_list(), share, seed)
+    cohort, centers = flip_centers(cohort, centers, harmful)
+    with atomic_output_dir(out) as tmp:
+        cohort.write_parquet(tmp / "cohort.parquet")
+        centers.write_parquet(tmp / "centers.parquet")
+        (tmp / MANIFEST).write_text(json.dumps({"generator": "python -m abps.harmful", "mode": "flip",
+                                                "share": share, "seed": seed, "harmful_centers": harmful},
+                                               indent=2) + "\n")
+    return harmful
+
+
+def read_harmful(cohort_dir: str | Path) -> list[str]:
+    """The flipped center_ids listed in ``cohort_dir/harmful.json``.
+
+    Raises:
+        InputError: no manifest.
+    """
+    p = Path(cohort_dir) / MANIFEST
+    if not p.is_file():
+        raise InputError(f"{cohort_dir}: no {MANIFEST} (not written by python -m abps.harmful)")
+    return list(json.loads(p.read_text())["harmful_centers"])
+
+
+def study_config(method: str, harmful: Sequence[str], rounds: int, gamma: float = 0.05) -> object:
+    """The :class:`federation.config.RunConfig` of one study arm: :data:`STUDY_CONFIG` with
+    ``watch_centers`` = the flipped ids; ABPS arms also get ``gamma`` (default 0.05: small enough
+    for a UCB to fall below tau_acc within a few rounds, see :func:`abps.beliefs.max_resting_gamma`).
+    """
+    from federation.config import build_config
+    from federation.methods import get_method
+
+    params = {**STUDY_CONFIG["params"], "watch_centers": list(harmful)}
+    if method != "random-partners":
+        params["gamma"] = gamma
+    doc = {**STUDY_CONFIG, "params": params}
+    return build_config(method, get_method(method).default_config, doc, rounds=rounds)
+
+
+def study_rows(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Per-round study figures from a run's history (a method run with ``watch_centers`` = the flipped ids).
+
+    Returns:
+        One dict per round: round, harmful_share, mixed_share, rest_share, healthy_auroc.
+    Raises:
+        KeyError: the run did not watch any center.
+    """
+    return [{"round": h["round"], "harmful_share": h["watched_partnership_share"],
+             "mixed_share": h["mixed_partnership_share"], "rest_share": h["isolation_rate"],
+             "healthy_auroc": h["unwatched_test_auroc_mean"]} for h in history]
+
+
+def mean_finite(values: Sequence[float]) -> float:
+    """Mean of the finite values (NaN when none)."""
+    ok = [v for v in values if math.isfinite(v)]
+    return sum(ok) / len(ok) if ok else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m abps.harmful --cohort SRC --out DST [--share S] [--seed K]``; returns the exit code."""
+    ap = argparse.ArgumentParser(prog="python -m abps.harmful", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cohort", required=True, help="source cohort directory (cohort.parquet + centers.parquet)")
+    ap.add_argument("--out", required=True, help="new cohort directory")
+    ap.add_argument("--share", type=float, default=0.2, help="share of centers whose labels are flipped")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the draw of flipped centers")
+    a = ap.parse_args(argv)
+    try:
+        harmful = write_harmful_cohort(a.cohort, a.out, a.share, a.seed)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(harmful)} of the centers flipped -> {a.out} (list in {MANIFEST})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Memory is flat over a long run: resident memory after round 200 within 5 % of round 20 (issue 13).
+
+Usage::
+
+    .venv/bin/python -m benchmarks.bench_memory [--centers 20] [--rounds 200] [--early 20]
+        [--methods fedavg abps] [--tolerance 0.05] [--threads 1] [--out FILE.json]
+
+Runs each method with the runtime's round loop (:func:`federation.runner.run_one`) on the synthetic
+FedProx-Synthetic(1, 1) cohort (``--centers`` centers, seed 0) and reads the process's resident set
+size (psutil) from the runner's per-round callback after round ``--early`` and after the last
+round. A leak that grows with the rounds (a per-round tensor kept alive, an autograd graph held
+across rounds, an unbounded cache) shows as a ratio above ``1 + tolerance``. The per-round
+history the runner keeps (a dozen floats per round) is far below the tolerance. Prints a JSON
+document; ``--out`` also writes it atomically. Raises RuntimeError when a method is not flat, so
+``make bench`` (``benchmarks.run``) counts it as a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+from typing import Any
+
+import torch
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _measure(method: str, data: Any, rounds: int, early: int, seed: int) -> dict[str, Any]:
+    from federation.config import build_config
+    from federation.methods import get_method
+    from federation.runner import run_one
+
+    cls = get_method(method)
+    cfg = build_config(method, cls.default_config, {"engine": {"local_epochs": 1}}, rounds)
+    marks: dict[int, float] = {}
+
+    def on_round(step: int, _metrics: dict[str, float]) -> None:
+        if step in (early, rounds):
+            gc.collect()
+            marks[step] = _rss_mb()
+
+    res = run_one(cfg, data, seed, on_round)
+    ratio = marks[rounds] / marks[early]
+    return {"rounds_run": res.rounds_run, f"rss_mb_round_{early}": round(marks[early], 1),
+            f"rss_mb_round_{rounds}": round(marks[rounds], 1), "ratio": round(ratio, 4)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns (and prints) the result document. Raises RuntimeError when a
+    method's memory grows by more than the tolerance between the two marks."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--centers", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--early", type=int, default=20)
+    ap.add_argument("--methods", nargs="+", default=["fedavg", "abps"])
+    ap.add_argument("--tolerance", type=float, default=0.05)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if not 1 <= a.early < a.rounds:
+        raise SystemExit("--early must be >= 1 and below --rounds")
+    torch.set_num_threads(a.threads)
+
+    from federation.data import FederatedData
+    from federation.synthetic import generate_fedprox_cohort
+
+    cohort, centers = generate_fedprox_cohort(a.centers, seed=0)
+    data = FederatedData.from_frames(cohort, centers)
+    methods = {m: _measure(m, data, a.rounds, a.early, a.seed) for m in a.methods}
+    for r in methods.values():
+        r["flat"] = r["ratio"] <= 1.0 + a.tolerance
+    doc = {"benchmark": "resident memory over rounds", "centers": data.n_centers, "rounds": a.rounds,
+           "early_round": a.early, "tolerance": a.tolerance, "threads": a.threads, "torch": torch.__version__,
+           "machine": platform.processor() or platform.machine(), "methods": methods}
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if a.out:
+        from etl.io import atomic_write_text
+
+        atomic_write_text(a.out, text + "\n")
+    grown = [m for m, r in methods.items() if not r["flat"]]
+    if grown:
+        raise RuntimeError(f"memory grew by more than {a.tolerance:.0%} from round {a.early} to {a.rounds}: "
+                           + ", ".join(f"{m} x{methods[m]['ratio']:.3f}" for m in grown))
+    return doc
+
+
+if __name__ == "__main__":
+    main()

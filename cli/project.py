@@ -1,0 +1,132 @@
+"""The project folder's conventions shared by the CLI commands (issue 22).
+
+The *project* is the folder ``abps`` runs in (like the MLflow store ``sqlite:///mlflow/mlflow.db``,
+everything is relative to it):
+
+* ``.abps/state.json`` records the cohort of the most recent ``abps etl`` (:func:`record_etl`);
+  ``abps train`` without ``--cohort`` uses it, else ``./cohort`` (:func:`default_cohort`).
+* ``runs/<experiment>/<run name>/results.json`` is where ``abps train`` writes its results when no
+  ``--output`` is given (:func:`run_output`); an existing file is replaced only with ``--force``
+  (:func:`check_output`).
+
+Only paths go into the state file: no data, no identifiers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from etl.errors import InputError
+from etl.io import atomic_write_text
+
+
+def _state_path() -> Path:
+    """``.abps/state.json`` in the project folder; the ``ABPS_STATE`` environment variable names
+    another file (the test suite sets it so that tests never touch a checkout's own record)."""
+    return Path(os.environ.get("ABPS_STATE") or Path(".abps") / "state.json")
+
+
+def _read_state() -> dict:
+    try:
+        doc = json.loads(_state_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def record_etl(out: Path, source: str) -> None:
+    """Record ``out`` (absolute) as the project's latest cohort in ``.abps/state.json`` (atomic)
+    and print the command to run next."""
+    import typer
+
+    doc = {**_read_state(), "cohort": str(Path(out).resolve()), "source": source}
+    atomic_write_text(_state_path(), json.dumps(doc, indent=2) + "\n")
+    typer.echo("next: abps train --goal diversity   (trains on this cohort, the project's default from now on)")
+
+
+def announce_source(src_dir: Path, source: str) -> None:
+    """Print what ``abps etl`` found in ``src_dir`` (release and layout, :func:`describe_mimic`);
+    a folder that cannot be described is left to the ETL's own error."""
+    import typer
+
+    if source != "mimic":
+        return
+    try:
+        what = describe_mimic(Path(src_dir))
+    except InputError:
+        return
+    typer.echo(f"found {what} in {src_dir}")
+
+
+def _is_cohort(d: Path) -> bool:
+    return (d / "cohort.parquet").is_file() and (d / "centers.parquet").is_file()
+
+
+def default_cohort() -> Path:
+    """The cohort of the most recent ``abps etl`` in this project, else ``./cohort``.
+
+    Raises:
+        InputError: neither holds ``cohort.parquet`` and ``centers.parquet`` (one line naming both
+            ways to give a cohort).
+    """
+    recorded = _read_state().get("cohort")
+    if isinstance(recorded, str) and _is_cohort(Path(recorded)):
+        return Path(recorded)
+    if _is_cohort(Path("cohort")):
+        return Path("cohort")
+    gone = f" (the recorded {recorded} is gone)" if recorded else ""
+    raise InputError(f"no cohort{gone}: give --cohort DIR, or build one with `abps etl --mimic-dir DIR --out DIR` "
+                     "(this project then uses it by default)")
+
+
+def run_output(experiment: str, method: str) -> Path:
+    """``runs/<experiment>/<method>-<UTC yyyymmdd-HHMMSS>/results.json`` (folder names made safe)."""
+    def safe(s: str) -> str:
+        return re.sub(r"[^A-Za-z0-9+._-]", "_", s) or "_"
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return Path("runs") / safe(experiment) / f"{safe(method)}-{stamp}" / "results.json"
+
+
+def check_output(path: Path, force: bool) -> None:
+    """Refuse to replace an existing results file unless ``force``.
+
+    Raises:
+        InputError: ``path`` exists and ``force`` is False.
+    """
+    if path.exists() and not force:
+        raise InputError(f"{path} exists; give --force to replace it, or another --output")
+
+
+def describe_mimic(src_dir: Path) -> str:
+    """Which MIMIC-IV release and file layout ``src_dir`` holds, e.g. ``MIMIC-IV 3.x, csv.gz tables``.
+
+    3.x is recognised by what v3.0 added (mimic-iv-etl-facts: the ``2020 - 2022``
+    ``anchor_year_group`` and the widened ``insurance`` values such as ``Private``); otherwise
+    2.x (v2.0 renamed ``ethnicity`` to ``race``; a table without ``race`` is older than 2.0).
+
+    Raises:
+        InputError: ``hosp/patients`` or ``hosp/admissions`` is missing or unreadable.
+    """
+    import duckdb
+
+    from etl.sources import duckdb_errors, locate
+
+    pat = locate(src_dir, "hosp", "patients", ("anchor_year_group",))
+    adm = locate(src_dir, "hosp", "admissions", ("insurance",))
+    layout = "Parquet" if pat.is_parquet else pat.path.name.split(".", 1)[1]
+    sql = (f"SELECT (SELECT count(*) FROM {pat.scan_sql({})} WHERE anchor_year_group = '2020 - 2022') + "
+           f"(SELECT count(*) FROM {adm.scan_sql({})} WHERE insurance = 'Private')")
+    with duckdb_errors([pat, adm]):
+        v3 = duckdb.connect().execute(sql).fetchall()[0][0]
+    if v3:
+        version = "3.x"
+    elif "race" in adm.columns:
+        version = "2.x"
+    else:
+        version = "1.x"
+    return f"MIMIC-IV {version}, {layout} tables"

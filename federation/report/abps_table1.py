@@ -1,0 +1,150 @@
+"""ABPS paper Table 1 and Figure 3 (Sec. 6.4) from the de-duplicated clinical runs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from federation.methods import display_names, families, paper_order
+from federation.report.collect import CellRun
+from federation.report.common import fmt, md_table, mean_std, pareto_front
+
+__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "Table1Row", "table1", "table1_markdown", "figure3"]
+
+#: ABPS paper Table 1 row order, Table 1 row names and Figure 3 colour families (paper caption: blue
+#: star FL, green decentralized, orange ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only):
+#: read from the registered method classes (``@register`` in federation/methods/registry.py).
+PAPER_ORDER: tuple[str, ...] = paper_order()
+DISPLAY: dict[str, str] = display_names()
+FAMILY: dict[str, str] = families()
+_COLOURS = {"star": "tab:blue", "decentralized": "tab:green", "abps": "tab:orange", "abps-x": "darkred",
+            "goal": "tab:purple", "local": "tab:olive", "centralized": "gray", "other": "tab:gray"}
+
+
+@dataclass
+class Table1Row:
+    """One Table 1 row: AUROC mean/std across seeds, mean cumulative model bytes, bandwidth."""
+
+    label: str
+    name: str
+    method: str
+    family: str
+    n_seeds: int
+    seeds: str
+    auroc_mean: float
+    auroc_std: float
+    bytes_mean: float
+    bandwidth: float
+    rounds_mean: float
+    rest_share: float = math.nan  # mean over seeds of the per-seed mean rest share (partner-selection methods)
+
+
+def _order_key(label: str, method: str) -> tuple[int, str]:
+    key = label if label in PAPER_ORDER else None
+    if key is None:
+        return (len(PAPER_ORDER), label)
+    return (PAPER_ORDER.index(key), label)
+
+
+def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
+    """Table 1 rows from de-duplicated cell runs, and the bandwidth reference used.
+
+    Returns:
+        (rows in paper order, ``"fedavg"`` when bandwidth is relative to the FedAvg runs of the
+        experiment, else ``"reference"`` (the runtime's ``rel_bandwidth``)).
+    """
+    groups: dict[str, list[CellRun]] = {}
+    for c in cells:
+        groups.setdefault(c.label, []).append(c)
+    fed = groups.get("fedavg")
+    fed_bytes = mean_std([c.model_bytes for c in fed])[0] if fed else math.nan
+    basis = "fedavg" if fed and fed_bytes > 0 else "reference"
+    rows = []
+    for label, runs in groups.items():
+        method = runs[0].method
+        a_mean, a_std = mean_std([c.final_auroc_mean for c in runs])
+        b_mean = mean_std([c.model_bytes for c in runs])[0]
+        bw = b_mean / fed_bytes if basis == "fedavg" else mean_std([c.rel_bandwidth for c in runs])[0]
+        rows.append(Table1Row(
+            label=label, name=DISPLAY.get(label, label), method=method, family=FAMILY.get(method, "other"),
+            n_seeds=len(runs), seeds=" ".join(str(c.seed) for c in sorted(runs, key=lambda c: c.seed)),
+            auroc_mean=a_mean, auroc_std=a_std, bytes_mean=b_mean, bandwidth=bw,
+            rounds_mean=mean_std([c.rounds_run for c in runs])[0],
+            rest_share=mean_std([c.rest_share for c in runs])[0]))
+    rows.sort(key=lambda r: _order_key(r.label, r.method))
+    return rows, basis
+
+
+def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
+    """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds."""
+    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share"]
+    body = [(r.name, f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}", f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
+             fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %")
+            for r in rows]
+    note = ("Bandwidth: cumulative model bytes relative to FedAvg's in this experiment (= 1.00×)."
+            if basis == "fedavg" else
+            "Bandwidth: no FedAvg run in this experiment; the runtime's rel_bandwidth "
+            "(n × full fp32 model × reference_rounds) is shown.")
+    return md_table(head, body) + "\n" + note + " AUROC: mean test AUROC across centers at the final round (at the best validation round for " \
+        "methods with early stopping, e.g. ABPS-X and FedAvg-X); std across seeds (population). Rest " \
+        "share: share of centers with no partner (P_i empty), mean over rounds and seeds (ABPS, random-partners).\n"
+
+
+def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:
+    """ABPS Figure 3 (a) accuracy ranking and (b) AUROC vs cumulative MB (log) with the Pareto front.
+
+    Returns the labels on the Pareto front (increasing bytes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    central = [r for r in rows if r.method == "centralized" and math.isfinite(r.auroc_mean)]
+    fed = [r for r in rows if r.method != "centralized" and math.isfinite(r.auroc_mean)]
+    ranked = sorted(fed, key=lambda r: r.auroc_mean, reverse=True)
+    fig, (ax_a, ax_b) = plt.subplots(1, 2, figsize=(14, max(4.5, 0.38 * len(ranked) + 1.5)))
+    y = list(range(len(ranked)))
+    ax_a.barh(y, [r.auroc_mean for r in ranked], xerr=[r.auroc_std for r in ranked],
+              color=[_COLOURS.get(r.family, "tab:gray") for r in ranked], capsize=3)
+    ax_a.set_yticks(y, [r.name for r in ranked], fontsize=8)
+    ax_a.invert_yaxis()
+    lo = min((r.auroc_mean - r.auroc_std for r in ranked), default=0.5)
+    hi = max((r.auroc_mean + r.auroc_std for r in ranked), default=1.0)
+    for r in central:
+        hi = max(hi, r.auroc_mean)
+        ax_a.axvline(r.auroc_mean, ls="--", color="gray", label=f"Centralized = {r.auroc_mean:.3f}")
+    ax_a.set_xlim(max(0.0, lo - 0.02), min(1.0, hi + 0.02))
+    for yi, r in zip(y, ranked):
+        ax_a.text(r.auroc_mean + (r.auroc_std if math.isfinite(r.auroc_std) else 0.0), yi, f"  {r.auroc_mean:.3f}",
+                  va="center", fontsize=7)
+    ax_a.set_xlabel("Mean AUROC across centers (higher is better)")
+    ax_a.set_title("(a) Accuracy ranking")
+    if central:
+        ax_a.legend(loc="lower right", fontsize=8)
+
+    pts = [r for r in fed if math.isfinite(r.bytes_mean) and r.bytes_mean > 0]
+    xy = [(r.bytes_mean / 1e6, r.auroc_mean) for r in pts]
+    front = pareto_front(xy)
+    for r, (x, yv) in zip(pts, xy):
+        ax_b.errorbar([x], [yv], yerr=[r.auroc_std], fmt="*" if r.method == "abps-x" else "o",
+                      ms=12 if r.method == "abps-x" else 6, color=_COLOURS.get(r.family, "tab:gray"), capsize=2)
+        ax_b.annotate(r.name, (x, yv), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if front:
+        fx, fy = [xy[i][0] for i in front], [xy[i][1] for i in front]
+        ax_b.step(fx, fy, where="post", color="black", lw=1, ls=":", label="Pareto front")
+        ax_b.scatter(fx, fy, s=140, facecolors="none", edgecolors="black", zorder=5)
+        ax_b.legend(loc="lower right", fontsize=8)
+    ax_b.set_xscale("log")
+    ax_b.set_xlabel("Cumulative bytes transmitted (MB, log scale)")
+    ax_b.set_ylabel("Mean AUROC across centers (higher is better)")
+    ax_b.set_title("(b) Accuracy-bandwidth Pareto")
+    skipped = [r.name for r in fed if r not in pts]
+    if skipped:
+        ax_b.text(0.01, 0.01, "no model traffic (not on log axis): " + ", ".join(skipped),
+                  transform=ax_b.transAxes, fontsize=7, color="gray")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [pts[i].label for i in front]

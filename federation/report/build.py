@@ -1,0 +1,113 @@
+"""The report document: every section into one folder (atomically), logged as a ``report`` run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from etl.io import atomic_output_dir
+from federation.report.abps_table1 import DISPLAY, figure3, table1, table1_markdown
+from federation.report.collect import collect_runs
+from federation.report.common import csv_text
+from federation.report.sage_tables import sage_figure, sage_markdown, sage_tables
+from federation.report.vv_table import vv_table
+from federation.tracking import KIND_REPORT, KIND_TAG, Tracker, check_no_identifiers, finite
+
+__all__ = ["build_report", "write_report"]
+
+
+def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]:
+    """Write every section into the folder ``out`` (already created); returns the report document."""
+    client = tracker.client
+    col = collect_runs(tracker)
+    doc: dict[str, Any] = {"experiment": experiment, "sections": {}, "notes": list(col.notes)}
+    parts = [f"# Report: experiment `{experiment}`\n"]
+    if col.cells:
+        rows, basis = table1(col.cells)
+        md = table1_markdown(rows, basis)
+        (out / "table1.md").write_text(md)
+        fields = list(asdict(rows[0]))
+        (out / "table1.csv").write_text(csv_text(fields, [[getattr(r, f) for f in fields] for r in rows]))
+        front = figure3(rows, out / "fig3.png")
+        doc["sections"]["table1"] = {"rows": [asdict(r) for r in rows], "bandwidth_basis": basis,
+                                     "pareto_front": front}
+        parts += ["## ABPS Table 1\n", md, "\n## ABPS Figure 3\n",
+                  "![Figure 3](fig3.png)\n\nPareto front (bytes vs AUROC): "
+                  + (", ".join(DISPLAY.get(x, x) for x in front) or "none") + "\n"]
+    else:
+        parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
+    if col.sage:
+        t = sage_tables(client, col.sage)
+        parts.append("\n## SAGE Tables I-III\n")
+        for fname, title, metrics, pct in (
+                ("sage_table1", "SAGE Table I: global accuracy / macro-F1", ("global_acc", "macro_f1"), False),
+                ("sage_table2", "SAGE Table II: client / worst-client accuracy", ("client_acc", "worst_client_acc"),
+                 False),
+                ("sage_table3", "SAGE Table III: budget consumed / stop at last stage / RG fallback / cost-RG",
+                 ("budget_consumed", "stop_last", "rg_fallback_rate", "cost_rg_rate"), True)):
+            md, csv_body = sage_markdown(t, title, metrics, pct)
+            (out / f"{fname}.md").write_text(md)
+            (out / f"{fname}.csv").write_text(csv_body)
+            parts.append(md + "\n")
+        sage_figure(t, out / "sage_fig3.png")
+        parts.append("![SAGE Fig. 3](sage_fig3.png)\n")
+        doc["sections"]["sage"] = {"configs": t["configs"], "selectors": t["selectors"], "runs": len(col.sage)}
+    else:
+        parts.append("\n## SAGE Tables I-III\n\nNo finished SAGE runs (tag benchmark=sage); section skipped.\n")
+    if col.vv:
+        md, csv_body = vv_table(col.vv)
+        (out / "vv_table1.md").write_text(md)
+        (out / "vv_table1.csv").write_text(csv_body)
+        parts += ["\n## Variance-correction Table I\n", md]
+        doc["sections"]["vv"] = {"runs": len(col.vv)}
+    else:
+        parts.append("\n## Variance-correction Table I\n\nNo finished variance-correction runs (tag benchmark=vv); "
+                     "section skipped.\n")
+    if col.notes:
+        parts.append("\n## Notes\n\n" + "".join(f"* {n}\n" for n in col.notes))
+    check_no_identifiers(doc)
+    (out / "report.md").write_text("\n".join(parts))
+    (out / "report.json").write_text(json.dumps(finite(doc), indent=2, allow_nan=False, default=str) + "\n")
+    return doc
+
+
+def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None = None,
+                 log_to_mlflow: bool = True) -> dict[str, Any]:
+    """Build the report of ``experiment`` into ``out_dir`` (atomically) and log it to a ``report`` run.
+
+    Raises:
+        InputError: the experiment does not exist in the store.
+    """
+    tracker = Tracker(tracking_uri, experiment, create=False)
+    with atomic_output_dir(out_dir) as tmp:
+        doc = build_report(tracker, experiment, Path(tmp))
+        # files of sections this report does not have (left by an earlier report in the same
+        # folder) are removed, so a folder never mixes two experiments' tables
+        stale = _ALL_REPORT_FILES - {p.name for p in Path(tmp).iterdir()}
+        for name in stale:
+            (Path(out_dir) / name).unlink(missing_ok=True)
+    if log_to_mlflow:
+        with tracker.run("report", tags={KIND_TAG: KIND_REPORT}) as rid:
+            for p in sorted(Path(out_dir).iterdir()):
+                if p.is_file() and p.name in _written(doc, Path(out_dir)):
+                    tracker.log_file(p)
+        doc["report_run_id"] = rid
+    return doc
+
+
+_ALL_REPORT_FILES = frozenset(
+    {"report.md", "report.json", "table1.md", "table1.csv", "fig3.png", "sage_fig3.png", "vv_table1.md",
+     "vv_table1.csv"} | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
+
+
+def _written(doc: dict[str, Any], out: Path) -> set[str]:
+    names = {"report.md", "report.json"}
+    if "table1" in doc["sections"]:
+        names |= {"table1.md", "table1.csv", "fig3.png"}
+    if "sage" in doc["sections"]:
+        names |= {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")} | {"sage_fig3.png"}
+    if "vv" in doc["sections"]:
+        names |= {"vv_table1.md", "vv_table1.csv"}
+    return {n for n in names if (out / n).is_file()}

@@ -1,0 +1,119 @@
+"""Reading MLflow: the FINISHED runs of an experiment, split into clinical runs (sweep cells and
+``abps train`` seeds), SAGE runs and variance-correction runs; one run per (label, seed), never
+two cohorts pooled."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from federation.methods import get_method
+from federation.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, HASH_TAG, KIND_REPORT, KIND_SWEEP, KIND_TAG,
+                                 KIND_TRAIN, LABEL_TAG, METHOD_TAG, SEED_TAG, SELECTOR_TAG, Tracker)
+
+__all__ = ["CellRun", "Collected", "dedupe_cells", "collect_runs"]
+
+
+@dataclass
+class CellRun:
+    """One FINISHED clinical run (a sweep cell or an ``abps train`` child run)."""
+
+    run_id: str
+    label: str
+    method: str
+    seed: int
+    cohort: str | None
+    config_hash: str | None
+    start_time: int
+    final_auroc_mean: float
+    model_bytes: float
+    rel_bandwidth: float
+    rounds_run: float
+    rest_share: float = math.nan  # ABPS final metric rest_share_mean (NaN for methods without rest)
+
+
+@dataclass
+class Collected:
+    """Runs of an experiment by kind, after de-duplication, and notes on what was dropped."""
+
+    cells: list[CellRun] = field(default_factory=list)
+    sage: list[Any] = field(default_factory=list)
+    vv: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _label(method: str, params: dict[str, str]) -> str:
+    """Row label of an ``abps train`` run: the method, plus the goal when the run set one that
+    its preset does not (``abps --goal diversity`` is not the base ABPS row)."""
+    goal = str(params.get("params.goal", "none")).lower()
+    if goal in ("none", ""):
+        return method
+    try:
+        preset = str(get_method(method).default_config.get("params", {}).get("goal") or "none").lower()
+    except Exception:  # a method this build does not know: keep the goal in the label
+        preset = "none"
+    return method if goal == preset else f"{method} [goal={goal}]"
+
+
+def _cell_from_run(r: Any) -> CellRun | None:
+    m, t = r.data.metrics, r.data.tags
+    if "final_auroc_mean" not in m or METHOD_TAG not in t or SEED_TAG not in t:
+        return None
+    method = t[METHOD_TAG]
+    return CellRun(
+        run_id=r.info.run_id, label=t.get(LABEL_TAG) or _label(method, r.data.params), method=method,
+        seed=int(t[SEED_TAG]), cohort=t.get(COHORT_TAG),
+        config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
+        final_auroc_mean=float(m["final_auroc_mean"]),
+        model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
+        rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)),
+        rest_share=float(m.get("rest_share_mean", math.nan)))
+
+
+def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
+    """One run per (label, seed): per label the configuration of its most recent run, then the most
+    recent run per seed. Returns (kept runs, notes on dropped older configurations)."""
+    by_label: dict[str, list[CellRun]] = {}
+    for c in cells:
+        by_label.setdefault(c.label, []).append(c)
+    kept: list[CellRun] = []
+    notes: list[str] = []
+    for label, runs in by_label.items():
+        runs.sort(key=lambda c: c.start_time)
+        latest = runs[-1].config_hash
+        same = [c for c in runs if c.config_hash == latest]
+        if len(same) < len(runs) and latest is not None:
+            notes.append(f"{label}: {len(runs) - len(same)} run(s) of an older configuration ignored")
+        per_seed: dict[int, CellRun] = {}
+        for c in same:
+            per_seed[c.seed] = c  # sorted by start time: the latest wins
+        kept.extend(per_seed[s] for s in sorted(per_seed))
+    return kept, notes
+
+
+def collect_runs(tracker: Tracker) -> Collected:
+    """FINISHED runs of the tracker's experiment split into clinical cells, SAGE and
+    variance-correction runs."""
+    out = Collected()
+    cells = []
+    for r in tracker.search("attributes.status = 'FINISHED'"):
+        bench = r.data.tags.get(BENCHMARK_TAG)
+        if bench == "sage" and SELECTOR_TAG in r.data.tags:
+            out.sage.append(r)
+        elif bench == "vv" and ARM_TAG in r.data.tags:
+            out.vv.append(r)
+        elif r.data.tags.get(KIND_TAG) not in (KIND_SWEEP, KIND_REPORT, KIND_TRAIN):
+            c = _cell_from_run(r)
+            if c is not None:
+                cells.append(c)
+    cohorts = {c.cohort for c in cells if c.cohort}
+    if len(cohorts) > 1:  # never pool runs on different cohorts: keep the most recent run's cohort
+        latest = max((c for c in cells if c.cohort), key=lambda c: c.start_time).cohort
+        dropped = [c for c in cells if c.cohort not in (latest, None)]
+        cells = [c for c in cells if c.cohort in (latest, None)]
+        out.notes.append(f"{len(dropped)} run(s) on {len(cohorts) - 1} other cohort(s) ignored (cohort {latest} "
+                         "kept); give each cohort its own --experiment")
+    out.cells, notes = dedupe_cells(cells)
+    out.notes.extend(notes)
+    return out

@@ -1,0 +1,216 @@
+"""Cells: the expansion of a sweep into (entry, option values, seed) cells, their hashes, and the
+pure cell function :func:`run_cell` that workers run. See :mod:`federation.sweep`."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from pydantic import ValidationError
+
+from etl.errors import InputError
+from federation.config import RunConfig, build_config, deep_merge, load_yaml
+from federation.data import FederatedData
+from federation.methods import get_method
+from federation.runner import run_one
+from federation.sweep.spec import SweepSpec
+
+__all__ = ["Cell", "canonical_json", "config_hash", "expand_cells", "sweep_hash", "run_cell", "set_round_hook"]
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON text: sorted keys, no whitespace, tuples as lists, NaN refused.
+
+    Raises ValueError for NaN / infinity (they have no canonical JSON form)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+
+
+def config_hash(cfg: RunConfig, cohort: str) -> str:
+    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``.
+
+    Args:
+        cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
+        cohort: the cohort id (:func:`cohort_id`).
+    """
+    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """Return a copy of ``raw`` with ``a.b.c`` set to ``value`` (intermediate mappings created)."""
+    parts = key.split(".")
+    over: dict[str, Any] = {parts[-1]: value}
+    for p in reversed(parts[:-1]):
+        over = {p: over}
+    return deep_merge(raw, over)
+
+
+def _option_suffix(opts: dict[str, Any]) -> str:
+    return ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in opts.items())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (entry, option values, seed) of a sweep.
+
+    Attributes:
+        index: position in the expansion order (entries, then options, then seeds).
+        label: row name (entry label, plus ``[key=value,...]`` when the sweep has options).
+        method: registered method name.
+        seed: run seed.
+        config: the resolved run config.
+        options: the option values of this cell (dotted key -> value).
+        config_hash: :func:`config_hash` of ``config`` and the cohort id.
+    """
+
+    index: int
+    label: str
+    method: str
+    seed: int
+    config: RunConfig
+    options: dict[str, Any]
+    config_hash: str
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The resume key ``(config_hash, seed)``."""
+        return (self.config_hash, self.seed)
+
+    @property
+    def run_name(self) -> str:
+        """MLflow run name ``<label>-seed<seed>``."""
+        return f"{self.label}-seed{self.seed}"
+
+
+def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int | None = None,
+                 seeds: list[int] | None = None) -> list[Cell]:
+    """The sweep's cells: entries x cross product of ``options`` x seeds, in that nesting order.
+
+    Args:
+        spec: the sweep.
+        base_dir: folder that relative ``config:`` paths are read from.
+        cohort: cohort id for the hash.
+        rounds: override (else ``spec.rounds``; else each config's own).
+        seeds: override of ``spec.seeds``.
+
+    Returns:
+        ``len(methods) * prod(len(values)) * len(seeds)`` cells.
+
+    Raises:
+        InputError: unknown method, unreadable config file, or an option that the run config
+            rejects (the message names the entry and the option).
+    """
+    rounds = rounds if rounds is not None else spec.rounds
+    seed_list = list(seeds) if seeds else list(spec.seeds)
+    keys = list(spec.options)
+    combos = [dict(zip(keys, vals)) for vals in itertools.product(*(spec.options[k] for k in keys))]
+    cells: list[Cell] = []
+    for entry in spec.methods:
+        cls = get_method(entry.method)
+        file_cfg: dict[str, Any] = {"method": entry.method}
+        if entry.config:
+            p = Path(entry.config)
+            file_cfg = load_yaml(p if p.is_absolute() else Path(base_dir) / p)
+            file_cfg.setdefault("method", entry.method)
+        if entry.overrides:
+            file_cfg = deep_merge(file_cfg, entry.overrides)
+        if entry.params:
+            file_cfg = deep_merge(file_cfg, {"params": entry.params})
+        for opts in combos:
+            raw = file_cfg
+            for k, v in opts.items():
+                raw = _set_dotted(raw, k, v)
+            try:
+                cfg = build_config(entry.method, cls.default_config, raw, rounds)
+                # fully resolved: the method's parameters with their defaults filled in
+                full = cls.Params.model_validate(cfg.params).model_dump(mode="json")
+                cfg = cfg.model_copy(update={"params": full})
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = ".".join(str(p) for p in first.get("loc", ()))
+                raise InputError(f"sweep entry {entry.name!r}{' ' + _option_suffix(opts) if opts else ''}: "
+                                 f"invalid {loc}: {first.get('msg')}") from None
+            label = entry.name + (f"[{_option_suffix(opts)}]" if opts else "")
+            h = config_hash(cfg, cohort)
+            for seed in seed_list:
+                cells.append(Cell(len(cells), label, cfg.method, int(seed), cfg, dict(opts), h))
+    return cells
+
+
+def sweep_hash(cells: list[Cell]) -> str:
+    """Identity of a sweep: SHA-256 (16 hex) of its sorted cell keys."""
+    return hashlib.sha256(canonical_json(sorted([list(c.key) for c in cells])).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------
+# the pure cell function (runs in workers)
+
+_DATA_CACHE: dict[tuple[str, int, float], Any] = {}
+
+#: Per-process live-progress hook ``(event, payload)``: set by the executor around a cell (serial:
+#: the driver's logger; pool / Ray: a queue back to the driver). ``run_cell`` reports
+#: ``("start", {"ms"})`` and ``("round", {"step", "metrics", "ms"})`` through it.
+_ROUND_HOOK: Callable[[str, dict[str, Any]], None] | None = None
+
+
+def set_round_hook(hook: Callable[[str, dict[str, Any]], None] | None) -> None:
+    """Install (or clear, with None) this process's live-progress hook for :func:`run_cell`."""
+    global _ROUND_HOOK
+    _ROUND_HOOK = hook
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _load_data(cohort: str, min_train: int) -> Any:
+    """FederatedData of a cohort, cached per worker process (keyed by path, min_train, mtime)."""
+    p = Path(cohort) / "cohort.parquet"
+    key = (str(Path(cohort).resolve()), int(min_train), p.stat().st_mtime if p.exists() else 0.0)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE.clear()
+        _DATA_CACHE[key] = FederatedData.from_cohort(cohort, min_train=min_train)
+    return _DATA_CACHE[key]
+
+
+def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -> dict[str, Any]:
+    """Compute one cell: a pure function of (config, cohort, seed) (plus the thread count).
+
+    Args:
+        config: ``RunConfig.model_dump(mode="json")``.
+        cohort: cohort directory (readable by the worker).
+        seed: run seed.
+        threads: torch intra-op threads of this worker (results depend on it through float
+            summation order, so every executor uses the sweep's ``resources.threads``).
+
+    Returns:
+        ``{"summary": RunResult.summary(), "history": [per-round metrics], "per_center":
+        {center_id: {...}}, "artifacts": {name: json}, "seconds": wall time of the run,
+        "started_ms" / "ended_ms": epoch ms of the run's start and end, "round_ms": epoch ms at
+        the end of each round}``; only aggregates, no row-level value. Each round is also
+        reported through the live-progress hook when one is set (:func:`set_round_hook`).
+    """
+    torch.set_num_threads(int(threads))
+    cfg = RunConfig.model_validate(config)
+    data = _load_data(cohort, cfg.min_train)
+    hook = _ROUND_HOOK
+    started = _now_ms()
+    if hook is not None:
+        hook("start", {"ms": started})
+    round_ms: list[int] = []
+
+    def on_round(step: int, metrics: dict[str, float]) -> None:
+        round_ms.append(_now_ms())
+        if hook is not None:
+            hook("round", {"step": step, "metrics": dict(metrics), "ms": round_ms[-1]})
+
+    t0 = time.perf_counter()
+    res = run_one(cfg, data, int(seed), on_round)
+    return {"summary": res.summary(), "history": res.history, "per_center": res.per_center,
+            "artifacts": res.artifacts, "seconds": time.perf_counter() - t0, "started_ms": started,
+            "ended_ms": _now_ms(), "round_ms": round_ms}

@@ -1,0 +1,170 @@
+"""Executors: where the cells run (this process, a local process pool, or Ray).
+
+Each executor is a generator of events ``(kind, cell, payload)`` for the driver:
+``("start", cell, {"ms"})`` and ``("round", cell, {"step", "metrics", "ms"})`` while a cell runs
+(live progress, sent back from the workers through a queue), then ``("done", cell, {"result",
+"error"})`` once. Every worker sets the sweep's torch thread count, so the same cell gives the
+same numbers on every executor and any number of workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import queue as queue_mod
+import signal
+import socket
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Callable, Iterator
+
+import torch
+
+from etl.errors import InputError
+from federation.sweep import cells as cells_mod
+from federation.sweep.cells import Cell
+
+__all__ = ["Event", "run_serial", "run_pool", "run_ray", "check_reachable"]
+
+Event = tuple[str, Cell, dict[str, Any]]
+_POLL_S = 0.2
+
+
+def _done(cell: Cell, result: dict[str, Any] | None, error: BaseException | None) -> Event:
+    return ("done", cell, {"result": result, "error": error})
+
+
+def run_serial(cells: list[Cell], cohort: str, threads: int,
+               emit: Callable[[str, Cell, dict[str, Any]], None]) -> Iterator[Event]:
+    """Run the cells one after another in this process; live events go straight to ``emit``."""
+    before = torch.get_num_threads()
+    try:
+        for c in cells:
+            cells_mod.set_round_hook(lambda kind, payload, c=c: emit(kind, c, payload))
+            try:
+                result = cells_mod.run_cell(c.config.model_dump(mode="json"), cohort, c.seed, threads)
+            except Exception as exc:  # noqa: BLE001 - reported per cell
+                yield _done(c, None, exc)
+            else:
+                yield _done(c, result, None)
+            finally:
+                cells_mod.set_round_hook(None)
+    finally:
+        torch.set_num_threads(before)
+
+
+_QUEUE: Any = None
+
+
+def _worker_init(q: Any) -> None:
+    """Pool worker start-up: keep the driver's event queue, and die with the driver (Linux
+    ``PR_SET_PDEATHSIG``), so a ``kill -9`` of ``abps sweep`` leaves no orphaned workers."""
+    global _QUEUE
+    _QUEUE = q
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _queued_cell(index: int, config: dict[str, Any], cohort: str, seed: int, threads: int, q: Any = None) -> dict:
+    """:func:`run_cell` in a worker, its live events put on the driver's queue as ``(index, kind, payload)``."""
+    q = q if q is not None else _QUEUE
+    cells_mod.set_round_hook(lambda kind, payload: q.put((index, kind, payload)))
+    try:
+        return cells_mod.run_cell(config, cohort, seed, threads)
+    finally:
+        cells_mod.set_round_hook(None)
+
+
+def _drain(q: Any, by_index: dict[int, Cell], empty: type[BaseException]) -> Iterator[Event]:
+    while True:
+        try:
+            index, kind, payload = q.get_nowait()
+        except empty:
+            return
+        yield (kind, by_index[index], payload)
+
+
+def run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
+             on_submit: Callable[[int], None]) -> Iterator[Event]:
+    """Run the cells on a spawn-context process pool of ``workers`` processes."""
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    q = manager.Queue()
+    by_index = {c.index: c for c in cells}
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(q,))
+    clean = False
+    try:
+        futs = {pool.submit(_queued_cell, c.index, c.config.model_dump(mode="json"), cohort, c.seed, threads): c
+                for c in cells}
+        on_submit(len(futs))
+        pending = set(futs)
+        while pending:
+            done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+            yield from _drain(q, by_index, queue_mod.Empty)  # a cell's rounds come before its end
+            for f in sorted(done, key=lambda f: futs[f].index):
+                exc = f.exception()
+                yield _done(futs[f], None if exc else f.result(), exc)
+        clean = True
+    finally:
+        if not clean:
+            # interrupted (Ctrl-C, SIGTERM, an error while logging): drop the queued cells and stop the
+            # workers' running cells (Python 3.11 has no public terminate; 3.14 adds terminate_workers)
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=clean, cancel_futures=not clean)
+        manager.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (InputError) when a ``host:port`` / ``ray://host:port`` Ray address does not
+    accept a TCP connection: ``ray.init`` itself retries an unreachable address forever."""
+    target = address.split("://", 1)[-1]
+    if target == "auto" or ":" not in target:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError):
+        raise InputError(f"--address {address}: cannot reach a Ray cluster there "
+                         f"(no answer within {timeout_s:g} s)") from None
+
+
+def run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address: str | None,
+            num_cpus: float) -> Iterator[Event]:
+    """Run the cells as Ray tasks (a local Ray with ``workers`` CPUs, or the cluster at ``address``)."""
+    try:
+        import ray
+        from ray.util.queue import Empty, Queue
+    except ModuleNotFoundError:
+        raise InputError("--executor ray needs the `ray` package (pip install 'ray>=2.9')") from None
+    started = False
+    if not ray.is_initialized():
+        if address:
+            check_reachable(address)
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        q = Queue()
+        by_index = {c.index: c for c in cells}
+        remote = ray.remote(num_cpus=num_cpus, max_retries=0)(_queued_cell)
+        refs = {remote.remote(c.index, c.config.model_dump(mode="json"), cohort, c.seed, threads, q): c
+                for c in cells}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=_POLL_S)
+            yield from _drain(q, by_index, Empty)
+            for ref in done:
+                try:
+                    yield _done(refs[ref], ray.get(ref), None)
+                except Exception as exc:  # noqa: BLE001 - a failed task is reported per cell
+                    cause = getattr(exc, "cause", None)
+                    yield _done(refs[ref], None, cause if isinstance(cause, BaseException) else exc)
+    finally:
+        if started:
+            ray.shutdown()

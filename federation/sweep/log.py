@@ -1,0 +1,143 @@
+"""The MLflow side of a sweep (driver process only), written through :class:`federation.tracking.Tracker`.
+
+One parent run per sweep (found again by its sweep hash on a rerun) and one child run per cell.
+A cell's run is created when its work starts (start time = the cell's real start), its per-round
+metrics are logged while it runs (stamped with the time each round ended), and it is marked
+FINISHED, with the cell's real end time, only after its final metrics, tags and artifacts are
+logged. A cell that fails, or a driver that is interrupted, leaves the run FAILED; a driver that
+is killed (``kill -9``) leaves it RUNNING, and the rerun marks it KILLED and computes the cell again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from federation.sweep.cells import Cell
+from federation.tracking import (CELL_SECONDS_TAG, COHORT_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
+                                 KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, flatten)
+
+__all__ = ["cell_params", "finished_cells", "stale_runs", "open_parent", "CellLog"]
+
+Key = tuple[str, int]
+
+
+def cell_params(cell: Cell, cohort: str) -> dict[str, str]:
+    """The params of a cell run: flattened config, seed, label, cohort_id, as strings."""
+    flat = flatten(cell.config.model_dump(mode="json"))
+    flat.update({"seed": cell.seed, "label": cell.label, "cohort_id": cohort})
+    return {k: str(v) for k, v in flat.items()}
+
+
+def _keys(runs: list[Any]) -> dict[Key, list[str]]:
+    out: dict[Key, list[str]] = {}
+    for r in runs:
+        t = r.data.tags
+        if HASH_TAG in t and SEED_TAG in t:
+            out.setdefault((t[HASH_TAG], int(t[SEED_TAG])), []).append(r.info.run_id)
+    return out
+
+
+def finished_cells(tracker: Tracker) -> set[Key]:
+    """``(config_hash, seed)`` of every FINISHED cell run of the tracker's experiment."""
+    return set(_keys(tracker.search(f"tags.`{KIND_TAG}` = '{KIND_CELL}' and attributes.status = 'FINISHED'")))
+
+
+def stale_runs(tracker: Tracker) -> dict[Key, list[str]]:
+    """Cell runs left RUNNING (a killed sweep), by key."""
+    return _keys(tracker.search(f"tags.`{KIND_TAG}` = '{KIND_CELL}' and attributes.status = 'RUNNING'"))
+
+
+def open_parent(tracker: Tracker, name: str, cells: list[Cell], cohort: str, sweep_hash: str) -> Any:
+    """The sweep's parent run as a context manager yielding its id: the run with the same sweep
+    hash reopened, or a new one. Ends FINISHED unless the caller sets otherwise
+    (``tracker.finish_as``), FAILED on an exception."""
+    found = tracker.search(f"tags.`{KIND_TAG}` = '{KIND_SWEEP}' and tags.`{SWEEP_TAG}` = '{sweep_hash}'")
+    if found:
+        return tracker.resume(sorted(found, key=lambda r: r.info.start_time)[0].info.run_id)
+    params = {"sweep": name, "n_cells": len(cells), "labels": " ".join(dict.fromkeys(c.label for c in cells)),
+              "seeds": " ".join(str(s) for s in dict.fromkeys(c.seed for c in cells)), "cohort_id": cohort}
+    return tracker.run(name, params, {KIND_TAG: KIND_SWEEP, SWEEP_TAG: sweep_hash, COHORT_TAG: cohort})
+
+
+class CellLog:
+    """Cell runs as their work happens (see the module docstring).
+
+    Args:
+        tracker: the sweep's tracker (its innermost run is the parent).
+        parent_id: the sweep's parent run.
+        cohort: cohort id.
+        all_keys: the union of the cells' param keys (a key a cell lacks is logged as "none",
+            so the MLflow compare view lines runs up).
+        sweep_hash: the sweep's identity tag.
+        stale: runs left RUNNING by a killed sweep, by key (marked KILLED when their cell restarts).
+    """
+
+    def __init__(self, tracker: Tracker, parent_id: str, cohort: str, all_keys: list[str], sweep_hash: str,
+                 stale: dict[Key, list[str]]) -> None:
+        self.tracker, self.parent_id, self.cohort = tracker, parent_id, cohort
+        self.all_keys, self.sweep_hash, self.stale = all_keys, sweep_hash, stale
+        self.open: dict[Key, list[Any]] = {}  # key -> [run id, last step logged]
+
+    def start(self, cell: Cell, ms: int | None) -> str:
+        """Create the cell's run (once), with its start time ``ms`` (epoch ms)."""
+        if cell.key in self.open:
+            return self.open[cell.key][0]
+        for rid in self.stale.pop(cell.key, []):
+            self.tracker.close(rid, "KILLED")
+        tags = {KIND_TAG: KIND_CELL, HASH_TAG: cell.config_hash, COHORT_TAG: self.cohort, LABEL_TAG: cell.label,
+                SWEEP_TAG: self.sweep_hash, METHOD_TAG: cell.method, SEED_TAG: str(cell.seed)}
+        params = cell_params(cell, self.cohort)
+        rid = self.tracker.create(cell.run_name, {k: params.get(k, "none") for k in self.all_keys}, tags,
+                                  parent_id=self.parent_id, start_time_ms=ms)
+        self.open[cell.key] = [rid, 0]
+        return rid
+
+    def event(self, kind: str, cell: Cell, payload: dict[str, Any]) -> None:
+        """A live event of a running cell: ``start`` (``{"ms"}``) or ``round`` (``{"step",
+        "metrics", "ms"}``; the metrics are logged now, at that step and time)."""
+        if kind == "start":
+            self.start(cell, payload.get("ms"))
+        elif kind == "round":
+            rid = self.start(cell, payload.get("ms"))
+            with self.tracker.on(rid):
+                self.tracker.log_metrics(payload["metrics"], int(payload["step"]), payload.get("ms"))
+            self.open[cell.key][1] = int(payload["step"])
+
+    def finish(self, cell: Cell, result: dict[str, Any]) -> str:
+        """Log the rest of a computed cell and mark its run FINISHED at the cell's real end time
+        (FAILED when logging fails or is interrupted). Returns the run id."""
+        rid = self.start(cell, result.get("started_ms"))
+        last = self.open[cell.key][1]
+        tr = self.tracker
+        try:
+            with tr.on(rid):
+                times = result.get("round_ms") or []
+                rows = [(row, times[i] if i < len(times) else None) for i, row in enumerate(result["history"])]
+                for row, ms in rows:
+                    if int(row["round"]) > last:  # rounds the live log has not seen
+                        tr.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ms)
+                tr.log_final(result["summary"])
+                tr.set_tags({CELL_SECONDS_TAG: f"{result.get('seconds', 0.0):.2f}"})
+                tr.log_json(result["per_center"], "per_center.json")
+                for name, obj in (result.get("artifacts") or {}).items():
+                    tr.log_json(obj, name)
+                tr.log_json(cell.config.model_dump(mode="json"), "config.json")
+        except BaseException:
+            self.open.pop(cell.key, None)
+            tr.close(rid, "FAILED")
+            raise
+        self.open.pop(cell.key, None)
+        tr.close(rid, "FINISHED", result.get("ended_ms"))
+        return rid
+
+    def fail(self, cell: Cell) -> None:
+        """The cell raised: its run (if it started) ends FAILED."""
+        entry = self.open.pop(cell.key, None)
+        if entry is not None:
+            self.tracker.close(entry[0], "FAILED")
+
+    def abort(self) -> None:
+        """The driver is stopping: every open cell run ends FAILED."""
+        for key in list(self.open):
+            rid = self.open.pop(key)[0]
+            self.tracker.close(rid, "FAILED")

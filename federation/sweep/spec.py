@@ -1,0 +1,135 @@
+"""The sweep file: :class:`SweepSpec` (methods, seeds, options, resources, executor) and
+:func:`load_sweep`. See :mod:`federation.sweep` for the whole picture and docs/sweeps.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from etl.errors import InputError
+from federation.config import load_yaml
+
+__all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MethodEntry(_Strict):
+    """One row of the sweep's ``methods:`` list.
+
+    Attributes:
+        method: registered method name (``abps train --method``).
+        label: name of the row in MLflow and the report (default: the method name); two entries
+            of the same method need different labels.
+        config: optional YAML run config (``configs/<method>.yaml``), read relative to the
+            sweep file's folder when not absolute.
+        params: method parameters merged over the file's ``params:`` (e.g. ``{goal: diversity}``).
+        overrides: any other run-config keys (``exchange``, ``engine``, ``early_stopping`` ...).
+    """
+
+    method: str
+    label: str | None = None
+    config: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The label, or the lower-cased method name."""
+        return self.label or self.method.strip().lower()
+
+
+class Resources(_Strict):
+    """Per-cell resources: Ray ``num_cpus`` of each task and torch threads of each worker."""
+
+    num_cpus: float = Field(1.0, gt=0.0)
+    threads: int = Field(1, ge=1)
+
+
+class SweepSpec(_Strict):
+    """A sweep file (see ``configs/table1.yaml``).
+
+    Attributes:
+        name: sweep name (parent run name; default experiment name).
+        experiment: MLflow experiment (default: ``name``).
+        cohort: cohort directory (``--cohort`` overrides).
+        seeds: run seeds (paper: 11 22 33 44 55).
+        rounds: optional override of every cell's rounds (max rounds with early stopping).
+        methods: method names or :class:`MethodEntry` mappings.
+        options: dotted run-config key -> list of values; the sweep runs their cross product.
+        resources: :class:`Resources`.
+        executor, workers, address: defaults of ``--executor``, ``--workers``, ``--address``
+            (``executor`` was called ``engine`` before; the old key is refused with the new name,
+            since ``engine`` is also the run config's model / optimizer section).
+    """
+
+    name: str = "sweep"
+    experiment: str | None = None
+    cohort: str | None = None
+    seeds: list[StrictInt] = Field(default_factory=lambda: [11, 22, 33, 44, 55], min_length=1)
+    rounds: int | None = Field(None, ge=1)
+    methods: list[MethodEntry] = Field(min_length=1)
+    options: dict[str, list[Any]] = Field(default_factory=dict)
+    resources: Resources = Resources()
+    executor: Literal["local", "ray"] = "local"
+    workers: int = Field(1, ge=1)
+    address: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "engine" in v:
+            raise ValueError("the sweep key `engine:` (local / ray) is now called `executor:`")
+        return v
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _entries(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"method": e} if isinstance(e, str) else e for e in v]
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("a seed is listed twice")
+        if any(s < 0 for s in v):
+            raise ValueError("seeds must be non-negative")
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _non_empty(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for k, vals in v.items():
+            if not vals:
+                raise ValueError(f"option {k!r} has no values")
+        return v
+
+
+def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
+    """Read and validate a sweep YAML. Returns (spec, folder of the file).
+
+    Raises:
+        InputError: missing file, bad YAML, or an invalid field (the message names the field).
+    """
+    from pydantic import ValidationError
+
+    doc = load_yaml(path)
+    if "engine" in doc:
+        raise InputError(f"{path}: the sweep key `engine:` (local / ray) is now called `executor:`")
+    try:
+        spec = SweepSpec.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise InputError(f"{path}: invalid sweep field {loc}: {first.get('msg')}") from None
+    labels = [e.name for e in spec.methods]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise InputError(f"{path}: methods: label {dup[0]!r} appears twice (give entries distinct `label:`)")
+    return spec, Path(path).resolve().parent

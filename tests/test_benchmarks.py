@@ -1,0 +1,56 @@
+"""The peer benchmark's workload and its Flower-free path (no timing is asserted)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import bench_flower as bf
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    """The benchmarks set torch's thread count; restore it for the other tests."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_workload_is_the_issue_one_and_deterministic():
+    a, b = bf.client_data(4, seed=1), bf.client_data(4, seed=1)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["x_train"], bf.client_data(5, seed=1)["x_train"])
+    assert a["x_train"].shape == (250, 60) and a["x_val"].shape == (30, 60) and a["x_train"].dtype == np.float32
+    # positive rate: E[sigmoid(z - 2.2)], z ~ N(0, 0.5^2), by quadrature over the normal density
+    z = np.linspace(-4, 4, 4001)
+    expect = np.trapezoid(1 / (1 + np.exp(-(0.5 * z - 2.2))) * np.exp(-z * z / 2) / math.sqrt(2 * math.pi), z)
+    ys = np.concatenate([bf.client_data(i)["y_train"] for i in range(40)])  # 10,000 labels
+    assert abs(ys.mean() - expect) < 4 * math.sqrt(expect * (1 - expect) / ys.size)
+    data = bf.federated_data(3, seed=1)
+    assert torch.equal(data.splits["train"].x[2], torch.from_numpy(bf.client_data(2, seed=1)["x_train"]))
+    assert data.n_train.tolist() == [250, 250, 250] and bool(data.splits["val"].mask.all())
+
+
+def test_benchmark_skips_flower_cleanly(monkeypatch):
+    monkeypatch.setattr(bf, "flower_available", lambda: False)
+    doc = bf.main(["--clients", "3", "--loop-rounds", "2", "--ours-rounds", "2", "--threads", "1"])
+    assert doc["flower"] is None and "not installed" in doc["flower_skipped"]
+    assert "abps_x_vs_flower" not in doc
+    # both passes of each implementation ran on the same rows: same seed -> same AUROC
+    assert doc["abps"]["final_val_auroc_mean"][0] == doc["abps"]["final_val_auroc_mean"][1]
+    assert doc["loop"]["final_val_auroc_mean"][0] == doc["loop"]["final_val_auroc_mean"][1]
+    assert math.isclose(doc["loop_x_vs_abps"], doc["loop"]["median_s_per_round"] / doc["abps"]["median_s_per_round"])
+
+
+def test_scale_worker_runs_both_methods_small():
+    """The scale benchmark's per-method worker on a tiny federation (in this process)."""
+    from benchmarks.bench_scale import _worker
+
+    for method in ("fedavg", "abps"):
+        r = _worker(method, 12, 2, seed=1, threads=1)
+        assert r["centers"] == 12 and r["rounds"] == 2 and len(r["rounds_s"]) == 2
+        assert r["peak_rss_gb"] >= r["rss_after_data_gb"] > 0
+        assert 0.0 <= r["final_val_auroc_mean"] <= 1.0

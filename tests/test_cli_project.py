@@ -1,0 +1,178 @@
+"""The first hour (issue 22): `abps etl` (MIMIC_DIR, release / layout line, next command, recorded
+cohort) -> `abps train --goal diversity` with no other option -> `abps runs` / `abps ui`, in a fresh
+project folder, on the real MIMIC-IV demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from cli.app import main
+from cli.project import default_cohort, describe_mimic
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _main(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty project folder as the working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MIMIC_DIR", raising=False)
+    monkeypatch.delenv("ABPS_STATE", raising=False)  # the project's own .abps/state.json
+    return tmp_path
+
+
+def test_first_hour_etl_then_train_goal_then_runs(project: Path, mimic_demo_dir: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("MIMIC_DIR", str(mimic_demo_dir))
+    assert _main(["etl", "--out", "cohort_iid", "--partition", "iid", "--n-centers", "4",
+                  "--min-center-stays", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"found MIMIC-IV 2.x, csv.gz tables in {mimic_demo_dir}" in out
+    assert "next: abps train --goal diversity" in out
+    state = json.loads((project / ".abps" / "state.json").read_text())
+    assert state == {"cohort": str((project / "cohort_iid").resolve()), "source": "mimic"}
+
+    # the promised command, verbatim apart from the short run
+    assert _main(["train", "--goal", "diversity", "--rounds", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    results = list((project / "runs" / "abps").glob("abps-div-*/results.json"))
+    assert len(results) == 1 and str(results[0].relative_to(project)) in out
+    doc = json.loads(results[0].read_text())
+    assert doc["method"] == "abps-div" and doc["cohort"] == state["cohort"]
+    assert doc["config"]["params"]["goal"] == "diversity" and doc["config"]["params"]["kappa"] == 1
+    assert doc["config"]["exchange"]["head_layers"] == 1 and doc["config"]["exchange"]["bf16_wire"] is True
+    # nothing written loose into the project folder
+    assert sorted(p.name for p in project.iterdir()) == [".abps", "cohort_iid", "mlflow", "runs"]
+
+    # an explicit --output is never replaced without --force
+    assert _main(["train", "--method", "fedavg", "--rounds", "1", "--no-progress", "--output", "r.json"]) == 0
+    before = (project / "r.json").read_bytes()
+    capsys.readouterr()
+    assert _main(["train", "--method", "fedavg", "--rounds", "1", "--no-progress", "--output", "r.json"]) == 2
+    assert "r.json exists; give --force" in capsys.readouterr().err
+    assert (project / "r.json").read_bytes() == before
+    assert _main(["train", "--method", "fedavg", "--rounds", "1", "--no-progress", "--seeds", "3",
+                  "--output", "r.json", "--force"]) == 0
+    assert json.loads((project / "r.json").read_text())["seeds"].keys() == {"3"}
+
+    capsys.readouterr()
+    assert _main(["runs"]) == 0
+    table = capsys.readouterr().out
+    line = next(ln for ln in table.splitlines() if "abps-div" in ln)
+    auroc = doc["summary"]["final_auroc_mean"]
+    assert f"{auroc['mean']:.3f} +- {auroc['std']:.3f}" in line
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient("sqlite:///mlflow/mlflow.db")
+    exp = client.get_experiment_by_name("abps").experiment_id
+    (run,) = client.search_runs([exp], "tags.method = 'abps-div' and tags.seed = '11'")
+    assert line.split("│")[-2].strip() == f"{run.data.metrics['isolation_rate']:.2f}"  # last round's isolation
+    fed = next(ln for ln in table.splitlines() if "fedavg" in ln)
+    assert "1.00x" in fed and fed.split("│")[-2].strip() == "-"  # FedAvg: the bandwidth basis, no isolation
+    assert table.index("fedavg") < table.index("abps-div")  # Table 1 order
+
+
+def test_train_without_any_cohort_names_both_ways(project: Path, capsys) -> None:
+    assert _main(["train", "--goal", "diversity", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cohort DIR" in err and "abps etl" in err
+    assert not (project / "runs").exists()
+
+
+def test_default_cohort_order(project: Path) -> None:
+    fake = project / "cohort"
+    fake.mkdir()
+    for f in ("cohort.parquet", "centers.parquet"):
+        (fake / f).write_bytes(b"")
+    assert default_cohort() == Path("cohort")
+    other = project / "built"
+    shutil.copytree(fake, other)
+    (project / ".abps").mkdir()
+    (project / ".abps" / "state.json").write_text(json.dumps({"cohort": str(other)}))
+    assert default_cohort() == other
+    shutil.rmtree(other)  # a recorded cohort that is gone: back to ./cohort
+    assert default_cohort() == Path("cohort")
+
+
+def test_goal_flag_picks_the_goal_aware_preset_and_says_so(capsys) -> None:
+    from cli.train_cmd import goal_preset
+
+    assert [goal_preset(g) for g in ("homogeneity", "Diversity", "alignment")] == ["abps-hom", "abps-div", "abps-align"]
+    assert _main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "abps-hom | abps-div | abps-align" in text.replace("│ ", "").replace(" │", "")
+
+
+def test_describe_mimic_release_and_layout(mimic_demo_dir: Path, tmp_path: Path) -> None:
+    assert describe_mimic(mimic_demo_dir) == "MIMIC-IV 2.x, csv.gz tables"
+    # the same tables as Parquet, with one v3.0 era row: 3.x, Parquet
+    hosp = tmp_path / "m" / "hosp"
+    hosp.mkdir(parents=True)
+    con = duckdb.connect()
+    for name in ("patients", "admissions"):
+        src = str(mimic_demo_dir / "hosp" / f"{name}.csv.gz")
+        con.execute(f"COPY (SELECT * FROM read_csv('{src}', all_varchar=true)) TO '{hosp / name}.parquet' (FORMAT parquet)")
+    assert describe_mimic(tmp_path / "m") == "MIMIC-IV 2.x, Parquet tables"
+    con.execute(f"COPY (SELECT * REPLACE ('2020 - 2022' AS anchor_year_group) FROM read_parquet('{hosp}/patients.parquet')) "
+                f"TO '{hosp}/p3.parquet' (FORMAT parquet)")
+    os.replace(hosp / "p3.parquet", hosp / "patients.parquet")
+    assert describe_mimic(tmp_path / "m") == "MIMIC-IV 3.x, Parquet tables"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ui_serves_the_project_store(tmp_path: Path) -> None:
+    port = _free_port()
+    log = open(tmp_path / "ui.log", "wb")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", "from cli.app import main; main()", "ui", "--port", str(port)],
+                            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        page = b""
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assertion
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    page = r.read()
+                    break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.5)
+        text = (tmp_path / "ui.log").read_text(errors="replace")
+        assert f"MLflow UI: http://127.0.0.1:{port}" in text and "sqlite:///mlflow/mlflow.db" in text
+        assert b"<title>MLflow</title>" in page or b"MLflow" in page, text[-2000:]
+        assert (tmp_path / "mlflow" / "mlflow.db").is_file()  # the project's store, in the project folder
+    finally:
+        proc.send_signal(signal.SIGTERM)  # `abps ui` stops its server group when it stops
+        proc.wait(timeout=60)
+        log.close()
+    for _ in range(60):  # the server is gone with it: the port stops answering
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"port {port} still answers after `abps ui` stopped")
