@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from etl.errors import InputError
 from federation.checks import count_non_finite
-from federation.drift_scenario import LabelFlipDrift
 
 
 class _Strict(BaseModel):
@@ -93,6 +92,27 @@ class DataConfig(_Strict):
     shrinkage_rows: float = Field(50.0, gt=0.0)
     histogram_bins: int = Field(256, ge=8, le=65536)
     small_center: Literal["warn", "refuse"] = "warn"
+
+
+class LabelFlipDrift(BaseModel):
+    """The ``drift:`` block of a run config: chosen centers flip their labels from a round on
+    (semantics in :mod:`federation.drift_scenario`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    round: int = Field(..., ge=1)
+    centers: tuple[str, ...] = ()
+    count: int = Field(0, ge=0)
+    splits: tuple[str, ...] = ("train", "val")
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> "LabelFlipDrift":
+        if bool(self.centers) == bool(self.count):
+            raise ValueError("drift: give exactly one of `centers` (center_ids) or `count` (> 0)")
+        bad = sorted(set(self.splits) - {"train", "val", "test"})
+        if bad or not self.splits:
+            raise ValueError(f"drift.splits: expected some of train, val, test, got {list(self.splits)}")
+        return self
 
 
 class RunConfig(_Strict):

@@ -21,31 +21,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from federation.config import LabelFlipDrift
 from federation.data import FederatedData
 
 __all__ = ["LabelFlipDrift", "drifting_copy", "apply_drift", "drift_centers"]
-
-
-class LabelFlipDrift(BaseModel):
-    """The ``drift:`` block of a run config (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    round: int = Field(..., ge=1)
-    centers: tuple[str, ...] = ()
-    count: int = Field(0, ge=0)
-    splits: tuple[str, ...] = ("train", "val")
-
-    @model_validator(mode="after")
-    def _one_choice(self) -> "LabelFlipDrift":
-        if bool(self.centers) == bool(self.count):
-            raise ValueError("drift: give exactly one of `centers` (center_ids) or `count` (> 0)")
-        bad = sorted(set(self.splits) - {"train", "val", "test"})
-        if bad or not self.splits:
-            raise ValueError(f"drift.splits: expected some of train, val, test, got {list(self.splits)}")
-        return self
 
 
 def drift_centers(data: FederatedData, drift: LabelFlipDrift) -> torch.Tensor:

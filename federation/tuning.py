@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from federation.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
+
 
 @dataclass(frozen=True)
 class TuningRecord:
@@ -119,9 +121,9 @@ def collect_records(client: Any, exp_id: str) -> list[TuningRecord]:
                                   page_token=token)
         for r in page:
             m, t = r.data.metrics, r.data.tags
-            if "method" not in t or "seed" not in t or "final_val_auroc_mean" not in m:
+            if METHOD_TAG not in t or SEED_TAG not in t or "final_val_auroc_mean" not in m:
                 continue
-            out.append(TuningRecord(label=t.get("abps.label") or t["method"], method=t["method"], seed=int(t["seed"]),
+            out.append(TuningRecord(label=t.get(LABEL_TAG) or t[METHOD_TAG], method=t[METHOD_TAG], seed=int(t[SEED_TAG]),
                                     val_auroc=float(m["final_val_auroc_mean"]),
                                     test_auroc=float(m.get("final_auroc_mean", math.nan))))
         token = page.token
