@@ -21,7 +21,7 @@ from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
 from federation.drift_scenario import apply_drift, drifting_copy
-from federation.engine import AdamState, Params, mix_seed, n_params
+from federation.engine import AdamState, StackedParams, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
@@ -52,7 +52,7 @@ class RunResult:
     rel_bandwidth: float
     history: list[dict[str, float]] = field(default_factory=list)
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
-    params: Params | None = None
+    params: StackedParams | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
     method_summary: dict[str, Any] = field(default_factory=dict)
 
@@ -64,11 +64,11 @@ class RunResult:
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
-def _clone(p: Params) -> Params:
+def _clone(p: StackedParams) -> StackedParams:
     return {k: v.clone() for k, v in p.items()}
 
 
-def _evaluate(method: Method, ctx: Context, params: Params, split: str, round_idx: int,
+def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, round_idx: int,
               where: tuple = (None, None, None)) -> torch.Tensor:
     """``[n]`` per-center AUROC of the method's scores (:meth:`Method.scores`) on ``split``;
     ``where`` = (method, seed, round) for the error raised when a real row's score is not
@@ -113,7 +113,7 @@ def run_one(
     train_params = train_engine.init_params()
     state = AdamState.zeros_like(train_params)
 
-    def eval_params() -> Params:
+    def eval_params() -> StackedParams:
         if cls.pooled:
             return {k: v.expand(data.n_centers, *v.shape[1:]) for k, v in train_params.items()}
         return train_params
@@ -123,7 +123,7 @@ def run_one(
     local_loss = (lambda p, b: method.local_loss(ctx, p, b)) if cls.has_local_loss() else None
     payload = sum(sizes[k] for k in ex) * cls.payloads_per_link
     bpp = 2 if cfg.exchange.bf16_wire else 4
-    momentum: Params | None = None
+    momentum: StackedParams | None = None
     es = cfg.early_stopping
     best = (-math.inf, -1, None)  # (val mean, round, params)
     history: list[dict[str, float]] = []
@@ -198,8 +198,8 @@ def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]
 
 def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
-    rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
-    keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    rounds_run: int, best: tuple, params: StackedParams, last_val: torch.Tensor, last_test: torch.Tensor,
+    keep: Callable[[], StackedParams] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
     method_summary: Callable[[], dict[str, Any]] | None = None,
 ) -> RunResult:
     """End of a run (shared by every round loop): restore the best round when early stopping is

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from federation.engine import Batch, Params, forward
+from federation.engine import Batch, StackedParams, forward
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
 
@@ -20,7 +20,7 @@ def fedavg_matrix(n_train: torch.Tensor) -> torch.Tensor:
     return p.unsqueeze(0).expand(n_train.shape[0], -1).clone()
 
 
-def _sq_dist(params: Params, ref: Params, keys: tuple[str, ...]) -> torch.Tensor:
+def _sq_dist(params: StackedParams, ref: StackedParams, keys: tuple[str, ...]) -> torch.Tensor:
     """``[a]`` squared L2 distance per center over ``keys``."""
     return sum(((params[k] - ref[k]) ** 2).flatten(1).sum(1) for k in keys)  # type: ignore[return-value]
 
@@ -108,7 +108,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+    def local_loss(self, ctx: Context, params: StackedParams, batch: Batch) -> torch.Tensor:
         ref = {k: ctx.round_start[k][batch.centers] for k in ctx.exchanged}
         return 0.5 * self.p.mu * _sq_dist(params, ref, ctx.exchanged)  # type: ignore[attr-defined]
 
@@ -170,7 +170,7 @@ class FedDyn(Method):
         self.g = {k: torch.zeros_like(ctx.params[k]) for k in ctx.exchanged}
         self.h = {k: torch.zeros_like(ctx.params[k]) for k in ctx.exchanged}
 
-    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+    def local_loss(self, ctx: Context, params: StackedParams, batch: Batch) -> torch.Tensor:
         a = self.p.alpha  # type: ignore[attr-defined]
         idx = batch.centers
         lin = sum((self.g[k][idx] * params[k]).flatten(1).sum(1) for k in ctx.exchanged)
@@ -187,7 +187,7 @@ class FedDyn(Method):
             w = torch.full((ctx.n, ctx.n), 1.0 / ctx.n, dtype=torch.float64)
         return RoundPlan(w=w, server_links=ctx.n)
 
-    def after_mix(self, ctx: Context, round_idx: int, prev: Params, mixed: Params) -> Params:
+    def after_mix(self, ctx: Context, round_idx: int, prev: StackedParams, mixed: StackedParams) -> StackedParams:
         a = self.p.alpha  # type: ignore[attr-defined]
         out = {}
         for k in mixed:
@@ -218,9 +218,9 @@ class Moon(FedAvg):
     Params = MoonParams
 
     def setup(self, ctx: Context) -> None:
-        self.prev_local: Params | None = None
+        self.prev_local: StackedParams | None = None
 
-    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+    def local_loss(self, ctx: Context, params: StackedParams, batch: Batch) -> torch.Tensor:
         idx = batch.centers
         with torch.no_grad():
             z_glob = forward({k: v[idx] for k, v in ctx.round_start.items()}, batch.x)[1]
