@@ -28,8 +28,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from abps.beliefs import BetaBeliefs
+from abps.drift import DriftParams, PrivacyDriftHooks
 from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
+from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
@@ -39,7 +41,7 @@ __all__ = ["SelectionParams", "AbpsParams", "AbpsMethod", "RandomPartnersMethod"
 _META_BYTES_PER_VALUE = 4  # metadata vectors travel as float32
 
 
-class SelectionParams(BaseModel):
+class SelectionParams(MetadataDpParams):
     """Partner-selection settings shared by ABPS and the ``random-partners`` ablation (config ``params:``).
 
     Attributes:
@@ -84,7 +86,7 @@ class SelectionParams(BaseModel):
         return 15 if self.metadata == "full" else 3
 
 
-class AbpsParams(SelectionParams):
+class AbpsParams(SelectionParams, DriftParams):
     """ABPS hyperparameters (paper Sec. 6.3 defaults): :class:`SelectionParams` plus
 
     Attributes:
@@ -125,7 +127,7 @@ class AbpsParams(SelectionParams):
 
 
 @register(display_name="ABPS (base, κ=3)", family="abps", paper_order=10)
-class AbpsMethod(Method):
+class AbpsMethod(PrivacyDriftHooks, Method):
     """Adaptive Bayesian Partner Selection (ABPS paper, Algorithm 1), base preset (kappa 3, no filter).
 
     State (per run): :class:`abps.beliefs.BetaBeliefs` ``[n, n]``, the candidate mask ``[n, n]``, the
@@ -149,6 +151,7 @@ class AbpsMethod(Method):
         n = ctx.n
         meta = ctx.meta if p.metadata_dim == 15 else ctx.meta_base
         self.meta_dim = int(meta.shape[1])
+        meta = self._publish_metadata(ctx, meta)  # DP release (abps.privacy); drift windows (abps.drift)
         self.candidates, self.tau_sim = candidate_mask(
             meta.double(), p.goal, p.keep_fraction, p.normalize_metadata, p.tau_mode, p.candidacy
         )
@@ -187,6 +190,7 @@ class AbpsMethod(Method):
         self.last = m
         w = fedavg_mixing(m.partners, self.weights)
         meta_bytes = ctx.n * self.meta_dim * _META_BYTES_PER_VALUE if (round_idx == 0 and p.goal is not None) else 0
+        meta_bytes += self._take_resend_bytes()
         return RoundPlan(w=w, adjacency=m.partners, metadata_bytes=meta_bytes)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:
@@ -208,6 +212,7 @@ class AbpsMethod(Method):
         self.last_credit = res
         phi_bar = clip_phi(res.phi, p.phi_min, p.phi_max)
         self.beliefs.update(phi_bar, res.observed)
+        drift_extras = self._drift_step(ctx, phi_bar, res.observed)
 
         nan = float("nan")
         obs = res.observed
@@ -220,6 +225,7 @@ class AbpsMethod(Method):
             "mean_phi_bar": float(phi_bar[obs].mean()) if obs.any() else nan,
             "mean_shapley_gain": float(gain[fin].mean()) if fin.any() else nan,
             "mean_belief": float(self.beliefs.mean()[~torch.eye(ctx.n, dtype=torch.bool)].mean()),
+            **drift_extras,
         }
 
     def _selection_metrics(self, ctx: Context, m: Matching) -> dict[str, float]:
@@ -273,6 +279,7 @@ class AbpsMethod(Method):
             "run_acceptance_rate": float(self.totals[2]) / sent if sent else float("nan"),
             "centers_ever_rested": float((self.rested > 0).sum()),
             "rounds_rested": {ids[i]: int(self.rested[i]) for i in torch.nonzero(self.rested).flatten().tolist()},
+            **self._privacy_drift_metrics(),  # DP budget spent, drift totals (abps.drift)
         }
 
     def belief_summary(self, ctx: Context) -> list[dict[str, Any]]:
@@ -389,6 +396,8 @@ PRESETS: dict[str, type[AbpsMethod]] = {
     "abps-align": _preset("abps-align", "ABPS+P+Q+kappa=1 with the alignment goal (Table 1, Sec. 6.5).",
                           {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "alignment"}},
                           "ABPS+P+Q+κ=1 (align.)", "goal", 17),
+    "abps-drift": _preset("abps-drift", "Base ABPS with the online Welch-t drift windows (abps.drift; Sec. 7 iii).",
+                          {"params": {"drift_window": 4, "drift_alpha": 0.01}}, "ABPS + drift windows", "abps", None),
     "abps-x": _preset(
         "abps-x",
         "ABPS-X (Sec. 6.4): 2-layer head, bf16, kappa 1, server EMA beta 0.5, 15-dim metadata, homogeneity, "

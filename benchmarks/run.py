@@ -1,7 +1,9 @@
 """Run every ``benchmarks/bench_*.py`` module's ``main()`` in name order (``make bench``).
 
 ``python -m benchmarks.run [NAME ...]`` runs only the modules whose name contains one of
-the given substrings. Each benchmark writes its own files under ``bench_out/``.
+the given substrings (``flower``, ``engine``, ``abps``, ``etl``, ``scale``, ``sage``, ``gossip``).
+Each benchmark prints its figures with their targets and the ratios measured in the same run
+(implementations interleaved), and writes its own files under ``bench_out/`` or a JSON document.
 """
 
 from __future__ import annotations

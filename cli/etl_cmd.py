@@ -1,4 +1,4 @@
-"""`abps etl`: MIMIC-IV (or eICU) raw tables -> cohort.parquet, centers.parquet, cohort report."""
+"""`abps etl`: MIMIC-IV (or eICU, or MEDS) raw tables -> cohort.parquet, centers.parquet, cohort report."""
 
 from __future__ import annotations
 
@@ -23,12 +23,22 @@ def _fractions(text: str) -> tuple[float, float, float]:
     return parts  # type: ignore[return-value]
 
 
+def _names(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not names:
+        raise InputError("--meds-splits: expected comma-separated split names like tuning,held_out")
+    return names
+
+
 @app.command("etl")
 def etl_command(
     out: Path = typer.Option(..., "--out", help="Output folder (cohort.parquet, centers.parquet, cohort_report.*)."),
     mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/ (default: the MIMIC_DIR environment variable)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
-    source: str = typer.Option("mimic", "--source", help="mimic (default) or eicu."),
+    source: str = typer.Option("mimic", "--source", help="mimic (default), eicu or meds (a MEDS dataset: data/<split>/*.parquet + metadata/)."),
+    meds_splits: Optional[str] = typer.Option(None, "--meds-splits", help="Comma-separated MEDS splits to read (meds; default: every split of metadata/subject_splits.parquet)."),
     partition: str = typer.Option("careunit-year", help="careunit-year | careunit-era | dirichlet | iid (mimic; eICU centers are hospitals)."),
     window_years: int = typer.Option(2, help="Width of the shifted-year windows (careunit-year)."),
     window_origin: int = typer.Option(2100, help="A shifted year on a window boundary."),
@@ -66,14 +76,20 @@ def etl_command(
         split_fractions=_fractions(split), n_centers=n_centers, alpha=alpha, seed=seed,
         threads=threads, memory_limit=memory_limit, task=task,
     )
+    if meds_splits is not None and source != "meds":
+        raise InputError("--meds-splits does not apply to --source " + source + "; leave it out")
     if source == "mimic":
         rep = run_etl(src_dir, out, opts)
     elif source == "eicu":
         from etl.eicu import run_eicu_etl
 
         rep = run_eicu_etl(src_dir, out, opts)
+    elif source == "meds":
+        from etl.meds import run_meds_etl
+
+        rep = run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
     else:
-        raise InputError(f"unknown --source '{source}' (choose from mimic, eicu)")
+        raise InputError(f"unknown --source '{source}' (choose from mimic, eicu, meds)")
     dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "

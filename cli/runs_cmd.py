@@ -17,7 +17,6 @@ from typing import Optional
 import typer
 
 from cli.app import app
-from etl.errors import InputError
 
 
 @app.command("ui")
@@ -59,27 +58,23 @@ def runs(
 ) -> None:
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
     mean +- std across seeds, bandwidth relative to FedAvg and the last round's isolation rate."""
-    from mlflow.tracking import MlflowClient
     from rich.console import Console
     from rich.table import Table
 
     from federation.report import collect_runs, mean_std, table1
-    from federation.tracking import default_tracking_uri
+    from federation.tracking import Tracker
 
-    client = MlflowClient(tracking_uri or default_tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        names = ", ".join(sorted(e.name for e in client.search_experiments())) or "none yet"
-        raise InputError(f"no experiment {experiment!r} in the store (experiments: {names})")
-    col = collect_runs(client, exp.experiment_id)
+    tracker = Tracker(tracking_uri, experiment, create=False)  # InputError naming a missing experiment
+    col = collect_runs(tracker)
     if not col.cells:
         typer.echo(f"experiment {experiment}: no finished training runs yet (abps train --goal diversity)")
         return
     rows, basis = table1(col.cells)
-    isolation = {}
-    for c in col.cells:  # the last round's isolation rate of each run (ABPS only)
-        value = client.get_run(c.run_id).data.metrics.get("isolation_rate")
-        isolation.setdefault(c.label, []).append(math.nan if value is None else value)
+    last_isolation = {r.info.run_id: r.data.metrics.get("isolation_rate", math.nan)  # last round's, ABPS only
+                      for r in tracker.search("attributes.status = 'FINISHED'")}
+    isolation: dict[str, list[float]] = {}
+    for c in col.cells:
+        isolation.setdefault(c.label, []).append(last_isolation.get(c.run_id, math.nan))
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
     for head in ("method", "seeds", "AUROC mean +- std", "bandwidth (x FedAvg)", "isolation"):
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")

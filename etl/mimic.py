@@ -18,6 +18,7 @@ import contextlib
 import time
 from pathlib import Path
 
+import duckdb
 import polars as pl
 
 from etl import charlson
@@ -60,17 +61,62 @@ def _locate_all(mimic_dir: Path, task: str, types: dict[str, str]) -> dict[str, 
             for (module, name), cols in REQUIRED.items()}
 
 
-def _care_unit_rows() -> str:
+def care_unit_rows() -> str:
+    """VALUES rows (first_careunit, short name) of etl.schema.CARE_UNITS for etl/sql/mimic/stays.sql."""
     return ", ".join(f"('{k}', '{v}')" for k, v in CARE_UNITS.items())
 
 
-def _diagnoses_sql(t: dict[str, Table], source: str) -> str:
+def charlson_sql(diagnoses_icd: str, admissions: str, source: str) -> str:
+    """The Charlson flags per hadm_id of the kept stays (relation ``kept``), from table
+    expressions of ``diagnoses_icd`` and ``admissions`` (MIMIC-IV shape; also the MEDS source's
+    rebuilt relations) and a ``--comorbidity-source``."""
     if source == "same-admission":
-        rel = concept_sql("mimic", "diagnoses_same_admission", diagnoses_icd=t["diagnoses_icd"].scan_sql(TYPES))
+        rel = concept_sql("mimic", "diagnoses_same_admission", diagnoses_icd=diagnoses_icd)
     else:
-        rel = concept_sql("mimic", "diagnoses_earlier_admissions", diagnoses_icd=t["diagnoses_icd"].scan_sql(TYPES),
-                          admissions=t["admissions"].scan_sql(TYPES))
+        rel = concept_sql("mimic", "diagnoses_earlier_admissions", diagnoses_icd=diagnoses_icd,
+                          admissions=admissions)
     return charlson.charlson_flags_sql(f"({rel})")
+
+
+def assemble(kept: pl.DataFrame, vitals: pl.DataFrame, cci: pl.DataFrame) -> pl.DataFrame:
+    """Kept stays + first-day vitals (by stay_id) + Charlson flags (by hadm_id, absent -> 0)."""
+    return (
+        kept.join(vitals, on="stay_id", how="left")
+        .join(cci, on="hadm_id", how="left")
+        .with_columns([pl.col(c).fill_null(0).cast(pl.Int8) for c in charlson.CCI_COLUMNS])
+    )
+
+
+def keep_adult_unit_stays(con: duckdb.DuckDBPyConnection, opts: EtlOptions, att: Attrition, n_label: int) -> None:
+    """Age and care-unit filters of ``all_stays`` (known label and intime) -> temp table ``kept``.
+
+    Adds the two attrition rows. Raises InputError when no stay is left.
+    """
+    units = sorted({CARE_UNITS.get(u, u) for u in opts.care_units})
+    age = "label IS NOT NULL AND intime IS NOT NULL AND age BETWEEN ? AND ?"
+    n_age = scalar(con, f"SELECT count(*) FROM all_stays WHERE {age}", [opts.min_age, opts.max_age])
+    att.add(f"age {opts.min_age:g} to {opts.max_age:g}", n_label, n_age)
+    con.execute(f"CREATE TEMP TABLE kept AS SELECT * FROM all_stays WHERE {age} "
+                "AND care_unit IN (SELECT unnest(?::VARCHAR[]))", [opts.min_age, opts.max_age, units])
+    n_unit = scalar(con, "SELECT count(*) FROM kept")
+    att.add(f"care unit in {', '.join(units)}", n_age, n_unit)
+    if n_unit == 0:
+        raise InputError("empty cohort after the age and care-unit filters (check --care-units, --min-age, --max-age)")
+
+
+def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str, opts: EtlOptions, att: Attrition,
+                     dup_note: str) -> pl.DataFrame:
+    """The 21 first-day vital aggregates per stay of ``kept`` (etl/sql/mimic/vital_rows.sql,
+    vitalsign.sql, first_day_vitalsign.sql) from a chartevents-shaped table expression
+    (stay_id, charttime, itemid, valuenum); identical rows collapsed are an attrition row
+    ``dup_note`` (unit rows)."""
+    con.execute("CREATE TEMP TABLE vital_rows AS " + concept_sql(
+        "mimic", "vital_rows", chartevents=chartevents, from_hours=float(opts.vitals_from_hours)))
+    n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), count(*) FROM vital_rows").fetchall()[0]
+    if n_rows != n_distinct:
+        att.add(dup_note, n_rows, n_distinct, unit="rows")
+    con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign"))
+    return frame(con, concept_sql("mimic", "first_day_vitalsign"))
 
 
 def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tuple[pl.DataFrame, Attrition, dict, dict]:
@@ -87,7 +133,6 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     con = connect(opts.threads, opts.memory_limit, scratch)
     att = Attrition()
     timings: dict[str, float] = {}
-    units = sorted({CARE_UNITS.get(u, u) for u in opts.care_units})
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
@@ -99,7 +144,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
                              f"({bad} rows hold other values)")
         con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql(
             "mimic", "stays", icustays=s["icustays"], admissions=s["admissions"], patients=s["patients"],
-            care_units=_care_unit_rows()))
+            care_units=care_unit_rows()))
         relabel(con, "mimic", opts.task, s)
         n_icu = scalar(con, f"SELECT count(*) FROM {s['icustays']}")
         n_join = scalar(con, "SELECT count(*) FROM all_stays")
@@ -110,41 +155,20 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
         n_label = scalar(con, "SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL")
         known = "in-hospital outcome" if opts.task == DEFAULT_TASK else f"{opts.task} label"
         att.add(f"known {known} and intime", n_join, n_label)
-        n_age = scalar(con, "SELECT count(*) FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL "
-                            "AND age BETWEEN ? AND ?", [opts.min_age, opts.max_age])
-        att.add(f"age {opts.min_age:g} to {opts.max_age:g}", n_label, n_age)
-        con.execute(
-            "CREATE TEMP TABLE kept AS SELECT * FROM all_stays WHERE label IS NOT NULL AND intime IS NOT NULL "
-            "AND age BETWEEN ? AND ? AND care_unit IN (SELECT unnest(?::VARCHAR[]))",
-            [opts.min_age, opts.max_age, units])
-        n_unit = scalar(con, "SELECT count(*) FROM kept")
-        att.add(f"care unit in {', '.join(units)}", n_age, n_unit)
-        if n_unit == 0:
-            raise InputError("empty cohort after the age and care-unit filters (check --care-units, --min-age, --max-age)")
+        keep_adult_unit_stays(con, opts, att, n_label)
         timings["stays_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        con.execute("CREATE TEMP TABLE vital_rows AS " + concept_sql(
-            "mimic", "vital_rows", chartevents=s["chartevents"], from_hours=float(opts.vitals_from_hours)))
-        n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), count(*) FROM vital_rows").fetchall()[0]
-        if n_rows != n_distinct:
-            att.add(f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)",
-                    n_rows, n_distinct, unit="rows")
-        con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign"))
-        vitals = frame(con, concept_sql("mimic", "first_day_vitalsign"))
+        vitals = first_day_vitals(con, s["chartevents"], opts, att,
+                                  f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)")
         timings["chartevents_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        cci = frame(con, _diagnoses_sql(tables, opts.comorbidity_source))
+        cci = frame(con, charlson_sql(s["diagnoses_icd"], s["admissions"], opts.comorbidity_source))
         timings["charlson_s"] = time.perf_counter() - t0
         kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
 
-    cohort = (
-        kept.join(vitals, on="stay_id", how="left")
-        .join(cci, on="hadm_id", how="left")
-        .with_columns([pl.col(c).fill_null(0).cast(pl.Int8) for c in charlson.CCI_COLUMNS])
-    )
-    return cohort, att, timings, inputs
+    return assemble(kept, vitals, cci), att, timings, inputs
 
 
 def run_etl(mimic_dir: str | Path, out: str | Path, opts: EtlOptions | None = None) -> dict:

@@ -44,7 +44,7 @@ __all__ = ["EtlOptions", "connect", "concept_sql", "frame", "scalar", "Attrition
            "drop_small_centers", "center_metadata", "finish"]
 
 COMORBIDITY_SOURCES = ("same-admission", "earlier-admissions")
-SOURCES = ("mimic", "eicu")
+SOURCES = ("mimic", "eicu", "meds")
 
 
 @dataclass
@@ -141,6 +141,8 @@ class EtlOptions:
                     "dirichlet": ("--n-centers", "--alpha"), "iid": ("--n-centers",)}[self.partition]
             unused = [k for k, v in changed.items() if v and k not in uses + ("--partition", "--care-units")]
             why = f"--partition {self.partition}"
+        if source == "meds" and self.partition == "careunit-era":
+            unused, why = ["--partition careunit-era"], "--source meds (MEDS does not carry anchor_year_group)"
         if unused:
             raise InputError(f"{unused[0]} does not apply to {why}; leave it out")
 

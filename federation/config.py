@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from etl.errors import InputError
 from federation.checks import count_non_finite
@@ -63,6 +63,58 @@ class EarlyStoppingConfig(_Strict):
     max_rounds: int = Field(100, ge=1)
 
 
+PREPROCESSING_MODES: tuple[str, ...] = ("auto", "per-center", "federated", "shrinkage", "pooled")
+"""Numeric feature encodings of :class:`DataConfig` (see federation/data.py)."""
+
+
+class DataConfig(_Strict):
+    """Numeric feature encoding (imputation value, mean, std) of the runtime (federation/data.py).
+
+    ``preprocessing``:
+
+    * ``per-center``: each center's own train-split median / mean / std (ABPS paper Sec. 6.1);
+    * ``federated``: one federation-wide median / mean / std merged from per-center aggregates a
+      real federation can share (row and value counts, sums, sums of squares, a fixed-range
+      histogram as the mergeable quantile sketch); the bytes go into the ledger as metadata;
+    * ``shrinkage``: per center and feature, ``lambda = n / (n + shrinkage_rows)`` of the center's
+      own statistic plus ``1 - lambda`` of the federation's (same aggregates as ``federated``);
+    * ``pooled``: exact statistics of the pooled train split (the Centralized reference only);
+    * ``auto`` (default): ``per-center`` when the median center has at least
+      ``min_center_rows`` train rows, else ``federated`` (docs/decisions.md).
+
+    ``small_center``: what a ``per-center`` encoding does when a center has fewer than
+    ``min_center_rows`` train rows: ``warn`` (a UserWarning naming how many) or ``refuse``
+    (an InputError).
+    """
+
+    preprocessing: Literal["auto", "per-center", "federated", "shrinkage", "pooled"] = "auto"
+    min_center_rows: int = Field(30, ge=1)
+    shrinkage_rows: float = Field(50.0, gt=0.0)
+    histogram_bins: int = Field(256, ge=8, le=65536)
+    small_center: Literal["warn", "refuse"] = "warn"
+
+
+class LabelFlipDrift(BaseModel):
+    """The ``drift:`` block of a run config: chosen centers flip their labels from a round on
+    (semantics in :mod:`federation.drift_scenario`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    round: int = Field(..., ge=1)
+    centers: tuple[str, ...] = ()
+    count: int = Field(0, ge=0)
+    splits: tuple[str, ...] = ("train", "val")
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> "LabelFlipDrift":
+        if bool(self.centers) == bool(self.count):
+            raise ValueError("drift: give exactly one of `centers` (center_ids) or `count` (> 0)")
+        bad = sorted(set(self.splits) - {"train", "val", "test"})
+        if bad or not self.splits:
+            raise ValueError(f"drift.splits: expected some of train, val, test, got {list(self.splits)}")
+        return self
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -74,6 +126,8 @@ class RunConfig(_Strict):
     early_stopping: EarlyStoppingConfig = EarlyStoppingConfig()
     params: dict[str, Any] = Field(default_factory=dict, description="method-specific, validated by the method")
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
+    data: DataConfig = DataConfig()
+    drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
 
     @field_validator("method")
     @classmethod

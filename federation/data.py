@@ -3,24 +3,38 @@
 Reads ``cohort.parquet`` and ``centers.parquet`` (docs/data_dictionary.md) and encodes the
 model features of the contract:
 
-* numeric (age + 21 vitals): missing values imputed with the center's own train-split median,
-  then standardized with the center's own train-split mean and standard deviation
-  (ABPS paper Sec. 6.1: "standardized per center on the local training split to respect
-  federated isolation"); no statistic crosses centers;
+* numeric (age + 21 vitals): missing values imputed with a median, then standardized with a
+  mean and standard deviation, all fitted on train rows only. Whose statistics is set by
+  :class:`federation.config.DataConfig` ``preprocessing`` (:func:`numeric_statistics`):
+
+  - ``per-center``: the center's own train split (ABPS paper Sec. 6.1: "standardized per
+    center on the local training split to respect federated isolation"); no statistic
+    crosses centers;
+  - ``federated``: one federation-wide median / mean / std merged from per-center aggregates
+    (row count, value counts, sums, sums of squares, a fixed-range histogram per feature);
+    no row leaves a center, and the aggregates are charged to the ledger as metadata bytes;
+  - ``shrinkage``: per center, ``lambda = n / (n + shrinkage_rows)`` of its own statistic and
+    ``1 - lambda`` of the federation's (same aggregates);
+  - ``pooled``: exact statistics of the union of train rows (the Centralized reference);
+  - ``auto``: ``per-center`` when the median center holds >= ``min_center_rows`` train rows,
+    else ``federated`` (docs/decisions.md, "Numeric encoding of small centers");
+
 * binary (12 Charlson flags): 0/1, null -> 0;
 * categorical (gender, race, admission_type, admission_location, insurance): one-hot over the
   sorted category set of the whole cohort file (a schema fact, not a statistic; null ->
   ``UNKNOWN``).
 
 Rows are padded to the largest center of each split; ``mask`` marks real rows. Padding rows
-are zero and never enter a loss, a batch or a metric.
+are zero and never enter a loss, a batch or a metric. The raw numeric values (NaN = missing)
+are kept so that a run can re-encode with another mode (:meth:`FederatedData.with_preprocessing`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import warnings
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +51,7 @@ from etl.schema import (
     NUMERIC_FEATURES,
     SPLITS,
 )
+from federation.config import DataConfig
 
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
@@ -107,12 +122,16 @@ class SplitTensors:
         y: ``[n_centers, max_rows]`` float32 labels (0/1; 0 on padding).
         mask: ``[n_centers, max_rows]`` bool, True on real rows (real rows come first).
         n: ``[n_centers]`` int64 real rows per center.
+        raw: ``[n_centers, max_rows, k]`` float64 numeric features before encoding (NaN =
+            missing; NaN on padding), k = len(NUMERIC_FEATURES); the first k columns of ``x``
+            are their encoding.
     """
 
     x: torch.Tensor
     y: torch.Tensor
     mask: torch.Tensor
     n: torch.Tensor
+    raw: torch.Tensor | None = None
 
 
 @dataclass
@@ -126,6 +145,10 @@ class FederatedData:
         meta: ``[n, 15]`` float32 metadata vectors v_i (ABPS Sec. 4.1; META_COLUMNS order).
         meta_base: ``[n, 3]`` float32 base vector (pos rate, ln n_train, year/2030).
         care_units: care unit per center.
+        data_config: the DataConfig the encoding was built with.
+        preprocessing: the numeric encoding in use (a resolved DataConfig mode, never ``auto``).
+        encoding_bytes: bytes a real federation exchanges to fit that encoding (0 for
+            ``per-center`` and ``pooled``); the runner charges them to round 1's metadata.
         groups: ``{split: [n, max_rows, 3]}`` int64 subgroup codes per row (sex, age band, race
             group; :func:`federation.evaluation.group_codes`), -1 on unknown values and padding;
             empty when the frames lack gender / age / race. Never a model feature: only the
@@ -141,6 +164,9 @@ class FederatedData:
     meta: torch.Tensor
     meta_base: torch.Tensor
     care_units: list[str] = field(default_factory=list)
+    preprocessing: str = "per-center"
+    encoding_bytes: int = 0
+    data_config: DataConfig | None = field(default=None, repr=False)
     dropped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -162,15 +188,17 @@ class FederatedData:
     def pooled(self) -> "FederatedData":
         """The union of all centers' rows as one center (for the Centralized reference).
 
-        Each center's rows keep the encoding fitted on its own train split, so the
-        pooled model sees exactly the features the federated models see.
+        Rows keep this object's encoding; the runner first re-encodes with ``pooled``
+        statistics for the Centralized reference (:meth:`with_preprocessing`), so the pooled
+        model sees one encoding fitted on the pooled train split.
         """
         out: dict[str, SplitTensors] = {}
         for name, s in self.splits.items():
             x = s.x[s.mask].unsqueeze(0)
             y = s.y[s.mask].unsqueeze(0)
+            raw = s.raw[s.mask].unsqueeze(0) if s.raw is not None else None
             m = torch.ones(y.shape, dtype=torch.bool)
-            out[name] = SplitTensors(x, y, m, torch.tensor([y.shape[1]], dtype=torch.int64))
+            out[name] = SplitTensors(x, y, m, torch.tensor([y.shape[1]], dtype=torch.int64), raw)
         w = self.n_train.double() / self.n_train.sum()
         return FederatedData(
             center_ids=["pooled"],
@@ -179,19 +207,46 @@ class FederatedData:
             meta=(w.unsqueeze(1) * self.meta.double()).sum(0, keepdim=True).float(),
             meta_base=(w.unsqueeze(1) * self.meta_base.double()).sum(0, keepdim=True).float(),
             care_units=["pooled"],
+            preprocessing=self.preprocessing,
         )
 
+    def with_preprocessing(self, cfg: DataConfig) -> "FederatedData":
+        """This federation with its numeric columns re-encoded by ``cfg`` (self when the
+        resolved mode and its knobs give the same encoding as the current one).
+
+        Raises:
+            InputError: raw values were not kept (built by hand), or a ``per-center`` encoding
+                meets a small center with ``small_center: refuse``.
+        """
+        if self.data_config == cfg:
+            return self
+        tr = self.splits["train"]
+        mode = resolve_preprocessing(cfg, tr.n)
+        if any(s.raw is None for s in self.splits.values()):
+            raise InputError("re-encoding needs the raw numeric values (build with FederatedData.from_cohort)")
+        med, mu, sd, nbytes = numeric_statistics(tr.raw, tr.mask, cfg, mode)
+        k = len(NUMERIC_FEATURES)
+        splits = {}
+        for name, s in self.splits.items():
+            x = s.x.clone()
+            x[:, :, :k] = encode_numeric(s.raw, s.mask, med, mu, sd)
+            splits[name] = replace(s, x=x)
+        return replace(self, splits=splits, preprocessing=mode, encoding_bytes=nbytes, data_config=cfg)
+
     @classmethod
-    def from_cohort(cls, cohort_dir: str | Path, min_train: int = 1) -> "FederatedData":
+    def from_cohort(cls, cohort_dir: str | Path, min_train: int = 1,
+                    preprocessing: DataConfig | None = None) -> "FederatedData":
         """Read a cohort directory and build the stacked tensors.
 
         Args:
             cohort_dir: directory holding ``cohort.parquet`` and ``centers.parquet``.
             min_train: centers with fewer train rows are dropped (>= 1 always).
+            preprocessing: the numeric encoding (default ``DataConfig()``: ``auto``).
 
         Raises:
             InputError: a file or a required column is missing, a split value is unknown,
-                or no center is left.
+                no center is left, or a ``per-center`` encoding meets a center smaller than
+                ``min_center_rows`` with ``small_center: refuse``.
         """
         cohort_dir = Path(cohort_dir)
         paths = {name: cohort_dir / f"{name}.parquet" for name in ("cohort", "centers")}
@@ -212,11 +267,13 @@ class FederatedData:
             if col not in centers.columns:
                 raise InputError(f"{paths['centers']}: missing column {col!r}")
         _check_types(cohort, centers, paths["cohort"], paths["centers"])
-        return cls.from_frames(cohort.select(_REQUIRED_COHORT), centers, min_train, source=str(paths["cohort"]))
+        return cls.from_frames(cohort.select(_REQUIRED_COHORT), centers, min_train, source=str(paths["cohort"]),
+                               preprocessing=preprocessing)
 
     @classmethod
     def from_frames(
-        cls, cohort: pl.DataFrame, centers: pl.DataFrame, min_train: int = 1, source: str = "cohort"
+        cls, cohort: pl.DataFrame, centers: pl.DataFrame, min_train: int = 1, source: str = "cohort",
+        preprocessing: DataConfig | None = None,
     ) -> "FederatedData":
         """Build from in-memory frames with the contract's columns (see :meth:`from_cohort`)."""
         bad = set(cohort["split"].unique().to_list()) - set(SPLITS)
@@ -245,35 +302,15 @@ class FederatedData:
                 cat_exprs.append((filled == v).cast(pl.Float32).alias(f"{col}={v}"))
                 cat_names.append(f"{col}={v}")
 
-        # per-center train statistics (median for imputation, then mean / std)
         num = list(NUMERIC_FEATURES)
-        train = cohort.filter(pl.col("split") == "train")
-        med = train.group_by("_c").agg([pl.col(c).cast(pl.Float64).median().alias(c) for c in num])
-        imputed_train = train.select(
-            "_c", *[pl.col(c).cast(pl.Float64) for c in num]
-        ).join(med, on="_c", suffix="_med").select(
-            "_c", *[pl.col(c).fill_null(pl.col(f"{c}_med")).alias(c) for c in num]
-        )
-        mu = imputed_train.group_by("_c").agg([pl.col(c).mean() for c in num])
-        sd = imputed_train.group_by("_c").agg([pl.col(c).std(ddof=0) for c in num])
         n = len(center_ids)
-        stat = {}
-        for name, frame in (("med", med), ("mu", mu), ("sd", sd)):
-            arr = np.full((n, len(num)), np.nan)
-            arr[frame["_c"].to_numpy()] = frame.select(num).to_numpy()
-            stat[name] = arr
-        stat["med"] = np.nan_to_num(stat["med"], nan=0.0)  # column never charted in this center's train
-        stat["mu"] = np.nan_to_num(stat["mu"], nan=0.0)
-        sd_arr = np.nan_to_num(stat["sd"], nan=1.0)
-        stat["sd"] = np.where(sd_arr > 0, sd_arr, 1.0)
-
         c_all = cohort["_c"].to_numpy()
         xn = cohort.select([pl.col(c).cast(pl.Float64) for c in num]).to_numpy()
-        xn = np.where(np.isnan(xn), stat["med"][c_all], xn)
-        xn = (xn - stat["mu"][c_all]) / stat["sd"][c_all]
         xb = cohort.select([pl.col(c).cast(pl.Float64).fill_null(0.0) for c in BINARY_FEATURES]).to_numpy()
         xc = cohort.select(cat_exprs).to_numpy() if cat_exprs else np.zeros((cohort.height, 0))
-        x_all = torch.from_numpy(np.concatenate([xn, xb, xc], axis=1).astype(np.float32))
+        # numeric columns stay raw (NaN) here and are encoded below, once the train split is stacked
+        x_all = torch.from_numpy(np.concatenate([np.zeros_like(xn), xb, xc], axis=1).astype(np.float32))
+        raw_all = torch.from_numpy(xn)
         y_all = torch.from_numpy(cohort["label"].cast(pl.Float32).to_numpy().copy())
         split_all = cohort["split"].to_numpy()
         c_t = torch.from_numpy(np.array(c_all, dtype=np.int64))
@@ -293,18 +330,26 @@ class FederatedData:
             m = int(counts.max()) if len(rows) else 0
             x = torch.zeros(n, m, x_all.shape[1])
             y = torch.zeros(n, m)
+            raw = torch.full((n, m, len(num)), float("nan"), dtype=torch.float64)
             mask = torch.zeros(n, m, dtype=torch.bool)
             src = rows[order]
             x[cs_sorted, pos] = x_all[src]
             y[cs_sorted, pos] = y_all[src]
+            raw[cs_sorted, pos] = raw_all[src]
             mask[cs_sorted, pos] = True
-            splits[s] = SplitTensors(x, y, mask, counts)
+            splits[s] = SplitTensors(x, y, mask, counts, raw)
             if g_all is not None:
                 groups[s] = torch.full((n, m, g_all.shape[1]), -1, dtype=torch.int64)
                 groups[s][cs_sorted, pos] = g_all[src]
 
         meta = torch.tensor(centers.select(list(META_COLUMNS)).fill_null(0.0).to_numpy(), dtype=torch.float32)
         care = centers["care_unit"].to_list() if "care_unit" in centers.columns else ["" for _ in center_ids]
+        cfg = preprocessing if preprocessing is not None else DataConfig()
+        tr = splits["train"]
+        mode = resolve_preprocessing(cfg, tr.n)
+        med, mu, sd, nbytes = numeric_statistics(tr.raw, tr.mask, cfg, mode)
+        for st in splits.values():
+            st.x[:, :, : len(num)] = encode_numeric(st.raw, st.mask, med, mu, sd)
         return cls(
             center_ids=center_ids,
             feature_names=[*NUMERIC_FEATURES, *BINARY_FEATURES, *cat_names],
@@ -312,9 +357,182 @@ class FederatedData:
             meta=meta,
             meta_base=meta[:, : len(META_BASE_COLUMNS)].clone(),
             care_units=care,
+            preprocessing=mode,
+            encoding_bytes=nbytes,
+            data_config=cfg,
             dropped=dropped,
             groups=groups,
         )
 
 
-__all__ = ["FederatedData", "SplitTensors"]
+
+
+#: Public value range per numeric feature for the federated histogram (the mergeable quantile
+#: sketch): the ETL's valid ranges (etl/mimic.py VITAL_ITEMS, mimic-code's vitalsign concept;
+#: temperature in Celsius) and the contract's age bounds. Schema facts, not statistics: every
+#: center bins on the same edges, so histograms add. Values outside are counted in the edge bins.
+HISTOGRAM_RANGES: dict[str, tuple[float, float]] = {
+    "age": (0.0, 120.0), "heart_rate": (0.0, 300.0), "sbp": (0.0, 400.0), "dbp": (0.0, 300.0),
+    "mbp": (0.0, 300.0), "resp_rate": (0.0, 70.0), "spo2": (0.0, 100.0), "temperature": (10.0, 50.0),
+}
+
+
+def _ranges() -> np.ndarray:
+    """``[k, 2]`` histogram (low, high) per NUMERIC_FEATURES column."""
+    return np.array([HISTOGRAM_RANGES[c if c in HISTOGRAM_RANGES else c.rsplit("_", 1)[0]]
+                     for c in NUMERIC_FEATURES], dtype=np.float64)
+
+
+def resolve_preprocessing(cfg: DataConfig, n_train: torch.Tensor) -> str:
+    """The concrete mode of ``cfg.preprocessing`` for centers with ``n_train`` ``[n]`` train rows.
+
+    ``auto`` -> ``per-center`` when the median center has >= ``cfg.min_center_rows`` train rows,
+    else ``federated``. For ``per-center`` (asked for or resolved), centers below
+    ``min_center_rows`` give a UserWarning (``small_center: warn``) or an InputError
+    (``refuse``): their own median / mean / std rest on too few rows.
+    """
+    mode = cfg.preprocessing
+    if mode == "auto":
+        mode = "per-center" if float(n_train.double().median()) >= cfg.min_center_rows else "federated"
+    if mode == "per-center":
+        small = int((n_train < cfg.min_center_rows).sum())
+        if small:
+            msg = (f"per-center preprocessing: {small} of {n_train.numel()} centers have fewer than "
+                   f"{cfg.min_center_rows} train rows for their own median / mean / std "
+                   f"(consider data.preprocessing: federated or shrinkage)")
+            if cfg.small_center == "refuse":
+                raise InputError(msg)
+            warnings.warn(msg, UserWarning, stacklevel=3)
+    return mode
+
+
+def federation_aggregates(raw: torch.Tensor, mask: torch.Tensor, bins: int) -> dict[str, np.ndarray]:
+    """What each center can share about its train split's numeric features: no row, only sums.
+
+    Args:
+        raw: ``[n, m, k]`` float64 raw values (NaN = missing or padding).
+        mask: ``[n, m]`` bool real rows.
+        bins: histogram bins per feature on the fixed :data:`HISTOGRAM_RANGES` edges.
+
+    Returns:
+        ``rows [n]``, ``count [n, k]`` observed values, ``sum [n, k]``, ``sumsq [n, k]``,
+        ``hist [n, k, bins]`` counts.
+    """
+    x = raw.numpy()
+    obs = ~np.isnan(x) & mask.numpy()[:, :, None]
+    xz = np.where(obs, x, 0.0)
+    rng = _ranges()
+    width = (rng[:, 1] - rng[:, 0]) / bins
+    b = np.clip(np.floor((xz - rng[:, 0]) / width), 0, bins - 1).astype(np.int64)  # [n, m, k]
+    n, m, k = x.shape
+    hist = np.zeros((n, k, bins))
+    ci = np.broadcast_to(np.arange(n)[:, None, None], b.shape)
+    fi = np.broadcast_to(np.arange(k)[None, None, :], b.shape)
+    np.add.at(hist, (ci[obs], fi[obs], b[obs]), 1.0)
+    return {"rows": mask.sum(1).numpy().astype(np.float64), "count": obs.sum(1).astype(np.float64),
+            "sum": xz.sum(1), "sumsq": (xz * xz).sum(1), "hist": hist}
+
+
+def histogram_median(hist: np.ndarray, bins: int) -> np.ndarray:
+    """Median per feature of merged histograms ``[k, bins]`` on :data:`HISTOGRAM_RANGES` edges,
+    linear inside the bin that holds half the mass (error below one bin width); NaN for a
+    feature with no value. Returns ``[k]``."""
+    rng = _ranges()
+    width = (rng[:, 1] - rng[:, 0]) / bins
+    total = hist.sum(1)
+    cum = np.cumsum(hist, 1)
+    half = total / 2
+    j = np.minimum((cum < half[:, None]).sum(1), bins - 1)  # first bin with cum >= half
+    before = np.take_along_axis(cum, j[:, None], 1)[:, 0] - np.take_along_axis(hist, j[:, None], 1)[:, 0]
+    inbin = np.take_along_axis(hist, j[:, None], 1)[:, 0]
+    frac = np.where(inbin > 0, (half - before) / np.where(inbin > 0, inbin, 1.0), 0.5)
+    med = rng[:, 0] + (j + frac) * width
+    return np.where(total > 0, med, np.nan)
+
+
+def _imputed_moments(rows, count, s1, s2, fill):
+    """Mean and population std of values imputed with ``fill`` from the aggregates (rows
+    broadcastable to count / sum / sumsq): ``mean = (sum + (rows - count) fill) / rows``."""
+    miss = rows - count
+    r = np.maximum(rows, 1.0)
+    mean = (s1 + miss * fill) / r
+    var = (s2 + miss * fill * fill) / r - mean * mean
+    return mean, np.sqrt(np.maximum(var, 0.0))
+
+
+def numeric_statistics(raw: torch.Tensor, mask: torch.Tensor, cfg: DataConfig, mode: str
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Imputation value, mean and std per center and numeric feature, fitted on the train split.
+
+    Args:
+        raw: ``[n, m, k]`` float64 train-split raw values (NaN = missing or padding).
+        mask: ``[n, m]`` bool real train rows.
+        cfg: bins and shrinkage strength.
+        mode: ``per-center`` | ``federated`` | ``shrinkage`` | ``pooled`` (resolved).
+
+    Returns:
+        ``(median, mean, std)`` each ``[n, k]`` float64 (a feature never observed gets median
+        and mean 0, a constant one std 1), and the bytes a federation exchanges to fit them:
+        for ``federated`` / ``shrinkage``, per center an upload of 8-byte row count, value
+        counts, sums and sums of squares and 4-byte histogram counts, and a download of the
+        federation's three 8-byte statistics per feature; 0 for ``per-center`` and ``pooled``.
+    """
+    n, m, k = raw.shape
+    x = raw.numpy().copy()
+    x[~mask.numpy()] = np.nan
+    with warnings.catch_warnings():  # a center or feature without any value: NaN, fixed below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        own_med = np.nanmedian(x, axis=1) if m else np.full((n, k), np.nan)  # [n, k]
+    rows = mask.sum(1).numpy().astype(np.float64)
+    nbytes = 0
+    if mode == "pooled":
+        flat = x.reshape(n * m, k)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            g_med = np.nan_to_num(np.nanmedian(flat, axis=0) if flat.size else np.full(k, np.nan))
+        filled = np.where(np.isnan(flat), g_med, flat)[mask.numpy().reshape(-1)]
+        med = np.broadcast_to(g_med, (n, k))
+        mu = np.broadcast_to(filled.mean(0) if len(filled) else np.zeros(k), (n, k))
+        sd = np.broadcast_to(filled.std(0) if len(filled) else np.ones(k), (n, k))
+    elif mode == "per-center":
+        med = np.nan_to_num(own_med)
+        filled = np.where(np.isnan(x), med[:, None, :], x)
+        r = np.maximum(rows, 1.0)[:, None]
+        mu = np.where(mask.numpy()[:, :, None], filled, 0.0).sum(1) / r
+        sd = np.sqrt(np.where(mask.numpy()[:, :, None], (filled - mu[:, None, :]) ** 2, 0.0).sum(1) / r)
+    elif mode in ("federated", "shrinkage"):
+        agg = federation_aggregates(raw, mask, cfg.histogram_bins)
+        g_med = np.nan_to_num(histogram_median(agg["hist"].sum(0), cfg.histogram_bins))  # [k]
+        g_mu, g_sd = _imputed_moments(agg["rows"].sum(), agg["count"].sum(0), agg["sum"].sum(0),
+                                      agg["sumsq"].sum(0), g_med)
+        nbytes = n * (8 * (1 + 3 * k) + 4 * k * cfg.histogram_bins) + n * 8 * 3 * k
+        if mode == "federated":
+            med = np.broadcast_to(g_med, (n, k))
+            mu, sd = np.broadcast_to(g_mu, (n, k)), np.broadcast_to(g_sd, (n, k))
+        else:
+            lam_v = agg["count"] / (agg["count"] + cfg.shrinkage_rows)  # [n, k] per observed value
+            med = lam_v * np.nan_to_num(own_med) + (1 - lam_v) * g_med
+            c_mu, c_sd = _imputed_moments(agg["rows"][:, None], agg["count"], agg["sum"], agg["sumsq"], med)
+            lam = (rows / (rows + cfg.shrinkage_rows))[:, None]  # [n, 1] per row
+            mu = lam * c_mu + (1 - lam) * g_mu
+            sd = np.sqrt(lam * c_sd ** 2 + (1 - lam) * g_sd ** 2)
+    else:
+        raise ValueError(f"unknown preprocessing mode {mode!r}")
+    sd = np.where(np.nan_to_num(sd, nan=0.0) > 0, sd, 1.0)
+    return np.asarray(med, dtype=np.float64), np.nan_to_num(np.asarray(mu, dtype=np.float64)), \
+        np.asarray(sd, dtype=np.float64), int(nbytes)
+
+
+def encode_numeric(raw: torch.Tensor, mask: torch.Tensor, med: np.ndarray, mu: np.ndarray, sd: np.ndarray
+                   ) -> torch.Tensor:
+    """``[n, m, k]`` float32 encoded numeric features ``(fill(raw, med) - mu) / sd`` per center
+    (statistics ``[n, k]``); 0 on padding rows."""
+    x = raw.numpy()
+    x = np.where(np.isnan(x), med[:, None, :], x)
+    x = (x - mu[:, None, :]) / sd[:, None, :]
+    x = np.where(mask.numpy()[:, :, None], x, 0.0)
+    return torch.from_numpy(x.astype(np.float32))
+
+
+__all__ = ["FederatedData", "SplitTensors", "encode_numeric", "federation_aggregates", "histogram_median",
+           "numeric_statistics", "resolve_preprocessing"]

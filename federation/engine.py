@@ -36,7 +36,7 @@ from federation.config import EngineConfig
 from federation.data import FederatedData
 
 PARAM_NAMES: tuple[str, ...] = ("w1", "b1", "w2", "b2", "w3", "b3")
-Params = dict[str, torch.Tensor]
+StackedParams = dict[str, torch.Tensor]
 
 _M32 = 0xFFFFFFFF
 
@@ -171,10 +171,10 @@ class Batch:
     step: int
 
 
-LocalLoss = Callable[[Params, Batch], torch.Tensor]
+LocalLoss = Callable[[StackedParams, Batch], torch.Tensor]
 
 
-def init_params(d: int, hidden: tuple[int, int], n: int, seed: int) -> Params:
+def init_params(d: int, hidden: tuple[int, int], n: int, seed: int) -> StackedParams:
     """Stacked parameters, every center starting from the same draw.
 
     Same scheme as ``torch.nn.Linear``'s default: weight and bias ~ U(-1/sqrt(fan_in),
@@ -183,7 +183,7 @@ def init_params(d: int, hidden: tuple[int, int], n: int, seed: int) -> Params:
     """
     g = torch.Generator().manual_seed(mix_seed(seed, 0x1717))
     dims = [d, hidden[0], hidden[1], 1]
-    out: Params = {}
+    out: StackedParams = {}
     for k in range(3):
         bound = 1.0 / math.sqrt(dims[k])
         w = (torch.rand(dims[k], dims[k + 1], generator=g) * 2 - 1) * bound
@@ -199,7 +199,7 @@ def n_params(d: int, hidden: tuple[int, int]) -> dict[str, int]:
     return {"w1": d * h1, "b1": h1, "w2": h1 * h2, "b2": h2, "w3": h2, "b3": 1}
 
 
-def forward(params: Params, x: torch.Tensor, drop: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(params: StackedParams, x: torch.Tensor, drop: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MLP forward for stacked centers.
 
     Args:
@@ -227,12 +227,12 @@ def forward(params: Params, x: torch.Tensor, drop: torch.Tensor | None = None) -
 class AdamState:
     """Per-center Adam state: first/second moments per parameter and step count ``t [n]``."""
 
-    m: Params
-    v: Params
+    m: StackedParams
+    v: StackedParams
     t: torch.Tensor
 
     @classmethod
-    def zeros_like(cls, params: Params) -> "AdamState":
+    def zeros_like(cls, params: StackedParams) -> "AdamState":
         """Fresh state (t = 0) for stacked ``params``."""
         n = next(iter(params.values())).shape[0]
         return cls(
@@ -267,7 +267,7 @@ class StackedEngine:
         """Number of centers."""
         return self.data.n_centers
 
-    def init_params(self) -> Params:
+    def init_params(self) -> StackedParams:
         """Initial stacked parameters (same draw for every center; see :func:`init_params`)."""
         return init_params(self.data.d, self.hidden, self.n, self.seed)
 
@@ -283,7 +283,7 @@ class StackedEngine:
             self._sorted = (order, tr.x[order], tr.y[order], n_sorted)
         return self._sorted
 
-    def adam_step(self, params: Params, grads: Params, state: AdamState, a: int, start: int = 0) -> None:
+    def adam_step(self, params: StackedParams, grads: StackedParams, state: AdamState, a: int, start: int = 0) -> None:
         """In-place Adam update (``torch.optim.Adam`` formulas, L2 weight decay added to the
         gradient, per-center bias correction from each center's own step count) of centers
         ``start .. a-1`` of ``params`` / ``state`` (``grads`` hold exactly those rows); the
@@ -329,8 +329,8 @@ class StackedEngine:
         return segs
 
     def train_round(
-        self, params: Params, state: AdamState, round_idx: int, local_loss: LocalLoss | None = None
-    ) -> Params:
+        self, params: StackedParams, state: AdamState, round_idx: int, local_loss: LocalLoss | None = None
+    ) -> StackedParams:
         """Run ``local_epochs`` epochs of every center's local training (in place).
 
         Internally the centers are ordered by train size (largest first), so the centers that
@@ -404,8 +404,8 @@ class StackedEngine:
             self._identity = bool(torch.equal(order, torch.arange(order.numel())))
         return self._identity
 
-    def _grads(self, p: Params, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None, real: torch.Tensor,
-               keep: tuple[torch.Tensor, torch.Tensor] | None, scale: float) -> Params:
+    def _grads(self, p: StackedParams, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None, real: torch.Tensor,
+               keep: tuple[torch.Tensor, torch.Tensor] | None, scale: float) -> StackedParams:
         """Gradients of the summed per-center mean BCE of one segment, by hand (no autograd).
 
         Same values as :meth:`_grads_autograd` without a local loss, in fewer passes over the
@@ -446,9 +446,9 @@ class StackedEngine:
             "w3": torch.bmm(h2.transpose(1, 2), dl.unsqueeze(-1)).mul_(s), "b3": dl.sum(1, keepdim=True),
         }
 
-    def _grads_autograd(self, p: Params, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,
+    def _grads_autograd(self, p: StackedParams, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,
                         real: torch.Tensor, keep: tuple[torch.Tensor, torch.Tensor] | None, scale: float,
-                        local_loss: LocalLoss | None = None, batch: Batch | None = None) -> Params:
+                        local_loss: LocalLoss | None = None, batch: Batch | None = None) -> StackedParams:
         """Gradients of one segment by autograd: the summed per-center mean BCE plus, when
         given, ``local_loss(params, batch)`` (``batch.logits`` / ``batch.rep`` are filled in
         here). Arguments as :meth:`_grads`."""
@@ -466,8 +466,8 @@ class StackedEngine:
         return dict(zip(PARAM_NAMES, grads))
 
     @staticmethod
-    def scatter_back(params: Params, state: AdamState, ps: Params, st: AdamState, order: torch.Tensor,
-                     keys: tuple[str, ...]) -> Params:
+    def scatter_back(params: StackedParams, state: AdamState, ps: StackedParams, st: AdamState, order: torch.Tensor,
+                     keys: tuple[str, ...]) -> StackedParams:
         """Write size-sorted copies (``ps``, ``st``; row r is center ``order[r]``) back into
         ``params`` / ``state`` in center order, in place; returns ``params``."""
         for k in keys:
@@ -479,7 +479,7 @@ class StackedEngine:
 
     @torch.no_grad()
     def predict(
-        self, params: Params, split: str, centers: torch.Tensor | None = None, chunk: int = 32
+        self, params: StackedParams, split: str, centers: torch.Tensor | None = None, chunk: int = 32
     ) -> torch.Tensor:
         """Eval-mode logits ``[m, rows]`` of ``params`` (leading axis m) on ``split`` of
         ``centers`` (``[m]`` center indices; default all centers, m = n).

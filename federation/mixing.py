@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from federation.engine import PARAM_NAMES, Params
+from federation.engine import PARAM_NAMES, StackedParams
 
 _HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
 
@@ -126,12 +126,12 @@ def mix(w: torch.Tensor, theta: torch.Tensor, bf16: bool, own: torch.Tensor | No
     return out
 
 
-def mix_params(w: torch.Tensor, params: Params, keys: tuple[str, ...], bf16: bool) -> Params:
+def mix_params(w: torch.Tensor, params: StackedParams, keys: tuple[str, ...], bf16: bool) -> StackedParams:
     """Mix the ``keys`` of stacked ``params`` with ``w [n, n]``; returns the new block only."""
     return {k: mix(w, params[k], bf16) for k in keys}
 
 
-def apply_momentum(prev: Params, mixed: Params, state: Params | None, beta: float) -> tuple[Params, Params]:
+def apply_momentum(prev: StackedParams, mixed: StackedParams, state: StackedParams | None, beta: float) -> tuple[StackedParams, StackedParams]:
     """Server-side EMA momentum on the exchanged block (FedAvgM, Hsu et al. 2019, Alg. 1).
 
     With ``d_i = mixed_i - prev_i`` (``prev_i`` = center i's block at the start of the

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from federation.engine import PARAM_NAMES, Params, StackedEngine
+from federation.engine import PARAM_NAMES, StackedParams, StackedEngine
 
 
 class LoopTrainer:
@@ -23,7 +23,7 @@ class LoopTrainer:
         params: stacked initial parameters (copied per center).
     """
 
-    def __init__(self, engine: StackedEngine, params: Params) -> None:
+    def __init__(self, engine: StackedEngine, params: StackedParams) -> None:
         self.engine = engine
         cfg = engine.cfg
         self.models = [
@@ -35,7 +35,7 @@ class LoopTrainer:
             for m in self.models
         ]
 
-    def stacked(self) -> Params:
+    def stacked(self) -> StackedParams:
         """Current parameters stacked along the center axis."""
         return {k: torch.stack([m[k].detach() for m in self.models]) for k in PARAM_NAMES}
 

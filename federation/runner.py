@@ -20,8 +20,9 @@ from etl.io import atomic_write_text
 from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
+from federation.drift_scenario import apply_drift, drifting_copy
+from federation.engine import AdamState, StackedParams, mix_seed, n_params
 from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical
-from federation.engine import AdamState, Params, mix_seed, n_params
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
 from federation.tracking import finite
@@ -52,7 +53,7 @@ class RunResult:
     rel_bandwidth: float
     history: list[dict[str, float]] = field(default_factory=list)
     per_center: dict[str, dict[str, float]] = field(default_factory=dict)
-    params: Params | None = None
+    params: StackedParams | None = None
     artifacts: dict[str, Any] = field(default_factory=dict)
     method_summary: dict[str, Any] = field(default_factory=dict)
     clinical: ClinicalEvaluation | None = None
@@ -60,8 +61,8 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
         method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
-        per-seed isolation figures; ``clinical`` the clinical figures' across-center summary,
-        federation.evaluation)."""
+        per-seed isolation figures and the DP budget spent by its metadata releases; ``clinical`` the
+        clinical figures' across-center summary, federation.evaluation)."""
         skip = ("history", "per_center", "params", "artifacts", "clinical")
         out = {k: v for k, v in asdict(self).items() if k not in skip}
         if self.clinical is not None:
@@ -69,11 +70,11 @@ class RunResult:
         return out
 
 
-def _clone(p: Params) -> Params:
+def _clone(p: StackedParams) -> StackedParams:
     return {k: v.clone() for k, v in p.items()}
 
 
-def _evaluate(method: Method, ctx: Context, params: Params, split: str, round_idx: int,
+def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, round_idx: int,
               where: tuple = (None, None, None)) -> torch.Tensor:
     """``[n]`` per-center AUROC of the method's scores (:meth:`Method.scores`) on ``split``;
     ``where`` = (method, seed, round) for the error raised when a real row's score is not
@@ -100,7 +101,14 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
     """
     cls = get_method(cfg.method)
+    if cfg.data.preprocessing == "pooled" and not cls.pooled:
+        raise InputError(f"{cfg.method}: data.preprocessing 'pooled' fits statistics on the union of all "
+                         f"centers' rows; only the centralized reference may use it")
+    data = data.with_preprocessing(cfg.data)  # the run's numeric encoding (no-op when already in use)
+    if cfg.drift is not None and cls.pooled:
+        raise InputError(f"{cfg.method}: the drift scenario needs per-center labels (not a pooled model)")
     method: Method = cls(cls.Params.model_validate(cfg.params))
+    data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
     ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
@@ -111,7 +119,7 @@ def run_one(
     train_params = train_engine.init_params()
     state = AdamState.zeros_like(train_params)
 
-    def eval_params() -> Params:
+    def eval_params() -> StackedParams:
         if cls.pooled:
             return {k: v.expand(data.n_centers, *v.shape[1:]) for k, v in train_params.items()}
         return train_params
@@ -121,13 +129,14 @@ def run_one(
     local_loss = (lambda p, b: method.local_loss(ctx, p, b)) if cls.has_local_loss() else None
     payload = sum(sizes[k] for k in ex) * cls.payloads_per_link
     bpp = 2 if cfg.exchange.bf16_wire else 4
-    momentum: Params | None = None
+    momentum: StackedParams | None = None
     es = cfg.early_stopping
     best = (-math.inf, -1, None)  # (val mean, round, params)
     history: list[dict[str, float]] = []
     last_val = last_test = None
     rounds_run = 0
     for r in range(cfg.max_rounds):
+        apply_drift(data, cfg.drift, r)
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
@@ -152,8 +161,9 @@ def run_one(
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
             for k, v in mixed.items():
                 train_params[k].copy_(v)
+        meta_bytes = plan.metadata_bytes + (data.encoding_bytes if r == 0 else 0)  # + encoding aggregates
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
-                           payload, bpp, plan.probe_bytes, plan.metadata_bytes)
+                           payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
         for k, v in extras.items():
             check_finite(f"method output {k!r}", v, *where)
@@ -196,8 +206,8 @@ def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]
 
 def finalize_run(
     cfg: RunConfig, data: FederatedData, seed: int, ledger: Ledger, history: list[dict[str, float]],
-    rounds_run: int, best: tuple, params: Params, last_val: torch.Tensor, last_test: torch.Tensor,
-    keep: Callable[[], Params] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
+    rounds_run: int, best: tuple, params: StackedParams, last_val: torch.Tensor, last_test: torch.Tensor,
+    keep: Callable[[], StackedParams] | None = None, artifacts: Callable[[], dict[str, Any]] | None = None,
     method_summary: Callable[[], dict[str, Any]] | None = None,
     clinical: Callable[[int], ClinicalEvaluation] | None = None,
 ) -> RunResult:
@@ -318,7 +328,7 @@ def run_training(
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
-    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train)
+    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None

@@ -86,7 +86,10 @@ def test_abps_avoids_harmful_partners_where_random_does_not():
             auroc[name] += [r["healthy_auroc"] for r in rows[late]]
         assert share["random-partners"] > 0.2
         assert share["abps"] <= 0.5 * share["random-partners"], (seed, share)
-    assert mean_finite(auroc["abps"]) >= mean_finite(auroc["random-partners"])
+    # "not below" up to 0.01: each healthy center tests on about 45 stays, so the standard error of
+    # this mean (4 centers x 3 seeds) is about 0.02; the 40-center study in docs/fidelity.md shows
+    # the gap at a size where it is measurable (0.762 vs 0.735)
+    assert mean_finite(auroc["abps"]) >= mean_finite(auroc["random-partners"]) - 0.01
 
 
 def test_center_with_only_harmful_candidates_rests_by_ucb():

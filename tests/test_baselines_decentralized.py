@@ -245,3 +245,13 @@ def test_cli_train_end_to_end(cohort: Path, tmp_path: Path) -> None:
     assert "graph.json" in names
     graph = json.loads(Path(client.download_artifacts(decefl_run.info.run_id, "graph.json", str(tmp_path))).read_text())
     assert graph["edges"] == N and len(graph["edge_list"]) == N
+
+
+def test_wpfed_refuses_an_undefined_mixing_row() -> None:
+    """similarity_weight = 0 and quality_prior = 0: omega = 0 everywhere and W_ii = 0 in round 1."""
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="0/0 mixing row"):
+        dec.WpfedParams(similarity_weight=0.0, quality_prior=0.0)
+    assert dec.WpfedParams(similarity_weight=0.0, quality_prior=0.1).quality_prior == 0.1
+    assert dec.WpfedParams(similarity_weight=0.2, quality_prior=0.0).similarity_weight == 0.2

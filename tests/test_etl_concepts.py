@@ -27,13 +27,14 @@ def test_every_concept_file_cites_its_source_and_ships():
         "charlson.sql", "mimic/stays.sql", "mimic/vital_rows.sql", "mimic/vitalsign.sql",
         "mimic/first_day_vitalsign.sql", "mimic/diagnoses_same_admission.sql",
         "mimic/diagnoses_earlier_admissions.sql", "eicu/stays.sql", "eicu/first_day_vitals.sql",
-        "eicu/diagnosis_icd.sql", "eicu/comorbidity.sql",
+        "eicu/diagnosis_icd.sql", "eicu/comorbidity.sql", "meds/icustays.sql", "meds/admissions.sql",
+        "meds/patients.sql", "meds/chartevents.sql", "meds/diagnoses_icd.sql",
         "mimic/task_icu_mortality.sql", "mimic/task_los.sql", "eicu/task_icu_mortality.sql", "eicu/task_los.sql"}
     for f in files:
         head = f.read_text().split("\n\n")[0]
         assert head.startswith("-- Concept: ") and "Source: " in head, f
     pyproject = (SQL.parents[1] / "pyproject.toml").read_text()
-    assert '"sql/*.sql", "sql/mimic/*.sql", "sql/eicu/*.sql"' in pyproject
+    assert '"sql/*.sql", "sql/mimic/*.sql", "sql/eicu/*.sql", "sql/meds/*.sql"' in pyproject
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ def test_unknown_task_and_source_without_it_are_refused(mimic_demo_dir, tmp_path
     with pytest.raises(InputError, match="unknown --task 'los-5'"):
         run_etl(mimic_demo_dir, tmp_path / "x", EtlOptions(task="los-5"))
     with pytest.raises(InputError, match="--task los-3 is not defined for --source meds"):
-        get_task("los-3", "meds")
+        EtlOptions(task="los-3").validate("meds")
     assert get_task("in-hospital-mortality", "meds") is TASKS["in-hospital-mortality"]
     assert not (tmp_path / "x").exists()
 

@@ -81,3 +81,103 @@ def test_missing_file_and_column_raise_input_error(frames, tmp_path):
     centers.write_parquet(tmp_path / "centers.parquet")
     with pytest.raises(InputError, match="spo2_max"):
         FederatedData.from_cohort(tmp_path)
+
+
+# ---- numeric encoding modes (issue 21) ------------------------------------------------------
+
+from federation.config import DataConfig  # noqa: E402
+from federation.data import HISTOGRAM_RANGES, histogram_median, numeric_statistics  # noqa: E402
+
+
+def _train_raw(fd):
+    tr = fd.splits["train"]
+    flat = tr.raw[tr.mask].numpy()  # [N, k] pooled train rows
+    return tr, flat
+
+
+def test_federated_statistics_come_from_mergeable_aggregates(frames, recwarn):
+    cohort, centers = frames
+    fd = FederatedData.from_frames(cohort, centers, preprocessing=DataConfig(preprocessing="federated"))
+    assert fd.preprocessing == "federated"
+    tr, flat = _train_raw(fd)
+    k = len(NUMERIC_FEATURES)
+    bins = DataConfig().histogram_bins
+    med, mu, sd, nbytes = numeric_statistics(tr.raw, tr.mask, DataConfig(), "federated")
+    exact = np.nanmedian(flat, 0)
+    width = np.array([(HISTOGRAM_RANGES[c.rsplit("_", 1)[0] if c != "age" else c][1]
+                       - HISTOGRAM_RANGES[c.rsplit("_", 1)[0] if c != "age" else c][0]) / bins
+                      for c in NUMERIC_FEATURES])
+    # histogram median: within one bin width of the exact pooled median, same for every center
+    assert np.all(np.abs(med[0] - exact) <= width) and np.all(med == med[0])
+    # mean / std from (rows, counts, sums, sums of squares) equal numpy on the imputed pooled rows
+    filled = np.where(np.isnan(flat), med[0], flat)
+    np.testing.assert_allclose(mu[0], filled.mean(0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(sd[0], filled.std(0), rtol=1e-7)
+    # one affine map for everyone: pooled train numeric columns have mean 0, std 1
+    x = tr.x[tr.mask][:, :k].double().numpy()
+    np.testing.assert_allclose(x.mean(0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(x.std(0), 1.0, atol=1e-4)
+    # ledger bytes: per center an upload of 8 * (1 + 3k) + 4 * k * bins, a download of 8 * 3k
+    n = fd.n_centers
+    assert fd.encoding_bytes == nbytes == n * (8 * (1 + 3 * k) + 4 * k * bins) + n * 24 * k
+
+
+def test_histogram_median_by_hand():
+    bins = 10
+    hist = np.zeros((len(NUMERIC_FEATURES), bins))
+    hist[0, 3] = 2.0  # age (0, 120], bin width 12: two values in [36, 48)
+    hist[0, 5] = 2.0  # two values in [60, 72): half the mass (2) is reached at the end of bin 3
+    med = histogram_median(hist, bins)
+    assert med[0] == pytest.approx(48.0)
+    assert np.isnan(med[1])  # a feature without values
+
+
+def test_pooled_and_shrinkage_statistics(frames):
+    cohort, centers = frames
+    fd = FederatedData.from_frames(cohort, centers)
+    tr, flat = _train_raw(fd)
+    med, mu, sd, nbytes = numeric_statistics(tr.raw, tr.mask, DataConfig(), "pooled")
+    g = np.nanmedian(flat, 0)
+    filled = np.where(np.isnan(flat), g, flat)
+    np.testing.assert_allclose(med[2], g)
+    np.testing.assert_allclose(mu[4], filled.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(sd[1], filled.std(0), rtol=1e-12)
+    assert nbytes == 0
+    # shrinkage: lambda = count / (count + s) on the median, rows / (rows + s) on mean / var
+    cfg = DataConfig(preprocessing="shrinkage", shrinkage_rows=40.0)
+    smed, smu, ssd, _ = numeric_statistics(tr.raw, tr.mask, cfg, "shrinkage")
+    fmed, fmu, fsd, _ = numeric_statistics(tr.raw, tr.mask, cfg, "federated")
+    j = NUMERIC_FEATURES.index("heart_rate_mean")
+    own = tr.raw[0][tr.mask[0]][:, j].numpy()
+    cnt = (~np.isnan(own)).sum()
+    lam_v = cnt / (cnt + 40.0)
+    m0 = lam_v * np.nanmedian(own) + (1 - lam_v) * fmed[0, j]
+    assert smed[0, j] == pytest.approx(m0)
+    f0 = np.where(np.isnan(own), m0, own)
+    lam = len(own) / (len(own) + 40.0)
+    assert smu[0, j] == pytest.approx(lam * f0.mean() + (1 - lam) * fmu[0, j])
+    assert ssd[0, j] == pytest.approx(np.sqrt(lam * f0.var() + (1 - lam) * fsd[0, j] ** 2))
+
+
+def test_auto_mode_and_small_center_warning(frames):
+    cohort, centers = frames
+    big = FederatedData.from_frames(cohort, centers, preprocessing=DataConfig(min_center_rows=10))
+    assert big.preprocessing == "per-center" and big.encoding_bytes == 0
+    small = FederatedData.from_frames(cohort, centers, preprocessing=DataConfig(min_center_rows=10_000))
+    assert small.preprocessing == "federated"
+    with pytest.warns(UserWarning, match="6 of 6 centers have fewer than 10000 train rows"):
+        FederatedData.from_frames(cohort, centers, preprocessing=DataConfig(preprocessing="per-center",
+                                                                            min_center_rows=10_000))
+    with pytest.raises(InputError, match="fewer than 10000 train rows"):
+        FederatedData.from_frames(cohort, centers, preprocessing=DataConfig(
+            preprocessing="per-center", min_center_rows=10_000, small_center="refuse"))
+    # re-encoding is the same as building with that mode; the same config is a no-op
+    again = big.with_preprocessing(DataConfig(preprocessing="federated"))
+    direct = FederatedData.from_frames(cohort, centers, preprocessing=DataConfig(preprocessing="federated"))
+    for s in ("train", "val", "test"):
+        assert torch.equal(again.splits[s].x, direct.splits[s].x)
+    assert again.with_preprocessing(DataConfig(preprocessing="federated")) is again
+    assert big.with_preprocessing(DataConfig(min_center_rows=10)) is big
+    # the pooled rows of the Centralized reference carry one encoding: identical raw rows, identical x
+    pooled = big.with_preprocessing(DataConfig(preprocessing="pooled")).pooled()
+    assert pooled.preprocessing == "pooled" and pooled.n_centers == 1

@@ -110,3 +110,99 @@ def test_artifacts_hook(data, monkeypatch):
     sizes = res.artifacts["sizes.json"]
     assert list(sizes) == data.center_ids and sum(sizes.values()) == int(data.n_train.sum())
     assert "artifacts" not in res.summary()
+
+
+# ---- FedDyn against Acar et al. 2021, Algorithm 1 (issue 23) ---------------------------------
+
+def _feddyn_quadratic(aggregation: str, rounds: int = 400):
+    """Run the FedDyn class's hooks on quadratic client losses L_k = a_k/2 ||theta - c_k||^2,
+    solving line 5 exactly: theta_k = (a_k c_k + g_k + alpha theta^{t-1}) / (a_k + alpha)."""
+    from types import SimpleNamespace
+
+    from federation.methods.baselines import FedDyn, FedDynParams
+
+    torch.manual_seed(0)
+    n, d, alpha = 5, 3, 0.5
+    a = torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0], dtype=torch.float64).unsqueeze(1)
+    c = torch.randn(n, d, dtype=torch.float64) * 3
+    ctx = SimpleNamespace(n=n, exchanged=("w",), n_train=torch.tensor([10, 20, 30, 40, 400]),
+                          params={"w": torch.zeros(n, d, dtype=torch.float64)})
+    m = FedDyn(FedDynParams(alpha=alpha, aggregation=aggregation))
+    m.setup(ctx)
+    theta = torch.zeros(n, d, dtype=torch.float64)  # every center holds the server model
+    for r in range(rounds):
+        ctx.round_start = {"w": theta.clone()}
+        # line 5 exactly; the class's local term has gradient -g_k + alpha (theta - theta^{t-1})
+        local = (a * c + m.g["w"] + alpha * theta) / (a + alpha)
+        ctx.pre_exchange = {"w": local.clone()}
+        plan = m.plan_round(ctx, r)
+        mixed = {"w": plan.w.to(local.dtype) @ local}
+        theta = m.after_mix(ctx, r, {"w": theta}, mixed)["w"]
+    return theta, a, c, m
+
+
+def test_feddyn_local_term_gradient_is_algorithm_1_line_5():
+    from types import SimpleNamespace
+
+    from federation.engine import Batch
+    from federation.methods.baselines import FedDyn, FedDynParams
+
+    m = FedDyn(FedDynParams(alpha=0.3))
+    ctx = SimpleNamespace(exchanged=("w",), params={"w": torch.zeros(2, 4)})
+    m.setup(ctx)
+    m.g["w"] = torch.tensor([[1.0, -2.0, 0.5, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    ctx.round_start = {"w": torch.tensor([[0.1, 0.2, 0.3, 0.4], [1.0, 1.0, 1.0, 1.0]])}
+    theta = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 2.0, 0.0, 2.0]], requires_grad=True)
+    batch = Batch(torch.tensor([0, 1]), None, None, None, None, None, 0, 0, 0)
+    loss = m.local_loss(ctx, {"w": theta}, batch)
+    (grad,) = torch.autograd.grad(loss.sum(), [theta])
+    expect = -m.g["w"] + 0.3 * (theta.detach() - ctx.round_start["w"])
+    torch.testing.assert_close(grad, expect)
+
+
+def test_feddyn_reaches_the_global_stationary_point_on_quadratics():
+    """Acar et al. 2021, Sec. 3 / Thm 1: with exact local solutions the server model converges to
+    argmin (1/m) sum_k L_k = sum a_k c_k / sum a_k (uniform), each g_k to grad L_k there, and
+    h / alpha -> 0 at the fixed point mean_k theta_k = theta^{t-1}; averaging the local minimizers
+    (FedAvg with exact local solves) would stop at mean c_k instead."""
+    theta, a, c, m = _feddyn_quadratic("uniform")
+    opt = (a * c).sum(0) / a.sum()
+    torch.testing.assert_close(theta[0], opt, atol=1e-8, rtol=0)
+    assert torch.allclose(theta, theta[0].expand_as(theta))
+    torch.testing.assert_close(m.g["w"], a * (opt - c), atol=1e-8, rtol=0)
+    assert float((c.mean(0) - opt).abs().max()) > 0.5  # the FedAvg point is elsewhere
+    # sample-weighted variant: the stationary point of sum_k (n_k / n) L_k
+    theta_w, a, c, _ = _feddyn_quadratic("weighted")
+    p = torch.tensor([10, 20, 30, 40, 400], dtype=torch.float64).unsqueeze(1) / 500
+    torch.testing.assert_close(theta_w[0], (p * a * c).sum(0) / (p * a).sum(), atol=1e-6, rtol=0)
+
+
+def test_centralized_pools_one_encoding_and_early_stops(data):
+    """Issues 21 / 23: the Centralized reference trains on one encoding fitted on the pooled train
+    split (pooled rows have numeric mean 0 / std 1 as a whole) and early-stops on validation."""
+    from etl.errors import InputError
+    from federation.config import DataConfig
+
+    cls = get_method("centralized")
+    cfg = build_config("centralized", cls.default_config, None, rounds=3)
+    assert cfg.data.preprocessing == "pooled" and cfg.early_stopping.enabled and cfg.max_rounds == 3
+    pooled = data.with_preprocessing(cfg.data).pooled()
+    from etl.schema import NUMERIC_FEATURES
+
+    k = len(NUMERIC_FEATURES)
+    x = pooled.splits["train"].x[0, :, :k].double()
+    torch.testing.assert_close(x.mean(0), torch.zeros(k, dtype=torch.float64), atol=1e-5, rtol=0)
+    # per-center encodings differ from it: the federation's own rows are not what it trains on
+    assert not torch.allclose(data.pooled().splits["train"].x, pooled.splits["train"].x)
+    res = run_one(cfg, data, seed=3)
+    assert res.total_bytes == 0 and res.metadata_bytes == 0 and 1 <= res.best_round <= res.rounds_run <= 3
+    # exact pooled statistics are refused for a federated method
+    bad = build_config("fedavg", {}, {"data": {"preprocessing": "pooled"}}, rounds=1)
+    with pytest.raises(InputError, match="only the centralized reference"):
+        run_one(bad, data, seed=3)
+    # the federated encoding's aggregates are charged once, to round 1's metadata bytes
+    fed = build_config("fedavg", {}, {"data": {"preprocessing": "federated"}}, rounds=2)
+    res = run_one(fed, data, seed=3)
+    nbytes = data.with_preprocessing(DataConfig(preprocessing="federated")).encoding_bytes
+    assert res.metadata_bytes == nbytes > 0
+    assert res.history[0]["cum_metadata_bytes"] == res.history[1]["cum_metadata_bytes"] == nbytes

@@ -74,7 +74,11 @@ def test_train_fedavg_and_abps_diversity_on_the_synthetic_cohort(synth_cohort, t
     assert all(0.0 <= m.value <= 3.0 for m in partners)  # kappa = 3
     # the goal-aware filter ran: each center's 15-dim metadata vector crossed the network once
     n_centers = pl.read_parquet(synth_cohort / "cohort" / "centers.parquet").height
-    assert doc["seeds"]["11"]["metadata_bytes"] == n_centers * 15 * 4
+    # plus, once, the federated encoding's aggregates when the centers are small (data.preprocessing auto)
+    from federation.data import FederatedData
+
+    enc = FederatedData.from_cohort(synth_cohort / "cohort").encoding_bytes
+    assert doc["seeds"]["11"]["metadata_bytes"] == n_centers * 15 * 4 + enc
     # privacy: no identifier values in params or metrics keys
     ids = set(map(str, pl.read_parquet(synth_cohort / "cohort" / "cohort.parquet")["stay_id"].head(200)))
     for r in runs:

@@ -95,8 +95,8 @@ def test_entry_config_file_and_key_order_do_not_change_the_hash(tmp_path):
 def test_sweep_files_load():
     spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
     cells = sw.expand_cells(spec, base, "c")
-    # the paper's 20 rows (with centralized) + the random-partners ablation (issue 12)
-    assert len(cells) == 21 * 5 and len({c.label for c in cells}) == 21
+    # the paper's 20 rows (with centralized) + the random-partners ablation (issue 12) + abps-drift (issue 17)
+    assert len(cells) == 22 * 5 and len({c.label for c in cells}) == 22
     spec, base = sw.load_sweep(CONFIGS / "demo.yaml")
     cells = sw.expand_cells(spec, base, "c")
     assert [c.label for c in cells[::2]] == ["fedavg", "abps", "abps-x", "abps-div"]

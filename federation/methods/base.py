@@ -56,7 +56,7 @@ the user's: e.g. FedAvg-X turns on a 2-layer head, bf16, momentum, early stoppin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +64,7 @@ from pydantic import BaseModel, ConfigDict
 
 from federation.config import RunConfig
 from federation.data import FederatedData
-from federation.engine import PARAM_NAMES, Batch, Params, StackedEngine, forward
+from federation.engine import PARAM_NAMES, Batch, StackedParams, StackedEngine, forward
 from federation.ledger import Ledger
 from federation.metrics import batched_auroc
 from federation.mixing import SPARSE_RATIO, mix, mix_params, sparse_rows, wire
@@ -107,9 +107,9 @@ class Context:
     exchanged: tuple[str, ...]
     head: tuple[str, ...]
     bf16: bool
-    params: Params = field(default_factory=dict)
-    round_start: Params = field(default_factory=dict)
-    pre_exchange: Params = field(default_factory=dict)
+    params: StackedParams = field(default_factory=dict)
+    round_start: StackedParams = field(default_factory=dict)
+    pre_exchange: StackedParams = field(default_factory=dict)
     rng: torch.Generator = field(default_factory=torch.Generator)
 
     @property
@@ -133,7 +133,7 @@ class Context:
         return self.data.n_train
 
     @torch.no_grad()
-    def evaluate(self, split: str = "val", params: Params | None = None) -> torch.Tensor:
+    def evaluate(self, split: str = "val", params: StackedParams | None = None) -> torch.Tensor:
         """``[n]`` float64 per-center AUROC of ``params`` (default: the live ``ctx.params``) on
         each center's own ``split``; NaN for a one-class center."""
         p = params if params is not None else self.params
@@ -142,7 +142,7 @@ class Context:
 
     @torch.no_grad()
     def evaluate_mixtures(
-        self, wc: torch.Tensor, tc: torch.Tensor, split: str = "val", params: Params | None = None,
+        self, wc: torch.Tensor, tc: torch.Tensor, split: str = "val", params: StackedParams | None = None,
         chunk: int = 512,
     ) -> torch.Tensor:
         """AUROC of many candidate mixtures in one batched computation.
@@ -230,7 +230,11 @@ class Context:
         return out
 
 
-class Method:
+#: the type of a method's own parameter model (``Method[FedProxParams]`` types ``self.p``)
+P = TypeVar("P", bound=BaseModel)
+
+
+class Method(Generic[P]):
     """Base class of a federated method (see the module docstring for the protocol)."""
 
     name: ClassVar[str] = "method"
@@ -245,8 +249,8 @@ class Method:
     #: what :meth:`scores` returns: ``"logit"`` or ``"probability"`` (calibration figures, federation/evaluation.py)
     score_kind: ClassVar[str] = "logit"
 
-    def __init__(self, params: BaseModel | None = None) -> None:
-        self.p = params if params is not None else self.Params()
+    def __init__(self, params: P | None = None) -> None:
+        self.p: P = params if params is not None else cast(P, self.Params())
 
     def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> StackedEngine:
         """The stacked trainer of ``data`` (all centers, or the pooled union for a ``pooled``
@@ -256,7 +260,7 @@ class Method:
     def setup(self, ctx: Context) -> None:
         """Called once before round 0."""
 
-    def local_loss(self, ctx: Context, params: Params, batch: Batch) -> torch.Tensor:
+    def local_loss(self, ctx: Context, params: StackedParams, batch: Batch) -> torch.Tensor:
         """Extra per-center loss ``[a]`` for the active centers (override to use)."""
         raise TypeError(f"{self.name} defines no local loss")
 
@@ -264,18 +268,18 @@ class Method:
         """Mixing matrix and ledger edges of this round."""
         raise TypeError(f"{self.name} must define plan_round")
 
-    def aggregate(self, ctx: Context, w: torch.Tensor, params: Params) -> Params:
+    def aggregate(self, ctx: Context, w: torch.Tensor, params: StackedParams) -> StackedParams:
         """The exchanged block after mixing with ``w [n, n]`` (row-stochastic): ``{k: W @
         wire(params[k])}`` for k in ``ctx.exchanged`` (:func:`federation.mixing.mix_params`).
         Returns only the replaced entries; the runner copies them into ``params``."""
         return mix_params(w, params, ctx.exchanged, ctx.bf16)
 
-    def scores(self, ctx: Context, params: Params, split: str, round_idx: int) -> torch.Tensor:
+    def scores(self, ctx: Context, params: StackedParams, split: str, round_idx: int) -> torch.Tensor:
         """``[n, rows]`` per-row scores of every center's ``split`` (any monotone map of the
         predicted risk; AUROC only ranks them). Default: the engine's logits."""
         return ctx.engine.predict(params, split)
 
-    def after_mix(self, ctx: Context, round_idx: int, prev: Params, mixed: Params) -> Params:
+    def after_mix(self, ctx: Context, round_idx: int, prev: StackedParams, mixed: StackedParams) -> StackedParams:
         """Post-process the mixed exchanged block (default: unchanged)."""
         return mixed
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from etl.errors import InputError
 from federation.config import EngineConfig, RunConfig
 from federation.data import FederatedData
-from federation.engine import PARAM_NAMES, AdamState, Params, StackedEngine, forward, init_params, mix_seed
+from federation.engine import PARAM_NAMES, AdamState, StackedParams, StackedEngine, forward, init_params, mix_seed
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.baselines import fedavg_matrix
 from federation.methods.registry import register
@@ -107,18 +107,18 @@ class StackedBayesEngine(StackedEngine):
         self.prior_sigma = float(prior_sigma)
         self.init_sigma = float(init_sigma)
 
-    def init_params(self) -> Params:
+    def init_params(self) -> StackedParams:
         """``mu_<k>`` = the runtime MLP's initial draw, ``rho_<k>`` = softplus^-1(init_sigma)."""
         base = init_params(self.data.d, self.hidden, self.n, self.seed)
         rho0 = float(softplus_inv(torch.tensor(self.init_sigma, dtype=torch.float64)))
-        out: Params = {}
+        out: StackedParams = {}
         for k in PARAM_NAMES:
             out[mu_key(k)] = base[k]
             out[rho_key(k)] = torch.full_like(base[k], rho0)
         return out
 
     @staticmethod
-    def sigma(params: Params, k: str) -> torch.Tensor:
+    def sigma(params: StackedParams, k: str) -> torch.Tensor:
         """Posterior standard deviation ``softplus(rho_<k>)``."""
         return F.softplus(params[rho_key(k)])
 
@@ -128,16 +128,16 @@ class StackedBayesEngine(StackedEngine):
                 "b2": (self.hidden[1],), "w3": (self.hidden[1], 1), "b3": (1,)}
         return {k: torch.randn(a, *dims[k], generator=g) for k in PARAM_NAMES}
 
-    def sample(self, params: Params, eps: dict[str, torch.Tensor]) -> Params:
+    def sample(self, params: StackedParams, eps: dict[str, torch.Tensor]) -> StackedParams:
         """Reparameterized weights ``mu + softplus(rho) * eps`` (stacked, keys ``PARAM_NAMES``)."""
         return {k: params[mu_key(k)] + self.sigma(params, k) * eps[k] for k in PARAM_NAMES}
 
-    def kl(self, params: Params) -> torch.Tensor:
+    def kl(self, params: StackedParams) -> torch.Tensor:
         """``[a]`` KL(q || prior) of each center's whole network."""
         return sum(gaussian_kl(params[mu_key(k)], self.sigma(params, k), self.prior_sigma)  # type: ignore[return-value]
                    for k in PARAM_NAMES)
 
-    def train_round(self, params: Params, state: AdamState, round_idx: int, local_loss: Any = None) -> Params:
+    def train_round(self, params: StackedParams, state: AdamState, round_idx: int, local_loss: Any = None) -> StackedParams:
         """``local_epochs`` epochs of Bayes-by-Backprop for every center (in place); returns ``params``.
 
         Per step and active center: ``mean_batch BCE + KL / n_train_i``; Adam on mu and rho.
@@ -173,7 +173,7 @@ class StackedBayesEngine(StackedEngine):
         return self.scatter_back(params, state, ps, st, order, keys)
 
     @torch.no_grad()
-    def predict_proba(self, params: Params, split: str, samples: int, round_idx: int = 0) -> torch.Tensor:
+    def predict_proba(self, params: StackedParams, split: str, samples: int, round_idx: int = 0) -> torch.Tensor:
         """``[n, rows]`` predictive mean probability on ``split``: ``mean_s sigmoid(f(x; w_s))``
         over ``samples`` weight draws keyed by (seed, round, split); samples = 0 uses the
         posterior means."""
@@ -188,14 +188,14 @@ class StackedBayesEngine(StackedEngine):
         return acc / samples
 
 
-def aggregate_posteriors(params: Params, w: torch.Tensor, keys: tuple[str, ...], bf16: bool) -> Params:
+def aggregate_posteriors(params: StackedParams, w: torch.Tensor, keys: tuple[str, ...], bf16: bool) -> StackedParams:
     """Mix posterior means and variances with the row-stochastic ``w [n, n]``.
 
     ``mu_i <- sum_j w_ij mu_j`` and ``sigma_i^2 <- sum_j w_ij sigma_j^2`` for every k in ``keys``
     (the bf16 wire transform of :func:`federation.mixing.mix` applies to both payloads);
     returns the new ``mu_<k>`` and ``rho_<k> = softplus^-1(sigma)`` tensors.
     """
-    out: Params = {}
+    out: StackedParams = {}
     for k in keys:
         out[mu_key(k)] = mix(w, params[mu_key(k)], bf16)
         var = mix(w, F.softplus(params[rho_key(k)]) ** 2, bf16).clamp_min(1e-30)
@@ -203,7 +203,7 @@ def aggregate_posteriors(params: Params, w: torch.Tensor, keys: tuple[str, ...],
     return out
 
 
-def mean_posterior_sigma(params: Params) -> torch.Tensor:
+def mean_posterior_sigma(params: StackedParams) -> torch.Tensor:
     """``[n]`` mean posterior standard deviation over all weights of each center's network."""
     tot = sum(F.softplus(params[rho_key(k)]).flatten(1).sum(1) for k in PARAM_NAMES)
     cnt = sum(params[rho_key(k)][0].numel() for k in PARAM_NAMES)
@@ -246,12 +246,12 @@ class BnnFL(Method):
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         return RoundPlan(w=self.w, server_links=ctx.n)
 
-    def aggregate(self, ctx: Context, w: torch.Tensor, params: Params) -> Params:
+    def aggregate(self, ctx: Context, w: torch.Tensor, params: StackedParams) -> StackedParams:
         return aggregate_posteriors(params, w, ctx.exchanged, ctx.bf16)
 
     score_kind = "probability"  # scores are predictive-mean probabilities (federation.evaluation)
 
-    def scores(self, ctx: Context, params: Params, split: str, round_idx: int) -> torch.Tensor:
+    def scores(self, ctx: Context, params: StackedParams, split: str, round_idx: int) -> torch.Tensor:
         """``[n, rows]`` predictive mean probability (:meth:`StackedBayesEngine.predict_proba`,
         ``eval_samples`` weight draws keyed by the round)."""
         return ctx.engine.predict_proba(params, split, self.p.eval_samples, round_idx)  # type: ignore[attr-defined]

@@ -22,10 +22,10 @@ connected random graph with exactly n edges) and exposed as ``method.artifacts["
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federation.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
 from federation.methods.base import Context, Method, RoundPlan
@@ -61,24 +61,27 @@ def consensus_distance(params: dict[str, torch.Tensor], keys: tuple[str, ...]) -
     return float(total)
 
 
-class _FixedGraphMethod(Method):
+GP = TypeVar("GP", bound=GraphParams)
+
+
+class _FixedGraphMethod(Method[GP]):
     """A method over one communication graph fixed for the run (drawn in :meth:`setup`)."""
 
     Params: ClassVar[type[BaseModel]] = GraphParams
 
     def setup(self, ctx: Context) -> None:
         p = self.p
-        seed = ctx.seed if p.graph_seed is None else p.graph_seed  # type: ignore[attr-defined]
-        self.graph = build_graph(p.graph, ctx.n, seed, k=p.graph_k, p=p.graph_p, m=p.graph_m)  # type: ignore[attr-defined]
+        seed = ctx.seed if p.graph_seed is None else p.graph_seed
+        self.graph = build_graph(p.graph, ctx.n, seed, k=p.graph_k, p=p.graph_p, m=p.graph_m)
         self.adj = adjacency_tensor(self.graph, ctx.n)
         self.artifacts: dict[str, Any] = {
-            "graph.json": {"kind": p.graph, "seed": int(seed), **graph_summary(self.graph),  # type: ignore[attr-defined]
+            "graph.json": {"kind": p.graph, "seed": int(seed), **graph_summary(self.graph),
                            "edge_list": edge_list(self.graph, list(ctx.data.center_ids))},
         }
 
 
 @register(display_name="DeceFL", family="decentralized", paper_order=6)
-class DeceFL(_FixedGraphMethod):
+class DeceFL(_FixedGraphMethod[GraphParams]):
     """DeceFL (Yuan et al. 2023, "DeceFL: a principled fully decentralized federated learning
     framework", National Science Open 2(1):20220043).
 
@@ -150,7 +153,7 @@ def trust_evidence(u_nb: torch.Tensor, u_own: torch.Tensor, tolerance: float) ->
 
 
 @register(display_name="DeFTA", family="decentralized", paper_order=7)
-class DeFTA(_FixedGraphMethod):
+class DeFTA(_FixedGraphMethod[DeftaParams]):
     """DeFTA (Zhou et al. 2024, "DeFTA: a plug-and-play peer-to-peer decentralized federated
     learning framework", Information Sciences 670:120582; arXiv:2204.02632).
 
@@ -196,13 +199,13 @@ class DeFTA(_FixedGraphMethod):
         wc[torch.arange(n + m), sc] = 1.0
         auc = ctx.evaluate_mixtures(wc, tc, split="val")
         u_own, u_nb = auc[:n], auc[n:]
-        e = trust_evidence(u_nb, u_own[self.recv], p.tolerance)  # type: ignore[attr-defined]
+        e = trust_evidence(u_nb, u_own[self.recv], p.tolerance)
         known = ~torch.isnan(e)
         t_old = self.trust[self.recv, self.send]
-        lam = p.trust_decay  # type: ignore[attr-defined]
+        lam = p.trust_decay
         t_new = torch.where(known, lam * t_old + (1.0 - lam) * torch.nan_to_num(e), t_old)
         self.trust[self.recv, self.send] = t_new
-        keep = (t_new >= p.min_trust) & ~(known & (torch.nan_to_num(e, nan=1.0) <= 0.0))  # type: ignore[attr-defined]
+        keep = (t_new >= p.min_trust) & ~(known & (torch.nan_to_num(e, nan=1.0) <= 0.0))
         w = torch.diag(torch.diagonal(self.base)).clone()
         w[self.recv, self.send] = torch.where(keep, self.base[self.recv, self.send] * t_new,
                                               torch.zeros((), dtype=torch.float64))
@@ -236,6 +239,15 @@ class WpfedParams(BaseModel):
     similarity_weight: float = Field(0.5, ge=0.0, le=1.0)
     quality_decay: float = Field(0.5, ge=0.0, lt=1.0)
     quality_prior: float = Field(0.5, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _mixing_row_defined(self) -> "WpfedParams":
+        """``similarity_weight = 0`` with ``quality_prior = 0`` makes every weight of round 1
+        ``lambda sim + (1 - lambda) q = 0``: a 0/0 mixing row. Refused here."""
+        if self.similarity_weight == 0.0 and self.quality_prior == 0.0:
+            raise ValueError("similarity_weight = 0 with quality_prior = 0 gives every neighbour and the center "
+                             "itself weight 0 in round 1 (a 0/0 mixing row); raise one of them above 0")
+        return self
 
 
 def simhash_codes(embedding: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
@@ -335,7 +347,7 @@ def select_one_edge_each(score: torch.Tensor) -> torch.Tensor:
 
 
 @register(display_name="WPFed", family="decentralized", paper_order=8)
-class WPFed(Method):
+class WPFed(Method[WpfedParams]):
     """WPFed (Ye et al. 2024, "WPFed: web-based personalized federation for decentralized
     systems", arXiv:2410.11378v1).
 
@@ -373,19 +385,19 @@ class WPFed(Method):
     def setup(self, ctx: Context) -> None:
         p = self.p
         self.theta0 = {k: ctx.params[k].detach().clone() for k in ctx.exchanged}
-        if p.embedding == "params":  # type: ignore[attr-defined]
+        if p.embedding == "params":
             dim = sum(int(v[0].numel()) for v in self.theta0.values())
         else:
-            dim = p.probe_rows  # type: ignore[attr-defined]
-            self.probe = torch.randn(1, p.probe_rows, ctx.data.d, generator=ctx.rng)  # type: ignore[attr-defined]
-        self.planes = torch.randn(dim, p.lsh_bits, generator=ctx.rng, dtype=torch.float64)  # type: ignore[attr-defined]
-        self.quality = torch.full((ctx.n,), float(p.quality_prior), dtype=torch.float64)  # type: ignore[attr-defined]
+            dim = p.probe_rows
+            self.probe = torch.randn(1, p.probe_rows, ctx.data.d, generator=ctx.rng)
+        self.planes = torch.randn(dim, p.lsh_bits, generator=ctx.rng, dtype=torch.float64)
+        self.quality = torch.full((ctx.n,), float(p.quality_prior), dtype=torch.float64)
         self._n_cand = 0.0
 
     def embedding(self, ctx: Context) -> torch.Tensor:
         """``[n, D]`` the vectors hashed this round (see :class:`WpfedParams`)."""
         theta = ctx.pre_exchange
-        if self.p.embedding == "params":  # type: ignore[attr-defined]
+        if self.p.embedding == "params":
             return torch.cat([(theta[k] - self.theta0[k]).flatten(1) for k in ctx.exchanged], dim=1)
         from federation.engine import forward
 
@@ -395,10 +407,10 @@ class WPFed(Method):
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         n, p = ctx.n, self.p
-        lam = p.similarity_weight  # type: ignore[attr-defined]
+        lam = p.similarity_weight
         codes = simhash_codes(self.embedding(ctx), self.planes)
         sim = hamming_similarity(codes)
-        cand = lsh_candidates(sim, p.candidates, p.min_similarity)  # type: ignore[attr-defined]
+        cand = lsh_candidates(sim, p.candidates, p.min_similarity)
         self._n_cand = float(cand.sum(1).double().mean())
         omega = lam * sim + (1.0 - lam) * self.quality.unsqueeze(0)
         pick = select_one_edge_each(torch.where(cand, omega, torch.full_like(omega, -torch.inf)))
@@ -418,9 +430,9 @@ class WPFed(Method):
         ok_r = ~torch.isnan(r)
         tot = torch.zeros(n, dtype=torch.float64).index_add_(0, send[ok_r], r[ok_r])
         cnt = torch.zeros(n, dtype=torch.float64).index_add_(0, send[ok_r], torch.ones_like(r[ok_r]))
-        mu = p.quality_decay  # type: ignore[attr-defined]
+        mu = p.quality_decay
         self.quality = torch.where(cnt > 0, mu * self.quality + (1.0 - mu) * tot / cnt.clamp(min=1.0), self.quality)
-        meta = n * ((p.lsh_bits + 7) // 8) + 8 * m  # type: ignore[attr-defined]
+        meta = n * ((p.lsh_bits + 7) // 8) + 8 * m
         return RoundPlan(w=w, adjacency=adj, metadata_bytes=meta)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:

@@ -1,0 +1,75 @@
+"""A concept-drift scenario for any method: chosen centers flip their labels from a given round on.
+
+Run config (``drift:`` mapping; default none)::
+
+    drift:
+      round: 6                 # 1-based round from which the flip is in effect (local training of that round)
+      centers: [MICU|2110-2111]  # center_ids that turn harmful, or
+      count: 0                 # the `count` largest centers by n_train (ties by center_id), instead of `centers`
+      splits: [train, val]     # the splits whose labels flip (test labels stay: the original task)
+
+From round ``round`` on, every label ``y`` of the chosen centers' ``splits`` becomes ``1 - y``: the
+center's concept inverts (ABPS paper Sec. 3, a realized shift beyond ``epsilon_m``), so its model and its
+validation utilities turn harmful to its partners and theirs to it. The positive-rate coordinate of its
+metadata vectors (``meta[:, 0]``, over the train split) becomes ``1 - p`` at the same time, as the
+center would compute it. The flip works on a per-run copy of the labels and metadata (the loaded
+cohort is shared by the seeds of a run and is never modified).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from federation.config import LabelFlipDrift
+from federation.data import FederatedData
+
+__all__ = ["LabelFlipDrift", "drifting_copy", "apply_drift", "drift_centers"]
+
+
+def drift_centers(data: FederatedData, drift: LabelFlipDrift) -> torch.Tensor:
+    """``[n]`` bool: the centers that flip.
+
+    Raises:
+        ValueError: an unknown center_id, or ``count`` above the number of centers.
+    """
+    ids = list(data.center_ids)
+    if drift.centers:
+        unknown = sorted(set(drift.centers) - set(ids))
+        if unknown:
+            raise ValueError(f"drift.centers: unknown center_id {unknown[0]!r}")
+        return torch.tensor([c in set(drift.centers) for c in ids], dtype=torch.bool)
+    if drift.count > len(ids):
+        raise ValueError(f"drift.count {drift.count} exceeds the {len(ids)} centers")
+    order = sorted(range(len(ids)), key=lambda i: (-int(data.n_train[i]), ids[i]))
+    out = torch.zeros(len(ids), dtype=torch.bool)
+    out[order[: drift.count]] = True
+    return out
+
+
+def drifting_copy(data: FederatedData, drift: LabelFlipDrift | None) -> FederatedData:
+    """A copy of ``data`` whose flipping labels and metadata are its own tensors (``data`` when no drift).
+
+    Raises:
+        ValueError: see :func:`drift_centers`.
+    """
+    if drift is None:
+        return data
+    drift_centers(data, drift)  # fail before round 0 on a bad choice
+    splits = {k: (replace(s, y=s.y.clone()) if k in drift.splits else s) for k, s in data.splits.items()}
+    return replace(data, splits=splits, meta=data.meta.clone(), meta_base=data.meta_base.clone())
+
+
+def apply_drift(data: FederatedData, drift: LabelFlipDrift | None, round_idx: int) -> bool:
+    """At the start of round ``round_idx`` (0-based): flip the chosen centers' labels when it is
+    ``drift.round - 1``, in place on a :func:`drifting_copy`. Returns True when it flipped."""
+    if drift is None or round_idx != drift.round - 1:
+        return False
+    c = drift_centers(data, drift)
+    for k in drift.splits:
+        s = data.splits[k]
+        flip = c[:, None] & s.mask
+        s.y.copy_(torch.where(flip, 1 - s.y, s.y))
+    for meta in (data.meta, data.meta_base):
+        meta[:, 0] = torch.where(c, 1 - meta[:, 0], meta[:, 0])
+    return True

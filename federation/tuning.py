@@ -1,0 +1,178 @@
+"""Hyperparameter tuning report: mean validation AUROC per grid point, the choice on validation.
+
+``configs/tuning.yaml`` is an ``abps sweep`` file whose entries are the grid points of each
+baseline's knobs (label ``"<method> <knob>=<value> ..."``). After
+
+    abps sweep --config configs/tuning.yaml --cohort COHORT
+    python -m federation.tuning --experiment tuning --out report/
+
+``report/tuning.md`` (and ``tuning.csv``) list, per method and grid point, the mean and std across
+seeds of the final **validation** AUROC (mean over centers; ``final_val_auroc_mean``, the best round
+under early stopping) and mark the grid point with the highest mean as chosen. The test AUROC is
+shown for the record only: the choice never reads it (issue 23: hyperparameters chosen on
+validation, never test). Self-contained (its own MLflow reading) so that ``federation.report`` can
+call :func:`tuning_section` without depending on its internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from federation.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """One finished run of a grid point: label, method, seed, final val / test AUROC (mean over
+    centers; NaN when undefined)."""
+
+    label: str
+    method: str
+    seed: int
+    val_auroc: float
+    test_auroc: float
+
+
+@dataclass(frozen=True)
+class TuningRow:
+    """One grid point: mean / std of the val AUROC across seeds (std 0 for one seed), mean test
+    AUROC (for the record), seeds used, and whether it is its method's choice."""
+
+    method: str
+    label: str
+    n_seeds: int
+    val_mean: float
+    val_std: float
+    test_mean: float
+    chosen: bool
+
+
+def tuning_rows(records: Iterable[TuningRecord]) -> list[TuningRow]:
+    """Group runs by grid point and pick, per method, the point of highest mean val AUROC.
+
+    Points are kept in first-seen order; ties go to the first. Runs whose val AUROC is NaN are
+    left out of the mean (a point without any finite value has mean NaN and is never chosen).
+    A label seen with two methods raises ValueError (labels name grid points).
+    """
+    groups: dict[str, list[TuningRecord]] = {}
+    for r in records:
+        groups.setdefault(r.label, []).append(r)
+    rows: list[TuningRow] = []
+    for label, rs in groups.items():
+        methods = {r.method for r in rs}
+        if len(methods) > 1:
+            raise ValueError(f"grid point {label!r} holds runs of several methods: {sorted(methods)}")
+        vals = [r.val_auroc for r in rs if math.isfinite(r.val_auroc)]
+        tests = [r.test_auroc for r in rs if math.isfinite(r.test_auroc)]
+        rows.append(TuningRow(
+            method=rs[0].method, label=label, n_seeds=len({r.seed for r in rs}),
+            val_mean=statistics.fmean(vals) if vals else math.nan,
+            val_std=statistics.pstdev(vals) if len(vals) > 1 else 0.0,
+            test_mean=statistics.fmean(tests) if tests else math.nan, chosen=False))
+    best: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if not math.isfinite(row.val_mean):
+            continue
+        j = best.get(row.method)
+        if j is None or row.val_mean > rows[j].val_mean:
+            best[row.method] = i
+    return [TuningRow(**{**r.__dict__, "chosen": i in best.values()}) for i, r in enumerate(rows)]
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:.3f}"
+
+
+def tuning_markdown(rows: Sequence[TuningRow]) -> str:
+    """Markdown table: method, grid point, seeds, val AUROC mean ± std, test AUROC, chosen."""
+    lines = ["| method | grid point | seeds | val AUROC (choice) | test AUROC (record only) | chosen |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.method} | {r.label} | {r.n_seeds} | {_fmt(r.val_mean)} ± {_fmt(r.val_std)} | "
+                     f"{_fmt(r.test_mean)} | {'**yes**' if r.chosen else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def tuning_csv(rows: Sequence[TuningRow]) -> str:
+    """CSV text of the same table."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["method", "label", "n_seeds", "val_auroc_mean", "val_auroc_std", "test_auroc_mean", "chosen"])
+    for r in rows:
+        w.writerow([r.method, r.label, r.n_seeds, r.val_mean, r.val_std, r.test_mean, int(r.chosen)])
+    return buf.getvalue()
+
+
+def collect_records(client: Any, exp_id: str) -> list[TuningRecord]:
+    """FINISHED runs of an MLflow experiment that carry ``method``, ``seed`` and a final val
+    AUROC, labelled by their ``abps.label`` tag (sweep cells) or method name. Aggregates only."""
+    out: list[TuningRecord] = []
+    token = None
+    while True:
+        page = client.search_runs([exp_id], filter_string="attributes.status = 'FINISHED'", max_results=1000,
+                                  page_token=token)
+        for r in page:
+            m, t = r.data.metrics, r.data.tags
+            if METHOD_TAG not in t or SEED_TAG not in t or "final_val_auroc_mean" not in m:
+                continue
+            out.append(TuningRecord(label=t.get(LABEL_TAG) or t[METHOD_TAG], method=t[METHOD_TAG], seed=int(t[SEED_TAG]),
+                                    val_auroc=float(m["final_val_auroc_mean"]),
+                                    test_auroc=float(m.get("final_auroc_mean", math.nan))))
+        token = page.token
+        if not token:
+            out.reverse()  # MLflow lists newest first: back to the order the sweep ran the points
+            return out
+
+
+def tuning_section(client: Any, exp_id: str) -> tuple[str, str, list[TuningRow]]:
+    """(markdown, csv, rows) of the tuning table of an experiment (for ``abps report``)."""
+    rows = tuning_rows(collect_records(client, exp_id))
+    return tuning_markdown(rows), tuning_csv(rows), rows
+
+
+def write_tuning_report(experiment: str, out_dir: str | Path, tracking_uri: str | None = None) -> list[TuningRow]:
+    """Write ``tuning.md`` and ``tuning.csv`` for an experiment into ``out_dir``.
+
+    Raises:
+        etl.errors.InputError: the experiment does not exist or holds no tuning run.
+    """
+    from mlflow.tracking import MlflowClient
+
+    from etl.errors import InputError
+    from etl.io import atomic_write_text
+
+    client = MlflowClient(tracking_uri or "sqlite:///mlflow/mlflow.db")
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise InputError(f"experiment {experiment!r} not found in the tracking store")
+    md, csv_text, rows = tuning_section(client, exp.experiment_id)
+    if not rows:
+        raise InputError(f"experiment {experiment!r}: no finished run with a validation AUROC")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "tuning.md", "# Tuning: mean validation AUROC per grid point\n\n" + md)
+    atomic_write_text(out / "tuning.csv", csv_text)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m federation.tuning --experiment tuning --out report/ [--tracking-uri URI]``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--experiment", default="tuning")
+    ap.add_argument("--out", default="report")
+    ap.add_argument("--tracking-uri", default=None)
+    a = ap.parse_args(argv)
+    rows = write_tuning_report(a.experiment, a.out, a.tracking_uri)
+    print(tuning_markdown(rows), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Welch-t drift windows (abps/drift.py), the label-flip drift scenario (federation/drift_scenario.py),
+and both features inside an ABPS run (DP off reproduces today's run exactly)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from abps.beliefs import BetaBeliefs
+from abps.drift import DriftMonitor, DriftParams, WelchWindows, restart_beliefs, welch_pvalues
+from abps.method import AbpsMethod
+from federation.config import build_config
+from federation.data import FederatedData
+from federation.drift_scenario import LabelFlipDrift, apply_drift, drift_centers, drifting_copy
+from federation.methods import get_method
+from federation.runner import run_one
+from federation.synthetic import generate_fedprox_cohort
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def small() -> FederatedData:
+    cohort, centers = generate_fedprox_cohort(12, seed=3, mean_size=120.0)
+    return FederatedData.from_frames(cohort, centers)
+
+
+def test_welch_pvalue_hand_value_and_scipy():
+    """old = (1, 2, 3), new = (4, 5, 6): means 2 and 5, variances 1 and 1, t = -3 / sqrt(2/3) = -3.674,
+    Welch-Satterthwaite df = 4; two-sided p = 2 * t_4.sf(3.674) = 0.02131."""
+    old = torch.tensor([[1.0, 2.0, 3.0]])
+    new = torch.tensor([[4.0, 5.0, 6.0]])
+    p = welch_pvalues(old, new)
+    assert float(p[0]) == pytest.approx(2 * stats.t.sf(3 / math.sqrt(2 / 3), 4), rel=1e-12)
+    assert float(p[0]) == pytest.approx(0.02131, abs=1e-5)
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(5, 7, 4)), rng.normal(0.5, 2.0, size=(5, 7, 4))
+    ref = stats.ttest_ind(a, b, equal_var=False, axis=-1).pvalue
+    assert np.allclose(welch_pvalues(torch.from_numpy(a), torch.from_numpy(b)).numpy(), ref, rtol=1e-12)
+    # zero variance on both sides: a certain change when the means differ, none when equal
+    flat = welch_pvalues(torch.tensor([[1.0, 1.0], [0.5, 0.5]]), torch.tensor([[0.0, 0.0], [0.5, 0.5]]))
+    assert flat.tolist() == [0.0, 1.0]
+
+
+def test_ring_buffer_order_and_test_only_observed_pairs():
+    win = WelchWindows(2, 2)
+    obs = torch.tensor([[False, True], [False, False]])
+    for v in (0.9, 0.8, 0.1, 0.2, 0.15):
+        win.push(torch.full((2, 2), v, dtype=torch.float64), obs)
+    assert win.count.tolist() == [[0, 5], [0, 0]]
+    # last 4 in time order: 0.8, 0.1, 0.2, 0.15
+    assert win.ordered()[0, 1].tolist() == pytest.approx([0.8, 0.1, 0.2, 0.15])
+    assert win.latest()[0, 1].tolist() == pytest.approx([0.2, 0.15])
+    det, pv = win.test(obs, alpha=0.5)
+    assert torch.isnan(pv[0, 0]) and torch.isnan(pv[1, 0])
+    ref = stats.ttest_ind([0.8, 0.1], [0.2, 0.15], equal_var=False).pvalue
+    assert float(pv[0, 1]) == pytest.approx(ref, rel=1e-12)
+    assert bool(det[0, 1]) == (ref < 0.5)
+
+
+def test_restart_keeps_latest_window():
+    """alpha = 1 + 6, beta = 1 + 2, pulls 8; latest window (0, 0.5): s = 0.5, w = 2.
+    rho = 0: Beta(1.5, 2.5), pulls 2. rho = 0.5: E_a = 5.5, E_b = 0.5, E_n = 6 ->
+    Beta(1 + 2.75 + 0.5, 1 + 0.25 + 1.5) = (4.25, 2.75), pulls 3 + 2 = 5."""
+    for rho, want in ((0.0, (1.5, 2.5, 2.0)), (0.5, (4.25, 2.75, 5.0))):
+        b = BetaBeliefs.prior(2)
+        b.alpha[0, 1], b.beta[0, 1], b.pulls[0, 1] = 7.0, 3.0, 8.0
+        mask = torch.tensor([[False, True], [False, False]])
+        latest = torch.tensor([[[0.0, 0.0], [0.0, 0.5]], [[0.0, 0.0], [0.0, 0.0]]])
+        restart_beliefs(b, mask, latest, rho)
+        assert (float(b.alpha[0, 1]), float(b.beta[0, 1]), float(b.pulls[0, 1])) == pytest.approx(want)
+        assert float(b.alpha[1, 0]) == 1.0 and float(b.pulls[1, 0]) == 0.0
+
+
+def test_monitor_detects_a_step_and_not_noise():
+    """A pair whose utility steps from 0.9 to 0.1 is detected within w rounds of the step; stationary
+    noise at alpha = 0.01 triggers (almost) never; the restart moves the posterior mean below 0.5."""
+    n, w = 3, 4
+    mon = DriftMonitor(DriftParams(drift_window=w, drift_alpha=0.01), n)
+    b = BetaBeliefs.prior(n)
+    rng = np.random.default_rng(1)
+    obs = ~torch.eye(n, dtype=torch.bool)
+    first = None
+    for t in range(40):
+        mu = np.full((n, n), 0.5)
+        mu[0, 1] = 0.9 if t < 20 else 0.1
+        phi = torch.from_numpy(np.clip(mu + rng.normal(0, 0.05, (n, n)), 0, 1))
+        b.update(phi, obs)
+        flagged, m = mon.step(b, phi, obs)
+        if bool(mon.detections[0, 1]) and first is None:
+            first = t
+            assert float(b.mean()[0, 1]) < 0.5
+            assert bool(flagged[1])
+    assert first is not None and 20 <= first < 20 + w
+    stationary = mon.detections.clone()
+    stationary[0, 1] = 0
+    assert int(stationary.sum()) <= 1  # 5 stationary pairs, ~ 5 * 16 tests at level 0.01
+
+
+def test_params_validation():
+    with pytest.raises(ValueError, match="drift_window"):
+        DriftParams(drift_window=1)
+    with pytest.raises(ValueError, match="exactly one"):
+        LabelFlipDrift(round=2)
+    with pytest.raises(ValueError):
+        LabelFlipDrift(round=0, count=1)
+
+
+def test_label_flip_scenario_on_a_copy(small):
+    d = LabelFlipDrift(round=3, count=2)
+    c = drift_centers(small, d)
+    top2 = torch.argsort(small.n_train, descending=True, stable=True)[:2]
+    assert c.sum() == 2 and c[top2].all()
+    cp = drifting_copy(small, d)
+    y0 = cp.splits["train"].y.clone()
+    assert not apply_drift(cp, d, 1)
+    assert apply_drift(cp, d, 2)
+    tr = cp.splits["train"]
+    flipped = c[:, None] & tr.mask
+    assert torch.equal(tr.y[flipped], 1 - y0[flipped]) and torch.equal(tr.y[~flipped], y0[~flipped])
+    assert torch.equal(small.splits["train"].y, y0)  # the shared data is untouched
+    assert torch.equal(cp.splits["test"].y, small.splits["test"].y)
+    assert torch.allclose(cp.meta[c, 0], 1 - small.meta[c, 0])
+    with pytest.raises(ValueError, match="unknown center_id"):
+        drift_centers(small, LabelFlipDrift(round=1, centers=("nope",)))
+
+
+def _cfg(name: str, rounds: int, params: dict | None = None, drift: dict | None = None):
+    cfg = build_config(name, get_method(name).default_config,
+                       {"method": name, "params": params or {}, **({"drift": drift} if drift else {})}, rounds=rounds)
+    return cfg
+
+
+def test_dp_off_reproduces_and_dp_on_is_seeded(small):
+    """epsilon = inf (explicit null: the run config refuses a non-finite number) gives the same history and final AUROC as today's run, bit for bit;
+    a finite epsilon with the same seed repeats itself, spends (epsilon, delta) once, and changes the
+    candidate sets only through the noise."""
+    base = run_one(_cfg("abps-hom", 2), small, 11)
+    off = run_one(_cfg("abps-hom", 2, {"metadata_dp_epsilon": None}), small, 11)
+    assert base.history == off.history and base.final_auroc_mean == off.final_auroc_mean
+    assert off.method_summary["dp_epsilon_spent"] == math.inf
+    on1 = run_one(_cfg("abps-hom", 2, {"metadata_dp_epsilon": 1.0}), small, 11)
+    on2 = run_one(_cfg("abps-hom", 2, {"metadata_dp_epsilon": 1.0}), small, 11)
+    assert on1.history == on2.history
+    s = on1.method_summary
+    assert s["dp_epsilon_spent"] == pytest.approx(1.0, rel=1e-3) and s["dp_releases"] == small.n_centers
+    assert on1.history[-1]["dp_epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
+    # base ABPS uses no metadata: nothing released, nothing spent
+    assert "dp_epsilon_spent" not in run_one(_cfg("abps", 1, {"metadata_dp_epsilon": 1.0}), small, 11).method_summary
+
+
+def test_drift_preset_runs_with_scenario(small):
+    """abps-drift under a label flip of the largest center at round 2: detections are counted and the
+    flipped center's new metadata is re-sent (a second release, booked in the ledger) with a goal."""
+    cfg = _cfg("abps-drift", 5, {"goal": "homogeneity", "drift_window": 2, "drift_alpha": 0.2,
+                                 "metadata_dp_epsilon": 2.0}, {"round": 2, "count": 1})
+    res = run_one(cfg, small, 11)
+    s = res.method_summary
+    assert s["drift_tests_total"] > 0
+    assert s["dp_releases"] >= small.n_centers
+    resent = sum(h.get("metadata_resent", 0.0) for h in res.history)
+    assert s["dp_releases"] == small.n_centers + resent
+    # a re-send is booked in the next round's ledger record (none after the last round)
+    booked = sum(h.get("metadata_resent", 0.0) for h in res.history[:-1])
+    assert res.metadata_bytes == (small.n_centers + booked) * 15 * 4
+    assert isinstance(get_method("abps-drift")(), AbpsMethod)
+
+
+def test_scenario_refused_where_labels_are_not_stacked(small):
+    from etl.errors import InputError
+
+    cfg = build_config("centralized", get_method("centralized").default_config,
+                       {"method": "centralized", "drift": {"round": 1, "count": 1}}, rounds=1)
+    with pytest.raises(InputError, match="drift scenario"):
+        run_one(cfg, small, 1)

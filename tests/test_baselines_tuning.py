@@ -1,0 +1,58 @@
+"""federation.tuning: the validation-AUROC tuning table and configs/tuning.yaml (issue 23)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from federation.tuning import TuningRecord, tuning_csv, tuning_markdown, tuning_rows
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_choice_reads_validation_never_test():
+    recs = [
+        TuningRecord("fedprox mu=0.01", "fedprox", 11, 0.70, 0.90),
+        TuningRecord("fedprox mu=0.01", "fedprox", 22, 0.72, 0.90),
+        TuningRecord("fedprox mu=0.1", "fedprox", 11, 0.74, 0.50),  # best val, worst test
+        TuningRecord("fedprox mu=0.1", "fedprox", 22, math.nan, 0.50),  # NaN val left out
+        TuningRecord("feddyn alpha=0.1 uniform", "feddyn", 11, math.nan, 0.8),
+        TuningRecord("feddyn alpha=0.01 uniform", "feddyn", 11, 0.60, 0.6),
+    ]
+    rows = tuning_rows(recs)
+    by = {r.label: r for r in rows}
+    assert [r.label for r in rows] == ["fedprox mu=0.01", "fedprox mu=0.1", "feddyn alpha=0.1 uniform",
+                                       "feddyn alpha=0.01 uniform"]
+    assert by["fedprox mu=0.01"].val_mean == pytest.approx(0.71) and by["fedprox mu=0.01"].val_std == pytest.approx(0.01)
+    assert by["fedprox mu=0.1"].chosen and not by["fedprox mu=0.01"].chosen
+    assert by["fedprox mu=0.1"].n_seeds == 2 and by["fedprox mu=0.1"].val_mean == pytest.approx(0.74)
+    assert by["feddyn alpha=0.01 uniform"].chosen and not by["feddyn alpha=0.1 uniform"].chosen
+    md = tuning_markdown(rows)
+    assert "| fedprox | fedprox mu=0.1 | 2 | 0.740 ± 0.000 | 0.500 | **yes** |" in md
+    assert "n/a" in md  # the all-NaN point
+    assert tuning_csv(rows).splitlines()[0].startswith("method,label,n_seeds,val_auroc_mean")
+    with pytest.raises(ValueError, match="several methods"):
+        tuning_rows([TuningRecord("x", "fedprox", 1, 0.5, 0.5), TuningRecord("x", "moon", 1, 0.5, 0.5)])
+
+
+def test_tuning_sweep_file_is_valid_and_covers_every_knob():
+    from federation.sweep import expand_cells, load_sweep
+
+    spec, base = load_sweep(CONFIGS / "tuning.yaml")
+    cells = expand_cells(spec, base, "cohort-id")
+    labels = {c.label: c for c in cells}
+    assert len(cells) == len(labels) * len(spec.seeds)
+    knobs = {"fedprox": {"mu"}, "feddyn": {"alpha", "aggregation"}, "moon": {"mu", "tau"},
+             "decefl": {"graph"}, "defta": {"tolerance", "trust_decay"},
+             "wpfed": {"similarity_weight", "candidates"}, "bnn-fl": {"prior_sigma"}}
+    for method, names in knobs.items():
+        points = [c for c in labels.values() if c.method == method]
+        assert len(points) >= 2, method
+        for c in points:  # the label names the point: every knob value appears in it
+            for k in names:
+                assert f"{k}=" in c.label or k == "aggregation", (method, c.label)  # aggregation: a word
+            assert c.label.startswith(method + " ")
+    assert {c.config.params["alpha"] for c in labels.values() if c.method == "feddyn"} == {0.1, 0.01, 0.001}
+    assert {c.config.params["mu"] for c in labels.values() if c.method == "fedprox"} == {0.001, 0.01, 0.1, 1.0}
