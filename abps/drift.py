@@ -32,6 +32,8 @@ from scipy import stats
 from torch import Tensor
 
 from abps.beliefs import BetaBeliefs
+from abps.privacy import MetadataRelease
+from abps.goal_filter import candidate_mask
 
 __all__ = ["DriftParams", "WelchWindows", "DriftMonitor", "welch_pvalues", "restart_beliefs"]
 
@@ -219,7 +221,6 @@ class PrivacyDriftHooks:
         Returns:
             ``[n, d]`` the metadata the federation holds (``meta`` itself when DP is off or no goal).
         """
-        from abps.privacy import MetadataRelease
 
         p = self.p
         self.metadata_release = MetadataRelease(p, ctx.n_train, ctx.seed)
@@ -238,7 +239,6 @@ class PrivacyDriftHooks:
             extra round metrics: ``drift_tests``, ``drift_detections``, ``metadata_resent`` (drift on);
             ``dp_epsilon_spent`` (DP on, with a goal).
         """
-        from abps.goal_filter import candidate_mask
 
         p = self.p
         out: dict[str, float] = {}

@@ -40,6 +40,8 @@ import polars as pl
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir
+from federation.config import build_config
+from federation.methods import get_method
 
 __all__ = ["STUDY_CONFIG", "choose_harmful", "flip_centers", "write_harmful_cohort", "read_harmful", "study_config",
            "study_rows", "mean_finite", "main"]
@@ -154,8 +156,6 @@ def study_config(method: str, harmful: Sequence[str], rounds: int, gamma: float 
     ``watch_centers`` = the flipped ids; ABPS arms also get ``gamma`` (default 0.05: small enough
     for a UCB to fall below tau_acc within a few rounds, see :func:`abps.beliefs.max_resting_gamma`).
     """
-    from federation.config import build_config
-    from federation.methods import get_method
 
     params = {**STUDY_CONFIG["params"], "watch_centers": list(harmful)}
     if method != "random-partners":

@@ -35,7 +35,9 @@ TARGET_PEAK_GB = 16.0
 
 
 def _rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0**2
+    """Peak RSS so far in GiB: ``ru_maxrss`` (KiB on Linux), never below the current RSS (the
+    kernel's high-water mark can trail the live figure by a few pages)."""
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0**2, _current_rss_gb())
 
 
 def _current_rss_gb() -> float:

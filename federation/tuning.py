@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from federation.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
+from etl.errors import InputError
+from etl.io import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,6 @@ def write_tuning_report(experiment: str, out_dir: str | Path, tracking_uri: str 
     """
     from mlflow.tracking import MlflowClient
 
-    from etl.errors import InputError
-    from etl.io import atomic_write_text
 
     client = MlflowClient(tracking_uri or "sqlite:///mlflow/mlflow.db")
     exp = client.get_experiment_by_name(experiment)

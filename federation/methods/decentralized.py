@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from federation.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
+from federation.engine import forward
 
 GraphKind = Literal["sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert"]
 
@@ -399,7 +400,6 @@ class WPFed(Method[WpfedParams]):
         theta = ctx.pre_exchange
         if self.p.embedding == "params":
             return torch.cat([(theta[k] - self.theta0[k]).flatten(1) for k in ctx.exchanged], dim=1)
-        from federation.engine import forward
 
         x = self.probe.expand(ctx.n, -1, -1)
         with torch.no_grad():
