@@ -33,6 +33,7 @@ from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
 from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
+from federation.checks import check_finite
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
 
@@ -209,9 +210,12 @@ class AbpsMethod(PrivacyDriftHooks, Method):
         else:
             util = torch.zeros(0, dtype=torch.float64)
         res = shapley_from_utilities(coal, util)
+        where = (ctx.cfg.method, ctx.seed, round_idx + 1)
+        check_finite("Shapley values", res.phi[res.observed], *where)  # unobserved pairs are NaN by design
         self.last_credit = res
         phi_bar = clip_phi(res.phi, p.phi_min, p.phi_max)
         self.beliefs.update(phi_bar, res.observed)
+        check_finite("Beta beliefs", (self.beliefs.alpha, self.beliefs.beta), *where)
         drift_extras = self._drift_step(ctx, phi_bar, res.observed)
 
         nan = float("nan")

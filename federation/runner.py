@@ -165,6 +165,9 @@ def run_one(
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
+        # a NaN extra means "undefined this round" (e.g. a mean over no observed partner): it is
+        # left out of the round's metrics, never logged; an infinity stops the run
+        extras = {k: v for k, v in extras.items() if not (isinstance(v, float) and math.isnan(v))}
         for k, v in extras.items():
             check_finite(f"method output {k!r}", v, *where)
         params_now = eval_params()

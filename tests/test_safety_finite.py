@@ -10,6 +10,7 @@ config validation refuses NaN / infinity up front.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ CLI = [sys.executable, "-c", "from cli.app import main; main()"]
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]})
 
 
 def test_check_row_stochastic_refuses_nan_and_inf_rows():
@@ -147,3 +148,23 @@ def test_issue_recipes_stop_with_one_line(iid3, tmp_path, recipe, needle):
         assert runs and all(r.info.status == "FAILED" for r in runs)
     for r in runs:  # nothing out of range was logged before the stop
         assert all(0.0 <= v <= 1.0 for k, v in r.data.metrics.items() if "auroc" in k)
+
+
+@pytest.mark.parametrize("value,stops", [(math.nan, False), (math.inf, True)])
+def test_method_outputs_nan_is_undefined_and_left_out_inf_stops(iid3, monkeypatch, value, stops):
+    """A method's NaN round metric (e.g. a mean over no observed partner) is not logged; an
+    infinity stops the run with the one-line error."""
+    from federation.data import FederatedData
+    from federation.methods import get_method
+    from federation.runner import run_one
+
+    fedavg = get_method("fedavg")
+    monkeypatch.setattr(fedavg, "after_exchange", lambda self, ctx, r, plan: {"probe_metric": value, "ok": 0.5})
+    cfg = RunConfig(method="fedavg", rounds=2)
+    data = FederatedData.from_cohort(iid3)
+    if stops:
+        with pytest.raises(NonFiniteError, match=r"^fedavg seed 11 round 1: method output 'probe_metric'"):
+            run_one(cfg, data, 11)
+    else:
+        res = run_one(cfg, data, 11)
+        assert all("probe_metric" not in h and h["ok"] == 0.5 for h in res.history)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import os
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,7 @@ def test_kill_9_while_logging_a_cell_then_rerun_loses_and_duplicates_nothing(tmp
                      tracking_uri={uri!r}, progress=False)
     """))
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"], "OMP_NUM_THREADS": "1"})
     assert p.returncode == -signal.SIGKILL, p.stderr[-1500:]
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("k9")

@@ -6,6 +6,7 @@ on the schema creation: two exited 1 with a SQLAlchemy traceback.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ def test_three_parallel_trains_on_a_new_store_all_succeed(cohort, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/new.db"
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"], "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([*CLI, "train", "--method", "fedavg", "--cohort", str(cohort), "--seeds", str(seed),
                                "--rounds", "2", "--no-progress", "--tracking-uri", uri, "--experiment", "par",
                                "--output", str(tmp_path / f"r{seed}.json")],
