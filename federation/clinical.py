@@ -295,11 +295,12 @@ def subgroup_gaps(
     pos_g = (gm & (y_rep > 0.5)).sum(1)
     # bootstrap of the gaps: one resample per replicate shared by the overall figure and every group
     idx = _resample_within_center(mask, n_boot, seed)
-    m_b = mask[None].expand(n_boot, n, rows)
-    s_b = logits[None].expand(n_boot, n, rows).gather(2, idx).masked_fill(~m_b, 0.0).reshape(n_boot, -1)
-    y_b = labels[None].expand(n_boot, n, rows).gather(2, idx).reshape(n_boot, -1)
-    grp_b = groups[None].expand(n_boot, n, rows).gather(2, idx).reshape(n_boot, -1)
-    m_flat = m_b.reshape(n_boot, -1)
+    # only real rows enter a replicate (a resampled index always lands on a real row of its
+    # center): compacting them away from the padding keeps every AUROC and shortens each sort
+    s_b = logits[None].expand(n_boot, n, rows).gather(2, idx)[:, mask]  # [B, real rows]
+    y_b = labels[None].expand(n_boot, n, rows).gather(2, idx)[:, mask]
+    grp_b = groups[None].expand(n_boot, n, rows).gather(2, idx)[:, mask]
+    m_flat = torch.ones_like(y_b, dtype=torch.bool)
     all_b = batched_auroc(s_b, y_b, m_flat)
     q = torch.tensor([0.025, 0.975], dtype=torch.float64)
     out = []
