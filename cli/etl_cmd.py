@@ -55,7 +55,8 @@ def etl_command(
     threads: int = typer.Option(2, help="DuckDB threads (both sources; the output does not depend on it)."),
     memory_limit: str = typer.Option("2GB", help="DuckDB memory limit (both sources; spills to disk above it)."),
     task: str = typer.Option("in-hospital-mortality", "--task",
-                             help="Outcome written to label: in-hospital-mortality | icu-mortality | los-3 | los-7 "
+                             help="Outcome written to label: in-hospital-mortality | icu-mortality | los-3 | los-7 | "
+                                  "decompensation "
                                   "(docs/tasks.md)."),
 ) -> None:
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
