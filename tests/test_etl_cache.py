@@ -99,6 +99,13 @@ ROWS = [(30000001, "2150-01-01 10:00:00", 220045, 81.0), (30000001, "2150-01-01 
         (30000002, "2150-02-01 10:00:00", 220210, 17.0)]
 
 
+def _src(tmp_path: Path, rows: list[tuple] = ROWS) -> Path:
+    src = tmp_path / "m/icu/chartevents.csv"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    _small_csv(src, rows)
+    return src
+
+
 def _use(path: Path, cache: Path):
     table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
     with contextlib.closing(connect()) as con:
@@ -108,9 +115,7 @@ def _use(path: Path, cache: Path):
 
 
 def test_content_change_with_same_size_and_mtime_is_caught(tmp_path):
-    src = tmp_path / "m/icu/chartevents.csv"
-    src.parent.mkdir(parents=True)
-    _small_csv(src, ROWS)
+    src = _src(tmp_path)
     cache = tmp_path / "cache"
     res, rows = _use(src, cache)
     assert res.status == "written" and res.rows == 3 and res.table.is_parquet
@@ -118,7 +123,7 @@ def test_content_change_with_same_size_and_mtime_is_caught(tmp_path):
     res, _ = _use(src, cache)
     assert res.status == "hit"
     st = src.stat()
-    _small_csv(src, [ROWS[0], (30000001, "2150-01-01 11:00:00", 220045, 99.0), ROWS[2]])  # 90 -> 99
+    _src(tmp_path, [ROWS[0], (30000001, "2150-01-01 11:00:00", 220045, 99.0), ROWS[2]])  # 90 -> 99
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert src.stat().st_size == st.st_size and src.stat().st_mtime_ns == st.st_mtime_ns
     res, rows = _use(src, cache)
@@ -130,9 +135,7 @@ def test_content_change_with_same_size_and_mtime_is_caught(tmp_path):
 
 
 def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
-    src = tmp_path / "m/icu/chartevents.csv"
-    src.parent.mkdir(parents=True)
-    _small_csv(src, ROWS)
+    src = _src(tmp_path)
     cache = tmp_path / "cache"
     res, _ = _use(src, cache)
     parquet = res.table.path
@@ -152,9 +155,7 @@ def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
 
 
 def test_unwritable_cache_reads_the_source(tmp_path):
-    src = tmp_path / "m/icu/chartevents.csv"
-    src.parent.mkdir(parents=True)
-    _small_csv(src, ROWS)
+    src = _src(tmp_path)
     blocker = tmp_path / "cache"
     blocker.write_text("a file, not a folder")
     res, rows = _use(src, blocker)
