@@ -111,12 +111,12 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str, opts: Etl
     vitalsign.sql, first_day_vitalsign.sql) from a chartevents-shaped table expression
     (stay_id, charttime, itemid, valuenum); identical rows collapsed are an attrition row
     ``dup_note`` (unit rows)."""
-    con.execute("CREATE TEMP TABLE vital_rows AS " + concept_sql(
-        "mimic", "vital_rows", chartevents=chartevents, from_hours=float(opts.vitals_from_hours)))
-    n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), count(*) FROM vital_rows").fetchall()[0]
+    rows = concept_sql("mimic", "vital_rows", chartevents=chartevents, from_hours=float(opts.vitals_from_hours))
+    con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign", vital_rows=f"({rows})"))
+    n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), coalesce(sum(n_distinct), 0) "
+                                     "FROM vitalsign").fetchall()[0]
     if n_rows != n_distinct:
         att.add(dup_note, n_rows, n_distinct, unit="rows")
-    con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign"))
     return frame(con, concept_sql("mimic", "first_day_vitalsign"))
 
 
