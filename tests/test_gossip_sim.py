@@ -10,11 +10,8 @@ from federation.gossip import GossipConfig, expand_runs, simulate
 
 
 @pytest.fixture(scope="module")
-def tiny_data() -> ImageDataset:
-    rng = np.random.default_rng(0)
-    return ImageDataset(rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640),
-                        rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 100),
-                        10, "tiny")
+def tiny_data(tiny_images: ImageDataset) -> ImageDataset:
+    return tiny_images
 
 
 def _cfg(**kw) -> GossipConfig:

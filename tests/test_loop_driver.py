@@ -12,11 +12,10 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from etl.images import FASHION_MNIST_DIR, ImageDataset
+from etl.images import FASHION_MNIST_DIR
 from etl.mimic import EtlOptions, run_etl
 from federation.config import build_config
 from federation.data import FederatedData
@@ -95,14 +94,6 @@ def _close(a, b, path="") -> None:
             assert a == pytest.approx(b, rel=1e-9, abs=1e-12), path
     else:
         assert a == b, path
-
-
-@pytest.fixture(scope="module")
-def tiny_images() -> ImageDataset:
-    rng = np.random.default_rng(0)
-    return ImageDataset(rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640),
-                        rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 100),
-                        10, "tiny")
 
 
 GOSSIP_CASES = {"vc_async": dict(t_acquisition=(1, 5), averaging="variance_corrected"),
