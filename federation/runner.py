@@ -357,6 +357,7 @@ def run_training(
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
+    _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None

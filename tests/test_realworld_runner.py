@@ -166,3 +166,26 @@ def test_realworld_preset_files_validate():
         assert cfg.realworld is not None
     assert build_config("fedavg", {}, load_yaml(CONFIGS / "realworld-always-on.yaml")).realworld.availability.kind \
         == "always"
+
+
+def test_cli_bad_trace_is_one_line_error_before_any_run(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from federation.synthetic import write_fedprox_cohort
+
+    repo = Path(__file__).resolve().parents[1]
+    cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=3, seed=1, mean_size=60.0)
+    (tmp_path / "trace.csv").write_text("center,begin,end\nx,0,1\n")
+    (tmp_path / "rw.yaml").write_text(f"realworld:\n  availability: {{kind: trace, trace: {tmp_path / 'trace.csv'}}}\n"
+                                      "  round_period_s: 3600\n")
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    p = subprocess.run([sys.executable, "-c", "from cli.app import main; main()", "train", "--method", "fedavg",
+                        "--cohort", str(cohort), "--config", str(tmp_path / "rw.yaml"), "--rounds", "1",
+                        "--tracking-uri", uri, "--no-progress"], capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]})
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("warning:")]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("error: ") and "trace.csv" in lines[0] and "column 'start' missing" in lines[0]
+    assert not (tmp_path / "results.json").exists()
