@@ -15,7 +15,9 @@
    duration; a server-based method's deadline policy drops late updates. The mixing matrix
    ``W [n, n]`` keeps only the columns of the centers whose update arrives (available, and on time
    for a server) and is renormalized per row; an unavailable center's row is the identity. For
-   FedAvg this is the sample-weighted mean over the centers that reported.
+   FedAvg this is the sample-weighted mean over the centers that reported. (When every available row
+   is the same, as FedAvg's, the unavailable rows copy it instead, so the exchange keeps its rank-one
+   fast path; step 4 restores those centers anyway.)
 4. :meth:`RealWorld.end_exchange`: the unavailable centers' exchanged block is restored to the
    start of the round (after ``after_mix``, variance correction and momentum), so they neither
    send nor receive; the clock advances to ``t_{r+1} = t_r + max(duration_r, round_period_s)``.
@@ -151,6 +153,12 @@ class RealWorld:
         w = plan.w
         if w is not None and not (self.all_up and bool(on_time.all())):
             w = mask_mixing(w, a, on_time)
+            up_rows = w[a]
+            if n_avail and n_avail < self.n and bool((up_rows == up_rows[:1]).all()):
+                # the unavailable rows are restored after the exchange (end_exchange), so they may copy
+                # the available centers' common row: FedAvg's W stays rank-one and is mixed with one
+                # product (federation.mixing.mix) instead of a dense [n, n] x [n, P] one
+                w[~a] = up_rows[0]
         self._m = {
             "available_share": n_avail / self.n,
             "dropped_updates": float((a & ~on_time).sum()) if server else 0.0,
