@@ -88,6 +88,7 @@ def propose_reject(
     epsilon: float,
     rng: np.random.Generator,
     proposer_check: bool = True,
+    available: Tensor | None = None,
 ) -> Matching:
     """Build this round's partner graph by propose-reject with rest (Sec. 4.3, Algorithm 1 lines 9-21).
 
@@ -99,6 +100,10 @@ def propose_reject(
         epsilon: probability of the epsilon-greedy swap, in [0, 1].
         rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
         proposer_check: see step 5 of the module docstring.
+        available: ``[n]`` bool centers up this round (issue 20, federation/realworld.py), or None
+            (all). An unavailable center proposes nothing, and a proposal to it fails (counted as
+            sent, never accepted); the proposer goes on down its list. No belief changes: only
+            partners are credited (after_exchange).
     Returns:
         :class:`Matching`.
     Raises:
@@ -127,6 +132,10 @@ def propose_reject(
 
     receiver_ok = (u >= tau_acc).T  # receiver_ok[i, j]: j's score of i clears tau_acc
     proposer_ok = u >= tau_acc if proposer_check else np.ones((n, n), dtype=bool)
+    # --- realworld (issue 20): availability hook ---
+    up = np.ones(n, dtype=bool) if available is None else available.detach().cpu().numpy().astype(bool)
+    receiver_ok = receiver_ok & up[None, :]
+    # --- end realworld hook ---
 
     partners = np.zeros((n, n), dtype=bool)
     deg = np.zeros(n, dtype=np.int64)
@@ -137,7 +146,7 @@ def propose_reject(
     for i in order:
         need = kappa - deg[i]
         c = size[i]
-        if need <= 0 or c == 0:
+        if need <= 0 or c == 0 or not up[i]:  # realworld hook: an unavailable center does not propose
             continue
         lst = ranked[i, :c].copy()
         if explore[i]:

@@ -28,6 +28,7 @@ from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinic
 from federation.ledger import Ledger
 from federation.loop import EvalSchedule, drive
 from federation.methods import Context, Method, get_method
+from federation.realworld import RealWorld
 from federation.tracking import (COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker,
                                  finite)
 from federation.metrics import batched_auroc, summarize
@@ -138,6 +139,7 @@ def run_one(
     extras: dict[str, Any] = {}
     es = cfg.early_stopping
     best = (-math.inf, -1, None)  # (val mean, round, params)
+    rw = _real_world(cfg, cls, data, seed, payload * bpp)  # None: every center up, infinitely fast
     last: dict[str, torch.Tensor] = {}
 
     def step(r: int) -> None:
@@ -147,12 +149,17 @@ def run_one(
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
+        if rw is not None:  # availability mask on the center axis (federation/realworld.py)
+            ctx.available = rw.begin_round(r, train_params, state, momentum)
         train_engine.train_round(train_params, state, r, local_loss)
+        if rw is not None:
+            rw.after_training(train_params, state)
         where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.checks)
         check_finite_params("parameters after local training", train_params, *where)
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
+        plan = rw.plan(plan) if rw is not None else plan
         if plan.w is not None and not cls.pooled:
             if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
                 raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{data.n_centers}, "
@@ -168,10 +175,13 @@ def run_one(
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
             for k, v in mixed.items():
                 train_params[k].copy_(v)
+        if rw is not None:
+            rw.end_exchange(train_params, ctx.round_start, momentum)
         meta_bytes = plan.metadata_bytes + (data.encoding_bytes if r == 0 else 0)  # + encoding aggregates
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
+        extras = {**extras, **rw.metrics()} if rw is not None else extras
         # a NaN extra means "undefined this round" (e.g. a mean over no observed partner): it is
         # left out of the round's metrics, never logged; an infinity stops the run
         extras = {k: v for k, v in extras.items() if not (isinstance(v, float) and math.isnan(v))}
@@ -210,6 +220,21 @@ def run_one(
         clinical=lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
                                           method.score_kind, seed),
     )
+
+
+def _real_world(cfg: RunConfig, cls: type[Method], data: FederatedData, seed: int,
+                payload_bytes: int) -> RealWorld | None:
+    """The run's :class:`federation.realworld.RealWorld` (None without a ``realworld:`` block).
+
+    Raises:
+        InputError: a ``realworld:`` block on a pooled method (the centralized reference has no
+            centers to take down).
+    """
+    if cfg.realworld is None:
+        return None
+    if cls.pooled:
+        raise InputError(f"{cfg.method}: the realworld block needs centers (not a pooled model)")
+    return RealWorld(cfg.realworld, data, seed, payload_bytes, cfg.engine.local_epochs)
 
 
 def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]:
@@ -346,6 +371,7 @@ def run_training(
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
+    _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None

@@ -27,7 +27,8 @@ A method is a small object holding its own state; the runner holds none of it. P
 ``cfg``, ``meta`` ``[n, 15]`` and ``meta_base`` ``[n, 3]`` (centers.parquet metadata vectors),
 ``n_train`` ``[n]``, ``params`` (live stacked parameters), ``round_start`` (a copy at the start
 of the round), ``pre_exchange`` (a copy after local training, i.e. the models sent this round),
-``exchanged`` / ``head`` key tuples, ``bf16``, :meth:`Context.evaluate` (per-center AUROC of
+``exchanged`` / ``head`` key tuples, ``bf16``, ``available`` (``[n]`` bool centers up this round
+under a ``realworld:`` block, else None: a method must not pair with an unavailable center), :meth:`Context.evaluate` (per-center AUROC of
 the live or given parameters) and :meth:`Context.evaluate_mixtures`.
 
 Methods override hooks, never the loop. Besides the ones above: ``make_engine(data, cfg, seed)``
@@ -111,6 +112,8 @@ class Context:
     round_start: StackedParams = field(default_factory=dict)
     pre_exchange: StackedParams = field(default_factory=dict)
     rng: torch.Generator = field(default_factory=torch.Generator)
+    #: ``[n]`` bool centers available this round (federation/realworld.py); None = all (no realworld block)
+    available: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
