@@ -109,7 +109,7 @@ def families() -> dict[str, str]:
 
 
 #: Modules above the runtime that register methods when imported (loaded on the first lookup).
-PLUGINS: tuple[str, ...] = ("abps.methods",)
+PLUGINS: tuple[str, ...] = ("abps.methods", "federation.sage_method")
 
 
 def _load_plugins() -> None:
