@@ -337,11 +337,13 @@ class CrossDataset(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     cohort: str
     rounds: int | None = Field(None, ge=1)
+    seeds: list[int] | None = Field(None, min_length=1)
 
 
 def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDataset]]:
     """Read a cross sweep file: a sweep file (:class:`federation.sweep.SweepSpec`) plus ``datasets:``
-    (label -> directory, or ``{cohort: DIR, rounds: R}``; relative paths from the file's folder).
+    (label -> directory, or ``{cohort: DIR, rounds: R, seeds: [...]}`` overriding the file's rounds /
+    seeds for that data set; relative paths from the file's folder).
 
     Raises:
         InputError: no ``datasets:``, a bad entry, or an invalid sweep field.
@@ -388,7 +390,7 @@ def run_cross_sweep(path: str | Path, *, only: list[str] | None = None, **kwargs
         path: the cross sweep file (``configs/cross.yaml``).
         only: labels of the data sets to run (default all).
         kwargs: passed to :func:`run_sweep` (executor, workers, rounds, seeds, tracking_uri,
-            experiment, progress); ``rounds`` overrides the data sets' own ``rounds``.
+            experiment, progress); ``rounds`` / ``seeds`` override the data sets' own.
 
     Returns:
         ``{label: SweepOutcome}``.
@@ -410,7 +412,8 @@ def run_cross_sweep(path: str | Path, *, only: list[str] | None = None, **kwargs
         if only and label not in only:
             continue
         sub = spec.model_copy(update={"name": f"{spec.name}-{label}"})
-        res = run_sweep(sub, base, d.cohort, rounds=rounds or d.rounds, experiment=experiment, **kwargs)
+        res = run_sweep(sub, base, d.cohort, rounds=rounds or d.rounds, experiment=experiment,
+                        seeds=kwargs.get("seeds") or d.seeds, **{k: v for k, v in kwargs.items() if k != "seeds"})
         metric = getattr(FederatedData.from_cohort(d.cohort), "metric_name", "auroc")
         tracker = Tracker(kwargs.get("tracking_uri"), experiment, create=False)
         tracker.client.set_tag(res.parent_run_id, DATASET_TAG, label)

@@ -157,12 +157,18 @@ class SageSelectorMethod(Method):
         decide -> ``W``; the ledger's edges and probe bytes."""
         from federation.images.probe import draw_anchors, empty_table, probe
         from federation.images.run import exchange_adjacency
+        from federation.images.sage import truncate_schedule
 
         model, shards = self._probe_view(ctx)
         rows, valid = draw_anchors(shards, int(self.schedule[-1]), self.g_anchor)
         own_ce = None
         if self.rule.needs_probe(round_idx):
-            table, own_ce = probe(model, shards, self.cand, self.cand_valid, self.degree, self.schedule, rows, valid,
+            # an anchor rule decides a receiver without a feasible stage by random gossip whatever its
+            # candidates' risks (Sec. V-B): its pairs are not probed (nor charged)
+            pairs = self.cand_valid
+            if self.rule.anchor_rule:
+                pairs = pairs & (truncate_schedule(self.schedule.tolist(), shards.n_anchor) > 0)[:, None]
+            table, own_ce = probe(model, shards, self.cand, pairs, self.degree, self.schedule, rows, valid,
                                   with_ce=self.rule.with_ce, own=self.rule.own)
         else:
             table = empty_table(self.cand, self.cand_valid, self.degree, self.schedule, shards.n_anchor)
