@@ -2,7 +2,7 @@
 clinical runtime, and the cross sweep over several data sets.
 
 The clinical runtime (:func:`federation.runner.run_one`) runs every registered method: ABPS / ABPS-X,
-FedAvg, DeFTA, random partners and the SAGE selectors (:mod:`federation.sage_method`). This module
+FedAvg, DeFTA, random partners and the SAGE selectors (:mod:`federation.methods.sage_selector`). This module
 lets the same loop, the same method registry and the same :class:`federation.ledger.Ledger` run on
 the SAGE image benchmark's clients:
 

@@ -1,4 +1,4 @@
-"""The SAGE selectors on clinical federations through the runtime (issue 18, federation/sage_method.py).
+"""The SAGE selectors on clinical federations through the runtime (issue 18, federation/methods/sage_selector.py).
 
 A hand-built 4-center case whose choices follow from the SAGE paper's equations by hand, and a real
 run on the MIMIC-IV demo through the one round loop and ledger.
