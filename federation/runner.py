@@ -31,7 +31,7 @@ from federation.methods import Context, Method, get_method
 from federation.realworld import RealWorld
 from federation.tracking import (COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker,
                                  finite)
-from federation.metrics import batched_auroc, summarize
+from federation.metrics import summarize
 from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
 from federation.variance import variance_correct
 
@@ -87,7 +87,7 @@ def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, r
     s = ctx.data.splits[split]
     scores = method.scores(ctx, params, split, round_idx)
     check_finite(f"{split} scores", scores[s.mask], *where)
-    return batched_auroc(scores, s.y, s.mask)
+    return ctx.data.split_metric(scores, split)  # AUROC; accuracy on an image federation (federation.cross)
 
 
 def run_one(
@@ -116,8 +116,11 @@ def run_one(
     data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
-    ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
-    sizes = n_params(data.d, engine.hidden)
+    if hasattr(engine, "layout"):  # an engine with its own model (federation.cross.ImageEngine, issue 18)
+        ex, hd, sizes = engine.layout(cfg.exchange.head_layers)
+    else:
+        ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
+        sizes = n_params(data.d, engine.hidden)
     ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
     ctx = Context(cfg=cfg, data=data, engine=engine, seed=seed, ledger=ledger, exchanged=ex, head=hd,
                   bf16=cfg.exchange.bf16_wire, rng=torch.Generator().manual_seed(mix_seed(seed, 0x3E7)))
@@ -217,8 +220,8 @@ def run_one(
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
         method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
-        clinical=lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
-                                          method.score_kind, seed),
+        clinical=(lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
+                                           method.score_kind, seed)) if data.clinical else None,
     )
 
 
@@ -406,6 +409,7 @@ def run_training(
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
+        doc["metric"] = data.metric_name  # "final_auroc_*" hold accuracy on an image federation (issue 18)
         doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")

@@ -140,8 +140,7 @@ class Context:
         """``[n]`` float64 per-center AUROC of ``params`` (default: the live ``ctx.params``) on
         each center's own ``split``; NaN for a one-class center."""
         p = params if params is not None else self.params
-        s = self.data.splits[split]
-        return batched_auroc(self.engine.predict(p, split), s.y, s.mask)
+        return self.data.split_metric(self.engine.predict(p, split), split)  # accuracy on image clients
 
     @torch.no_grad()
     def evaluate_mixtures(
@@ -175,6 +174,8 @@ class Context:
         Returns:
             ``[m]`` float64 AUROC (NaN where tc[r]'s split holds one class).
         """
+        if hasattr(self.engine, "evaluate_mixtures"):  # an engine of its own model (federation.cross, issue 18)
+            return self.engine.evaluate_mixtures(self, wc, tc, split, params)
         theta = params if params is not None else self.pre_exchange
         s = self.data.splits[split]
         n, m_rows = self.n, wc.shape[0]
@@ -257,8 +258,11 @@ class Method(Generic[P]):
 
     def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> StackedEngine:
         """The stacked trainer of ``data`` (all centers, or the pooled union for a ``pooled``
-        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``."""
-        return StackedEngine(data, cfg.engine, seed)
+        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``. A
+        federation with an engine of its own (``data.make_engine``: the image clients of
+        federation.cross, issue 18) builds it."""
+        own = getattr(data, "make_engine", None)
+        return own(cfg, seed) if own is not None else StackedEngine(data, cfg.engine, seed)
 
     def setup(self, ctx: Context) -> None:
         """Called once before round 0."""
