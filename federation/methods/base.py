@@ -202,7 +202,7 @@ class Context:
                 model = {k: (mix(w, theta[k], self.bf16, own=t) if k in self.exchanged else theta[k][t])
                          for k in theta}
                 rows = max(1, sizes[lo])  # real rows come first: trim the padding
-                logits = forward(model, s.x[t, :rows])[0]
+                logits = forward(model, s.rows(t, rows))[0]
                 out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
             return out
         # Sparse rows (e.g. ABPS coalitions: kappa + 1 members each). Row r's member k sends
@@ -218,7 +218,7 @@ class Context:
             # per distinct (target, member) pair, then a weighted sum per row
             pair, inv = torch.unique(t.unsqueeze(1) * span + sr, return_inverse=True)
             pt, pj = pair // span, pair % span
-            z = torch.bmm(s.x[pt, :rows], table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
+            z = torch.bmm(s.rows(pt, rows), table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
             hid = F.embedding_bag(inv, z.view(pair.numel(), -1), per_sample_weights=a, mode="sum")
             hid = hid.view(c, rows, h1).relu_()
 
