@@ -13,6 +13,7 @@ from federation.report.clinical import FILES as CLINICAL_FILES
 from federation.report.clinical import clinical_sections
 from federation.report.collect import collect_runs
 from federation.report.common import csv_text
+from federation.report.isolation import isolation_section
 from federation.report.sage_tables import sage_figure, sage_markdown, sage_tables
 from federation.report.vv_table import vv_table
 from federation.tracking import KIND_REPORT, KIND_TAG, Tracker, check_no_identifiers, finite
@@ -40,6 +41,8 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
                   + (", ".join(DISPLAY.get(x, x) for x in front) or "none") + "\n"]
         clinical_md, doc["sections"]["clinical"] = clinical_sections(client, col.cells, out)  # issue 19
         parts.append(clinical_md)
+        iso_md, doc["sections"]["isolation"] = isolation_section(col.cells)  # issue 12: per-seed isolation
+        parts.append(iso_md)
     else:
         parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
     if col.sage:
