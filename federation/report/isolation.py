@@ -13,6 +13,7 @@ import math
 from typing import Any, Sequence
 
 from federation.report.collect import CellRun
+from federation.report.common import fmt, md_table
 
 __all__ = ["isolation_rows", "isolation_markdown", "isolation_section"]
 
@@ -26,22 +27,15 @@ def isolation_rows(cells: Sequence[CellRun]) -> list[dict[str, Any]]:
             for c in sorted(keep, key=lambda c: (c.label, c.seed))]
 
 
-def _cell(x: float, fmt: str) -> str:
-    return "–" if not math.isfinite(x) else format(x, fmt)
-
-
 def _pct(x: float) -> str:
-    return "–" if not math.isfinite(x) else f"{100 * x:.1f} %"
+    return "n/a" if not math.isfinite(x) else f"{100 * x:.1f} %"
 
 
 def isolation_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table of :func:`isolation_rows` (rest share and acceptance in percent)."""
-    lines = ["| Method | Seed | Rest share per round | E\\|P_i\\| | Acceptance rate | Centers ever rested |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['label']} | {r['seed']} | {_pct(r['rest_share'])} | {_cell(r['partners_mean'], '.3f')} | "
-                     f"{_pct(r['acceptance_rate'])} | {_cell(r['centers_ever_rested'], '.0f')} |")
-    return "\n".join(lines) + "\n"
+    return md_table(["Method", "Seed", "Rest share per round", "E\\|P_i\\|", "Acceptance rate", "Centers ever rested"],
+                    [[r["label"], r["seed"], _pct(r["rest_share"]), fmt(r["partners_mean"]),
+                      _pct(r["acceptance_rate"]), fmt(r["centers_ever_rested"], 0)] for r in rows])
 
 
 def isolation_section(cells: Sequence[CellRun]) -> tuple[str, dict[str, Any]]:
