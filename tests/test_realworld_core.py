@@ -158,11 +158,11 @@ def test_matching_unavailable_center_gets_no_partner():
     cand = ~torch.eye(n, dtype=torch.bool)
     a = torch.tensor([True, False, True, True])
     for s in range(20):
-        m = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(s), True, a)
+        m = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(s), True, available=a)
         assert not m.partners[1].any() and not m.partners[:, 1].any()
         assert int(m.proposals[1]) == 0 and int(m.accepted[1]) == 0
         # a proposal to center 1 fails: the proposer goes on and finds an available partner unless taken
         assert int(m.accepted.sum()) == int(m.partners.sum()) // 2
     full = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(3), True)
-    same = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(3), True, torch.ones(n, dtype=torch.bool))
+    same = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(3), True, available=torch.ones(n, dtype=torch.bool))
     assert torch.equal(full.partners, same.partners) and torch.equal(full.proposals, same.proposals)

@@ -15,6 +15,7 @@ from federation.report.collect import collect_runs
 from federation.report.common import csv_text
 from federation.report.cross import FILES as CROSS_FILES
 from federation.report.cross import cross_section
+from federation.report.isolation import isolation_section
 from federation.report.realworld import FILES as REALWORLD_FILES
 from federation.report.realworld import realworld_section
 from federation.report.sage_tables import sage_figure, sage_markdown, sage_tables
@@ -44,6 +45,8 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
                   + (", ".join(DISPLAY.get(x, x) for x in front) or "none") + "\n"]
         clinical_md, doc["sections"]["clinical"] = clinical_sections(client, col.cells, out)  # issue 19
         parts.append(clinical_md)
+        iso_md, doc["sections"]["isolation"] = isolation_section(col.cells)  # issue 12: per-seed isolation
+        parts.append(iso_md)
     else:
         parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
     parts.append(realworld_section(client, col.cells, out, doc))  # issue 20: AUROC vs virtual time
