@@ -11,7 +11,8 @@ import torch
 from scipy import stats
 
 from abps.beliefs import BetaBeliefs
-from abps.drift import DriftMonitor, DriftParams, WelchWindows, restart_beliefs, welch_pvalues
+from abps.drift import (DriftMonitor, DriftParams, WelchWindows, candidate_overlap, restart_beliefs, rounds_until_zero,
+                        welch_pvalues)
 from abps.method import AbpsMethod
 from federation.config import build_config
 from federation.data import FederatedData
@@ -180,3 +181,75 @@ def test_scenario_refused_where_labels_are_not_stacked(small):
                        {"method": "centralized", "drift": {"round": 1, "count": 1}}, rounds=1)
     with pytest.raises(InputError, match="drift scenario"):
         run_one(cfg, small, 1)
+
+
+def test_welch_decision_on_a_hand_window():
+    """One pair, w = 3: old window (0.1, 0.2, 0.3), new window (0.4, 0.5, 0.6): means 0.2 and 0.5,
+    variances 0.01 and 0.01, t = -0.3 / sqrt(0.02 / 3) = -3.674, df = 4, p = 0.02131: a change at
+    alpha = 0.05, none at alpha = 0.01 (the monitor restarts only the first)."""
+    p_hand = 2 * stats.t.sf(0.3 / math.sqrt(0.02 / 3), 4)
+    assert p_hand == pytest.approx(0.02131, abs=1e-5)
+    obs = torch.tensor([[False, True], [False, False]])
+    for alpha, want in ((0.05, True), (0.01, False)):
+        mon = DriftMonitor(DriftParams(drift_window=3, drift_alpha=alpha), 2)
+        b = BetaBeliefs.prior(2)
+        for v in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
+            phi = torch.full((2, 2), v, dtype=torch.float64)
+            b.update(phi, obs)
+            flagged, m = mon.step(b, phi, obs)
+        assert m["drift_tests"] == 1.0  # only the sixth observation fills both windows
+        assert bool(mon.last_detected[0, 1]) is want and bool(flagged[1]) is want
+        if want:  # window reset: Beta(1 + 1.5, 1 + 1.5), pulls 3
+            assert (float(b.alpha[0, 1]), float(b.beta[0, 1]), float(b.pulls[0, 1])) == pytest.approx((2.5, 2.5, 3.0))
+        else:  # untouched: Beta(1 + 2.1, 1 + 3.9), pulls 6
+            assert (float(b.alpha[0, 1]), float(b.beta[0, 1]), float(b.pulls[0, 1])) == pytest.approx((3.1, 4.9, 6.0))
+
+
+def test_level_reset_keeps_the_pull_count():
+    """alpha = 7, beta = 3, pulls 8 (prior (1, 1)); latest window (0, 0.5): mean 0.25.
+    level: Beta(1 + 8 * 0.25, 1 + 8 * 0.75) = (3, 7), pulls 8: the mean drops to 0.3 and the UCB radius
+    of eq. (7) is unchanged (window reset: pulls 2, radius sqrt(9 / 3) = 1.73x wider)."""
+    b = BetaBeliefs.prior(2)
+    b.alpha[0, 1], b.beta[0, 1], b.pulls[0, 1] = 7.0, 3.0, 8.0
+    before = float(b.ucb(10, 1.0)[0, 1] - b.mean()[0, 1])
+    mask = torch.tensor([[False, True], [False, False]])
+    latest = torch.tensor([[[0.0, 0.0], [0.0, 0.5]], [[0.0, 0.0], [0.0, 0.0]]])
+    restart_beliefs(b, mask, latest, 0.0, "level")
+    assert (float(b.alpha[0, 1]), float(b.beta[0, 1]), float(b.pulls[0, 1])) == pytest.approx((3.0, 7.0, 8.0))
+    assert float(b.ucb(10, 1.0)[0, 1] - b.mean()[0, 1]) == pytest.approx(before)
+    assert float(b.alpha[1, 0]) == 1.0
+    with pytest.raises(ValueError, match="drift_reset"):
+        restart_beliefs(b, mask, latest, 0.0, "prior")
+
+
+def test_rounds_until_zero_and_candidate_overlap_by_hand():
+    # flip at round 3: zeros at rounds 7, 8, 9 -> 4 rounds after the flip (rounds 4-5: only 2 zeros)
+    assert rounds_until_zero([4, 3, 2, 0, 0, 2, 0, 0, 0, 1], 3) == 4
+    assert rounds_until_zero([4, 3, 2, 1, 0, 0, 0], 3) == 2
+    assert rounds_until_zero([4, 3, 2, 1, 0, 0], 3) is None
+    assert rounds_until_zero([0, 0, 0, 5], 1) == 0
+    exact = torch.tensor([[False, True, True], [True, False, False], [False, False, False]])
+    noisy = torch.tensor([[False, True, False], [False, False, True], [False, False, False]])
+    # exact 3 pairs, noisy 2, common 1, union 4
+    assert candidate_overlap(exact, noisy) == {"candidate_kept_share": pytest.approx(1 / 3),
+                                               "candidate_jaccard": pytest.approx(1 / 4)}
+    none = torch.zeros(3, 3, dtype=torch.bool)
+    assert candidate_overlap(none, none) == {"candidate_kept_share": 1.0, "candidate_jaccard": 1.0}
+
+
+def test_scenario_metrics_in_a_run(small):
+    """Under a drift scenario every ABPS run logs the harmful (mixed) partnerships per round and their
+    totals; the run totals agree with the per-round history."""
+    cfg = _cfg("abps-drift", 6, {"drift_window": 2, "drift_alpha": 0.2, "drift_reset": "level"}, {"round": 3, "count": 2})
+    res = run_one(cfg, small, 11)
+    s, h = res.method_summary, res.history
+    flipped = drift_centers(small, LabelFlipDrift(round=3, count=2))
+    assert int(flipped.sum()) == 2
+    edges = [r["flipped_mixed_edges"] for r in h]
+    assert s["flip_round"] == 3.0 and s["rounds_after_flip"] == 4.0
+    assert s["stopped_partnering"] == float(rounds_until_zero(edges, 3) is not None)
+    assert s["mixed_share_pre"] == pytest.approx(sum(r["flipped_mixed_share"] for r in h[:2]) / 2)
+    assert s["detections_flipped_total"] == sum(r["drift_detections_flipped"] for r in h)
+    assert s["false_alarms_total"] == sum(r["drift_false_alarms"] for r in h)
+    assert all(0.0 <= r["flipped_accept_share"] <= 1.0 for r in h)
+    assert "drift_detections_flipped" not in run_one(_cfg("abps", 4, {}, {"round": 3, "count": 2}), small, 11).history[0]
