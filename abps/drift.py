@@ -18,6 +18,12 @@ and the pair's buffer is emptied so that the next test compares two post-change 
 restart rule of change-detection bandits (e.g. CUSUM-UCB, M-UCB) applied per pair. The method also
 re-sends a flagged peer's metadata vector when it changed (:mod:`abps.privacy` counts the release).
 
+Two options (docs/privacy.md section 2 and the measurements of section 4.2): ``drift_scope = "peer"``
+tests one pooled stream per peer (``[1, n, 2w]``: each round the mean phi_bar the peer brought to the
+believers that observed it) instead of one per pair, which fills ``kappa / (n - 1)`` times as slowly;
+``drift_reset = "level"`` keeps the restarted pair's pull count and moves only its mean to the latest
+window's, so the UCB radius of eq. (7) does not widen right after a detected drop.
+
 Default off (``drift_window = 0``); the ``abps-drift`` preset turns it on.
 """
 
@@ -50,6 +56,10 @@ class DriftParams(BaseModel):
         drift_alpha: level of the Welch t-test (two-sided).
         drift_rho: weight kept of a restarted pair's evidence from before the latest window (0 = reset;
             ``drift_reset: window`` only).
+        drift_scope: ``pair`` (each believer tests its own observations of each peer: a pair fills its
+            ``2w`` observations only as often as it partners) or ``peer`` (one pooled stream per peer: each
+            round, the mean phi_bar the peer brought to the believers that observed it; a detection
+            restarts every believer's belief about that peer with the pooled latest window).
         drift_reset: what a detected change does to the pair's Beta belief (:func:`restart_beliefs`):
             ``window`` restarts it from the change point (prior + latest window: the pull count falls to
             ``w``, so the UCB radius of eq. 7 widens again); ``level`` moves its mean to the latest
@@ -60,6 +70,7 @@ class DriftParams(BaseModel):
     drift_alpha: float = Field(0.01, gt=0.0, lt=1.0)
     drift_rho: float = Field(0.0, ge=0.0, le=1.0)
     drift_reset: Literal["window", "level"] = "window"
+    drift_scope: Literal["pair", "peer"] = "pair"
 
     @model_validator(mode="after")
     def _window(self) -> "DriftParams":
@@ -98,12 +109,13 @@ class WelchWindows:
         count: ``[n, n]`` int64 observations since the pair's last restart.
     """
 
-    def __init__(self, n: int, window: int) -> None:
+    def __init__(self, n: int, window: int, rows: int | None = None) -> None:
         if window < 2:
             raise ValueError(f"drift window must be >= 2, got {window}")
         self.w = int(window)
-        self.buf = torch.zeros(n, n, 2 * self.w, dtype=torch.float64)
-        self.count = torch.zeros(n, n, dtype=torch.long)
+        r = n if rows is None else int(rows)  # rows = 1: one pooled stream per peer (drift_scope: peer)
+        self.buf = torch.zeros(r, n, 2 * self.w, dtype=torch.float64)
+        self.count = torch.zeros(r, n, dtype=torch.long)
 
     def push(self, values: Tensor, observed: Tensor) -> None:
         """Append ``values[i, j]`` for every observed pair (one scatter, no loop over centers).
@@ -233,7 +245,8 @@ class DriftMonitor:
         self.alpha = float(params.drift_alpha)
         self.rho = float(params.drift_rho)
         self.mode = str(getattr(params, "drift_reset", "window"))
-        self.windows = WelchWindows(n, params.drift_window)
+        self.scope = str(getattr(params, "drift_scope", "pair"))
+        self.windows = WelchWindows(n, params.drift_window, 1 if self.scope == "peer" else None)
         self.detections = torch.zeros(n, n, dtype=torch.long)  # [n, n] detections per pair
         self.tested = torch.zeros(n, n, dtype=torch.long)  # [n, n] tests per pair
         self.tests = 0
@@ -248,17 +261,30 @@ class DriftMonitor:
             phi_bar: ``[n, n]`` clipped utilities; observed: ``[n, n]`` bool.
         Returns:
             ``(flagged, metrics)``: ``flagged`` ``[n]`` bool, peers some believer detected a change of;
-            metrics ``drift_tests`` (pairs tested this round) and ``drift_detections``.
+            metrics ``drift_tests`` (pairs, or peers with ``drift_scope: peer``, tested this round) and
+            ``drift_detections`` (pairs restarted).
         """
-        self.windows.push(phi_bar, observed)
-        detected, pv = self.windows.test(observed, self.alpha)
-        ran = torch.isfinite(pv)
-        tested = int(ran.sum())
+        obs = observed.to(torch.bool)
+        if self.scope == "peer":  # one pooled observation per observed peer: [1, n]
+            seen = obs.any(dim=0)
+            pooled = torch.where(obs, phi_bar.to(torch.float64), 0.0).sum(dim=0) / obs.sum(dim=0).clamp(min=1)
+            self.windows.push(pooled[None], seen[None])
+            det, pv = self.windows.test(seen[None], self.alpha)
+            tested = int(torch.isfinite(pv).sum())
+            off = ~torch.eye(obs.shape[0], dtype=torch.bool)
+            detected, ran = det.expand_as(obs) & off, torch.isfinite(pv).expand_as(obs) & off
+            latest = self.windows.latest().expand(*obs.shape, self.windows.w)
+        else:
+            self.windows.push(phi_bar, obs)
+            det, pv = self.windows.test(obs, self.alpha)
+            ran = torch.isfinite(pv)
+            detected, tested = det, int(ran.sum())
+            latest = self.windows.latest()
         self.tests += tested
         self.tested += ran.to(torch.long)
         if detected.any():
-            restart_beliefs(beliefs, detected, self.windows.latest(), self.rho, self.mode)
-            self.windows.clear(detected)
+            restart_beliefs(beliefs, detected, latest, self.rho, self.mode)
+            self.windows.clear(det)
             self.detections += detected.to(torch.long)
         self.last_detected, self.last_tested = detected, ran
         return detected.any(dim=0), {"drift_tests": float(tested), "drift_detections": float(detected.sum())}

@@ -253,3 +253,63 @@ def test_scenario_metrics_in_a_run(small):
     assert s["false_alarms_total"] == sum(r["drift_false_alarms"] for r in h)
     assert all(0.0 <= r["flipped_accept_share"] <= 1.0 for r in h)
     assert "drift_detections_flipped" not in run_one(_cfg("abps", 4, {}, {"round": 3, "count": 2}), small, 11).history[0]
+
+
+def test_peer_scope_pools_the_believers():
+    """drift_scope = peer, w = 2: believers 0 and 2 observe peer 1 with (0.9, 0.7), (0.8, 0.8),
+    (0.1, 0.3), (0.2, 0.2): pooled stream 0.8, 0.8, 0.2, 0.2. Two constant windows with different means
+    are a certain change (p = 0) at round 4: one test; both believers restart from the pooled window
+    (sum 0.4): Beta(1.4, 2.6), pulls 2 (the diagonal stays at the prior); the other peers are untouched."""
+    n = 3
+    mon = DriftMonitor(DriftParams(drift_window=2, drift_alpha=0.05, drift_scope="peer"), n)
+    b = BetaBeliefs.prior(n)
+    obs = torch.zeros(n, n, dtype=torch.bool)
+    obs[0, 1] = obs[2, 1] = True
+    tests = []
+    for v0, v2 in ((0.9, 0.7), (0.8, 0.8), (0.1, 0.3), (0.2, 0.2)):
+        phi = torch.zeros(n, n, dtype=torch.float64)
+        phi[0, 1], phi[2, 1] = v0, v2
+        b.update(phi, obs)
+        flagged, m = mon.step(b, phi, obs)
+        tests.append(m["drift_tests"])
+    assert tests == [0.0, 0.0, 0.0, 1.0] and flagged.tolist() == [False, True, False]
+    for i in (0, 1, 2):
+        if i != 1:
+            assert (float(b.alpha[i, 1]), float(b.beta[i, 1]), float(b.pulls[i, 1])) == pytest.approx((1.4, 2.6, 2.0))
+    assert float(b.pulls[1, 1]) == 0.0 and float(b.pulls[0, 2]) == 0.0
+    assert int(mon.windows.count[0, 1]) == 0  # the pooled stream restarts
+
+
+def test_both_features_from_the_cli(tmp_path):
+    """`abps train --param ...`: the DP release and the pooled drift windows with the level reset under a
+    label flip (drift block through --config); results.json and MLflow carry the spent epsilon, the
+    candidate-set overlap and the drift-scenario totals."""
+    import json
+
+    import cli.train_cmd  # noqa: F401  (registers `abps train`)
+    from cli.app import main
+    from federation.synthetic import write_fedprox_cohort
+    from mlflow.tracking import MlflowClient
+
+    cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=8, seed=2, mean_size=80.0, shared=0.8)
+    cfg = tmp_path / "flip.yaml"
+    cfg.write_text("method: abps-drift\ndrift:\n  round: 2\n  count: 1\n")
+    out, uri = tmp_path / "results.json", f"sqlite:///{tmp_path}/ml.db"
+    main(["train", "--method", "abps-drift", "--config", str(cfg), "--cohort", str(cohort), "--rounds", "4",
+          "--seeds", "11", "--param", "goal=homogeneity", "--param", "metadata_dp_epsilon=2",
+          "--param", "metadata_dp_delta=1e-6", "--param", "drift_scope=peer", "--param", "drift_reset=level",
+          "--param", "drift_window=2", "--output", str(out), "--tracking-uri", uri, "--experiment", "cli17",
+          "--no-progress"])
+    doc = json.loads(out.read_text())
+    s = doc["seeds"]["11"]["method_summary"]
+    assert doc["config"]["params"]["drift_scope"] == "peer" and doc["config"]["params"]["drift_reset"] == "level"
+    assert s["dp_epsilon_per_release"] == 2.0 and s["dp_delta"] == 1e-6
+    assert s["dp_epsilon_spent"] >= 2.0 * (1 - 1e-3)  # one release per center, more after re-sends
+    assert 0.0 <= s["candidate_kept_share"] <= 1.0 and s["flip_round"] == 2.0
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("cli17")
+    run = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags][0]
+    for key in ("dp_epsilon_spent", "candidate_kept_share", "candidate_jaccard", "mixed_share_pre",
+                "stopped_partnering", "drift_tests_total"):
+        assert run.data.metrics[key] == pytest.approx(s[key]), key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "flipped_mixed_share")] == [1, 2, 3, 4]

@@ -218,8 +218,9 @@ def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
     assert len(expand_cells(spec, base, "c")) == 3 * 6 * 5
     spec, base = load_sweep(CONFIGS / "drift-study.yaml")
     cells = expand_cells(spec, base, "c")
-    assert len(cells) == 4 * 3 and {c.config.drift.round for c in cells} == {15}
-    assert {c.config.params["drift_reset"] for c in cells if c.method == "abps-drift"} == {"window", "level"}
+    assert len(cells) == 5 * 3 and {c.config.drift.round for c in cells} == {15}
+    assert {(c.config.params["drift_scope"], c.config.params["drift_reset"]) for c in cells
+            if c.method == "abps-drift"} == {("pair", "window"), ("peer", "window"), ("peer", "level")}
 
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=6, seed=3, mean_size=90.0, shared=0.8)
     uri = f"sqlite:///{tmp_path}/ml.db"
