@@ -205,21 +205,17 @@ def privacy_drift_sections(client: Any, cells: Sequence[Any], out: Path, section
     priv = privacy_rows(client, cells)
     drift, curves = drift_rows(client, cells)
     parts = []
-    if priv:
-        md, body = _privacy_md(priv)
-        (out / "privacy.md").write_text(md)
-        (out / "privacy.csv").write_text(body)
-        sections["privacy"] = {"rows": priv}
-        parts += ["\n## Privacy-utility of the DP metadata release (issue 17)\n",
-                  "Seed means; epsilon and delta per release (`metadata_dp_epsilon`, `metadata_dp_delta`).\n", md]
-    if drift:
-        md, body = _drift_md(drift)
-        (out / "drift.md").write_text(md)
-        (out / "drift.csv").write_text(body)
-        sections["drift"] = {"rows": drift}
-        parts += ["\n## Drift: a center turned harmful (issue 17)\n",
-                  "Mixed partnerships: one end flipped (harmful); stopped: none for 3 rounds running after the "
-                  "flip.\n", md]
+    for name, rows, table, title, note in (
+            ("privacy", priv, _privacy_md, "Privacy-utility of the DP metadata release (issue 17)",
+             "Seed means; epsilon and delta per release (`metadata_dp_epsilon`, `metadata_dp_delta`)."),
+            ("drift", drift, _drift_md, "Drift: a center turned harmful (issue 17)",
+             "Mixed partnerships: one end flipped (harmful); stopped: none for 3 rounds running after the flip.")):
+        if rows:
+            md, body = table(rows)
+            (out / f"{name}.md").write_text(md)
+            (out / f"{name}.csv").write_text(body)
+            sections[name] = {"rows": rows}
+            parts += [f"\n## {title}\n", note + "\n", md]
     if priv or drift:
         privacy_drift_figure(priv, curves, drift[0]["flip_round"] if drift else 0, out / "privacy_drift.png")
         parts.append("\n![privacy and drift](privacy_drift.png)\n")
