@@ -295,7 +295,7 @@ def test_both_features_from_the_cli(tmp_path):
     cfg = tmp_path / "flip.yaml"
     cfg.write_text("method: abps-drift\ndrift:\n  round: 2\n  count: 1\n")
     out, uri = tmp_path / "results.json", f"sqlite:///{tmp_path}/ml.db"
-    main(["train", "--method", "abps-drift", "--config", str(cfg), "--cohort", str(cohort), "--rounds", "4",
+    main(["train", "--method", "abps-drift", "--config", str(cfg), "--cohort", str(cohort), "--rounds", "3",
           "--seeds", "11", "--param", "goal=homogeneity", "--param", "metadata_dp_epsilon=2",
           "--param", "metadata_dp_delta=1e-6", "--param", "drift_scope=peer", "--param", "drift_reset=level",
           "--param", "drift_window=2", "--output", str(out), "--tracking-uri", uri, "--experiment", "cli17",
@@ -312,4 +312,4 @@ def test_both_features_from_the_cli(tmp_path):
     for key in ("dp_epsilon_spent", "candidate_kept_share", "candidate_jaccard", "mixed_share_pre",
                 "stopped_partnering", "drift_tests_total"):
         assert run.data.metrics[key] == pytest.approx(s[key]), key
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "flipped_mixed_share")] == [1, 2, 3, 4]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "flipped_mixed_share")] == [1, 2, 3]

@@ -226,7 +226,7 @@ def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
     uri = f"sqlite:///{tmp_path}/ml.db"
     drift = {"drift": {"round": 2, "count": 1}}
     spec = SweepSpec.model_validate({
-        "name": "pd", "seeds": [1, 2], "rounds": 4,
+        "name": "pd", "seeds": [1], "rounds": 3,
         "methods": [{"method": "abps-hom", "label": "hom"},
                     {"method": "abps", "label": "plain", "params": {"gamma": 0.1}, "overrides": drift},
                     {"method": "abps-drift", "label": "welch", "overrides": drift,
