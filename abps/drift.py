@@ -60,6 +60,8 @@ class DriftParams(BaseModel):
             ``2w`` observations only as often as it partners) or ``peer`` (one pooled stream per peer: each
             round, the mean phi_bar the peer brought to the believers that observed it; a detection
             restarts every believer's belief about that peer with the pooled latest window).
+        drift_direction: ``both`` (a significant change either way is a detection) or ``drop`` (only a
+            significant fall of the mean utility: the change that can make a partner harmful).
         drift_reset: what a detected change does to the pair's Beta belief (:func:`restart_beliefs`):
             ``window`` restarts it from the change point (prior + latest window: the pull count falls to
             ``w``, so the UCB radius of eq. 7 widens again); ``level`` moves its mean to the latest
@@ -71,6 +73,7 @@ class DriftParams(BaseModel):
     drift_rho: float = Field(0.0, ge=0.0, le=1.0)
     drift_reset: Literal["window", "level"] = "window"
     drift_scope: Literal["pair", "peer"] = "pair"
+    drift_direction: Literal["both", "drop"] = "both"
 
     @model_validator(mode="after")
     def _window(self) -> "DriftParams":
@@ -137,18 +140,27 @@ class WelchWindows:
         idx = (self.count.unsqueeze(-1) + torch.arange(k)) % k
         return self.buf.gather(-1, idx)
 
-    def test(self, observed: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
+    def test(self, observed: Tensor, alpha: float, drop_only: bool = False) -> tuple[Tensor, Tensor]:
         """Welch test of the latest window against the previous one for the pairs observed this round.
 
+        Args:
+            observed: ``[r, n]`` bool, the streams that received an observation this round.
+            alpha: two-sided level.
+            drop_only: count a significant change only when the latest window's mean is the lower.
         Returns:
-            ``(detected, pvalue)``: ``[n, n]`` bool and ``[n, n]`` float64 (NaN where not tested).
+            ``(detected, pvalue)``: ``[r, n]`` bool and ``[r, n]`` float64 (NaN where not tested).
         """
         ready = observed.to(torch.bool) & (self.count >= 2 * self.w)
         pv = torch.full(self.count.shape, float("nan"), dtype=torch.float64)
+        detected = torch.zeros_like(ready)
         if ready.any():
             seq = self.ordered()[ready]
             pv[ready] = welch_pvalues(seq[:, : self.w], seq[:, self.w:])
-        return ready & (pv < alpha), pv
+            hit = pv[ready] < alpha
+            if drop_only:
+                hit &= seq[:, self.w:].mean(dim=-1) < seq[:, : self.w].mean(dim=-1)
+            detected[ready] = hit
+        return detected, pv
 
     def latest(self) -> Tensor:
         """``[n, n, w]`` the latest ``w`` observations in time order (meaningful where ``count >= w``)."""
@@ -246,6 +258,7 @@ class DriftMonitor:
         self.rho = float(params.drift_rho)
         self.mode = str(getattr(params, "drift_reset", "window"))
         self.scope = str(getattr(params, "drift_scope", "pair"))
+        self.drop_only = str(getattr(params, "drift_direction", "both")) == "drop"
         self.windows = WelchWindows(n, params.drift_window, 1 if self.scope == "peer" else None)
         self.detections = torch.zeros(n, n, dtype=torch.long)  # [n, n] detections per pair
         self.tested = torch.zeros(n, n, dtype=torch.long)  # [n, n] tests per pair
@@ -269,14 +282,14 @@ class DriftMonitor:
             seen = obs.any(dim=0)
             pooled = torch.where(obs, phi_bar.to(torch.float64), 0.0).sum(dim=0) / obs.sum(dim=0).clamp(min=1)
             self.windows.push(pooled[None], seen[None])
-            det, pv = self.windows.test(seen[None], self.alpha)
+            det, pv = self.windows.test(seen[None], self.alpha, self.drop_only)
             tested = int(torch.isfinite(pv).sum())
             off = ~torch.eye(obs.shape[0], dtype=torch.bool)
             detected, ran = det.expand_as(obs) & off, torch.isfinite(pv).expand_as(obs) & off
             latest = self.windows.latest().expand(*obs.shape, self.windows.w)
         else:
             self.windows.push(phi_bar, obs)
-            det, pv = self.windows.test(obs, self.alpha)
+            det, pv = self.windows.test(obs, self.alpha, self.drop_only)
             ran = torch.isfinite(pv)
             detected, tested = det, int(ran.sum())
             latest = self.windows.latest()

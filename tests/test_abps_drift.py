@@ -313,3 +313,19 @@ def test_both_features_from_the_cli(tmp_path):
                 "stopped_partnering", "drift_tests_total"):
         assert run.data.metrics[key] == pytest.approx(s[key]), key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "flipped_mixed_share")] == [1, 2, 3]
+
+
+def test_drop_only_ignores_a_rise():
+    """The hand window of test_welch_decision_on_a_hand_window (p = 0.0213) as a rise (0.1..0.6) and as
+    a fall (0.6..0.1): with drift_direction = drop only the fall is a detection at alpha = 0.05."""
+    obs = torch.tensor([[False, True], [False, False]])
+    for values, want in (((0.1, 0.2, 0.3, 0.4, 0.5, 0.6), False), ((0.6, 0.5, 0.4, 0.3, 0.2, 0.1), True)):
+        for scope in ("pair", "peer"):
+            mon = DriftMonitor(DriftParams(drift_window=3, drift_alpha=0.05, drift_direction="drop",
+                                           drift_scope=scope), 2)
+            b = BetaBeliefs.prior(2)
+            for v in values:
+                phi = torch.full((2, 2), v, dtype=torch.float64)
+                b.update(phi, obs)
+                mon.step(b, phi, obs)
+            assert bool(mon.last_detected[0, 1]) is want, (values, scope)
