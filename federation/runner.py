@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from pydantic import ValidationError
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
@@ -25,7 +26,8 @@ from federation.engine import AdamState, StackedParams, mix_seed, n_params
 from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical
 from federation.ledger import Ledger
 from federation.methods import Context, Method, get_method
-from federation.tracking import finite
+from federation.tracking import (COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker,
+                                 finite)
 from federation.metrics import batched_auroc, summarize
 from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
 from federation.variance import variance_correct
@@ -312,10 +314,6 @@ def run_training(
         InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
             cohort's files, or (with ``overwrite=False``) an existing file.
     """
-    from pydantic import ValidationError
-
-    from federation.tracking import COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker
-
     cls = get_method(cfg.method)
     try:  # bad method parameters fail before any MLflow run starts
         cls.Params(**cfg.params)
