@@ -4,6 +4,8 @@ and both features inside an ABPS run (DP off reproduces today's run exactly)."""
 from __future__ import annotations
 
 import math
+import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ from federation.drift_scenario import LabelFlipDrift, apply_drift, drift_centers
 from federation.methods import get_method
 from federation.runner import run_one
 from federation.synthetic import generate_fedprox_cohort
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -329,3 +333,60 @@ def test_drop_only_ignores_a_rise():
                 b.update(phi, obs)
                 mon.step(b, phi, obs)
             assert bool(mon.last_detected[0, 1]) is want, (values, scope)
+
+
+def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
+    """configs/privacy-study.yaml and configs/drift-study.yaml load; a tiny sweep with both kinds of
+    runs gives report tables whose numbers are the runs' own summaries (issue 17)."""
+    from federation import report as rp
+    from federation.sweep import SweepSpec, expand_cells, load_sweep, run_sweep
+    from federation.synthetic import write_fedprox_cohort
+
+    spec, base = load_sweep(CONFIGS / "privacy-study.yaml")
+    assert len(expand_cells(spec, base, "c")) == 3 * 6 * 5
+    spec, base = load_sweep(CONFIGS / "drift-study.yaml")
+    cells = expand_cells(spec, base, "c")
+    assert len(cells) == 5 * 3 and {c.config.drift.round for c in cells} == {15}
+    assert {(c.config.params["drift_scope"], c.config.params["drift_reset"]) for c in cells
+            if c.method == "abps-drift"} == {("pair", "window"), ("peer", "window"), ("peer", "level")}
+
+    cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=6, seed=3, mean_size=90.0, shared=0.8)
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    drift = {"drift": {"round": 2, "count": 1}}
+    spec = SweepSpec.model_validate({
+        "name": "pd", "seeds": [1], "rounds": 3,
+        "methods": [{"method": "abps-hom", "label": "hom"},
+                    {"method": "abps", "label": "plain", "params": {"gamma": 0.1}, "overrides": drift},
+                    {"method": "abps-drift", "label": "welch", "overrides": drift,
+                     "params": {"gamma": 0.1, "drift_window": 2, "drift_alpha": 0.3, "drift_reset": "level"}}],
+        "options": {"params.metadata_dp_epsilon": [1.0, None]}})
+    out = run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert not out.failed
+    doc = rp.write_report("pd", tmp_path / "rep", uri)
+    for name in ("privacy.md", "privacy.csv", "drift.md", "drift.csv", "privacy_drift.png"):
+        assert (tmp_path / "rep" / name).is_file()
+    summaries: dict[str, list[dict]] = {}
+    for cell in out.cells:
+        summaries.setdefault(cell.label, []).append(out.summaries[cell.key])
+    priv = {r["epsilon"]: r for r in doc["sections"]["privacy"]["rows"]}
+    assert set(priv) == {1.0, math.inf} and all(r["goal"] == "homogeneity" for r in priv.values())
+    on = summaries["hom[params.metadata_dp_epsilon=1.0]"]
+    assert priv[1.0]["final_auroc_mean"] == pytest.approx(statistics.fmean(s["final_auroc_mean"] for s in on))
+    assert priv[1.0]["rest_share_mean"] == pytest.approx(
+        statistics.fmean(s["method_summary"]["rest_share_mean"] for s in on))
+    assert priv[1.0]["candidate_kept_share"] == pytest.approx(
+        statistics.fmean(s["method_summary"]["candidate_kept_share"] for s in on))
+    assert priv[1.0]["dp_epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
+    assert priv[math.inf]["dp_epsilon_spent"] == math.inf and priv[math.inf]["candidate_kept_share"] == 1.0
+    rows = {r["label"].split("[")[0]: r for r in doc["sections"]["drift"]["rows"]}
+    assert set(rows) == {"plain", "welch"}  # the goal runs have no drift block
+    for label, r in rows.items():
+        ms = [s["method_summary"] for s in summaries[f"{label}[params.metadata_dp_epsilon=1.0]"]]
+        if r["label"].endswith("=1.0]"):
+            assert r["stopped"] == sum(m["stopped_partnering"] for m in ms)
+            assert r["mixed_share_pre"] == pytest.approx(statistics.fmean(m["mixed_share_pre"] for m in ms))
+    welch = [r for r in doc["sections"]["drift"]["rows"] if r["label"].startswith("welch")]
+    assert all(r["windows"] for r in welch) and not any(r["windows"] for r in doc["sections"]["drift"]["rows"]
+                                                         if r["label"].startswith("plain"))
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "Privacy-utility" in md and "Drift: a center turned harmful" in md
