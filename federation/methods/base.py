@@ -27,7 +27,8 @@ A method is a small object holding its own state; the runner holds none of it. P
 ``cfg``, ``meta`` ``[n, 15]`` and ``meta_base`` ``[n, 3]`` (centers.parquet metadata vectors),
 ``n_train`` ``[n]``, ``params`` (live stacked parameters), ``round_start`` (a copy at the start
 of the round), ``pre_exchange`` (a copy after local training, i.e. the models sent this round),
-``exchanged`` / ``head`` key tuples, ``bf16``, :meth:`Context.evaluate` (per-center AUROC of
+``exchanged`` / ``head`` key tuples, ``bf16``, ``available`` (``[n]`` bool centers up this round
+under a ``realworld:`` block, else None: a method must not pair with an unavailable center), :meth:`Context.evaluate` (per-center AUROC of
 the live or given parameters) and :meth:`Context.evaluate_mixtures`.
 
 Methods override hooks, never the loop. Besides the ones above: ``make_engine(data, cfg, seed)``
@@ -111,6 +112,8 @@ class Context:
     round_start: StackedParams = field(default_factory=dict)
     pre_exchange: StackedParams = field(default_factory=dict)
     rng: torch.Generator = field(default_factory=torch.Generator)
+    #: ``[n]`` bool centers available this round (federation/realworld.py); None = all (no realworld block)
+    available: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -199,7 +202,7 @@ class Context:
                 model = {k: (mix(w, theta[k], self.bf16, own=t) if k in self.exchanged else theta[k][t])
                          for k in theta}
                 rows = max(1, sizes[lo])  # real rows come first: trim the padding
-                logits = forward(model, s.x[t, :rows])[0]
+                logits = forward(model, s.rows(t, rows))[0]
                 out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
             return out
         # Sparse rows (e.g. ABPS coalitions: kappa + 1 members each). Row r's member k sends
@@ -215,7 +218,7 @@ class Context:
             # per distinct (target, member) pair, then a weighted sum per row
             pair, inv = torch.unique(t.unsqueeze(1) * span + sr, return_inverse=True)
             pt, pj = pair // span, pair % span
-            z = torch.bmm(s.x[pt, :rows], table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
+            z = torch.bmm(s.rows(pt, rows), table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
             hid = F.embedding_bag(inv, z.view(pair.numel(), -1), per_sample_weights=a, mode="sum")
             hid = hid.view(c, rows, h1).relu_()
 
