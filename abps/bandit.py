@@ -142,6 +142,7 @@ def simulate(
     seed: int = 0,
     candidates: Tensor | None = None,
     proposer_check: bool = True,
+    acceptance: str = "first_come",
 ) -> BanditTrace:
     """Run the ABPS selection layer (Algorithm 1 without model training) on a stationary bandit.
 
@@ -155,7 +156,7 @@ def simulate(
         epsilon: constant swap probability, or a function of the round ``t`` (e.g. ``lambda t: min(1, 1/t)``).
         seed: seeds matching and observation noise.
         candidates: ``[n, n]`` bool candidate sets (default: everyone).
-        proposer_check: see :func:`abps.matching.propose_reject`.
+        proposer_check, acceptance: see :func:`abps.matching.propose_reject`.
     Returns:
         :class:`BanditTrace`.
     """
@@ -169,7 +170,8 @@ def simulate(
     for t in range(1, rounds + 1):
         eps = float(epsilon(t)) if callable(epsilon) else float(epsilon)
         m = propose_reject(
-            beliefs.ucb(t, gamma), cand, kappa, tau_acc, eps, np.random.default_rng([seed, 0, t]), proposer_check
+            beliefs.ucb(t, gamma), cand, kappa, tau_acc, eps, np.random.default_rng([seed, 0, t]), proposer_check,
+            acceptance,
         )
         obs = bandit.sample(noise_rng)
         beliefs.update(obs, m.partners)

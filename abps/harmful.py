@@ -44,7 +44,7 @@ from federation.config import build_config
 from federation.methods import get_method
 
 __all__ = ["STUDY_CONFIG", "choose_harmful", "flip_centers", "write_harmful_cohort", "read_harmful", "study_config",
-           "study_rows", "mean_finite", "main"]
+           "study_rows", "window_summary", "mean_finite", "main"]
 
 MANIFEST = "harmful.json"
 
@@ -151,15 +151,21 @@ def read_harmful(cohort_dir: str | Path) -> list[str]:
     return list(json.loads(p.read_text())["harmful_centers"])
 
 
-def study_config(method: str, harmful: Sequence[str], rounds: int, gamma: float = 0.05) -> object:
+def study_config(method: str, harmful: Sequence[str], rounds: int, gamma: float = 0.02,
+                 acceptance: str = "deferred") -> object:
     """The :class:`federation.config.RunConfig` of one study arm: :data:`STUDY_CONFIG` with
-    ``watch_centers`` = the flipped ids; ABPS arms also get ``gamma`` (default 0.05: small enough
-    for a UCB to fall below tau_acc within a few rounds, see :func:`abps.beliefs.max_resting_gamma`).
+    ``watch_centers`` = the flipped ids; ABPS arms also get ``gamma`` (default 0.02: small enough
+    for a UCB to fall below tau_acc after one bad partnership, see
+    :func:`abps.beliefs.max_resting_gamma`, and for a peer known to help by the median healthy credit,
+    phi ~ +0.02 AUROC, to outrank an untried one after one pull, which needs gamma < 0.04) and
+    the receiver rule ``acceptance`` (default ``deferred``: :mod:`abps.matching` step 7; with
+    ``first_come`` untried harmful proposers keep winning free slots, docs/fidelity.md).
     """
 
     params = {**STUDY_CONFIG["params"], "watch_centers": list(harmful)}
     if method != "random-partners":
         params["gamma"] = gamma
+        params["acceptance"] = acceptance
     doc = {**STUDY_CONFIG, "params": params}
     return build_config(method, get_method(method).default_config, doc, rounds=rounds)
 
@@ -175,6 +181,15 @@ def study_rows(history: list[dict[str, float]]) -> list[dict[str, float]]:
     return [{"round": h["round"], "harmful_share": h["watched_partnership_share"],
              "mixed_share": h["mixed_partnership_share"], "rest_share": h["isolation_rate"],
              "healthy_auroc": h["unwatched_test_auroc_mean"]} for h in history]
+
+
+def window_summary(rows: list[dict[str, float]], start: int, stop: int) -> dict[str, float]:
+    """Means of :func:`study_rows` over rounds ``start..stop`` (1-based, inclusive): harmful_share,
+    mixed_share, rest_share (plain means) and healthy_auroc (mean of the finite values)."""
+    sel = [r for r in rows if start <= r["round"] <= stop]
+    out = {k: mean_finite([r[k] for r in sel]) for k in ("harmful_share", "mixed_share", "rest_share")}
+    out["healthy_auroc"] = mean_finite([r["healthy_auroc"] for r in sel])
+    return out
 
 
 def mean_finite(values: Sequence[float]) -> float:

@@ -24,6 +24,23 @@ One round of matching, given every center's UCB scores (eq. 7) and candidate set
    partnership needs both sides to expect a gain. ``proposer_check=False`` is the literal Algorithm 1,
    where only the receiver checks.
 6. **Rest.** A center that ends the round with ``P_i`` empty rests: it sends and receives nothing.
+7. **Receiver rule** (``acceptance``). ``first_come`` (default, literal Algorithm 1 line 17): a receiver
+   accepts every acceptable proposer while it has room, in the order proposals arrive. ``deferred``
+   (Sec. 4.3: the protocol "approximat[es] a stable-marriage solution"): deferred acceptance as in
+   Gale-Shapley, where a full receiver ``j`` also weighs a new acceptable proposer ``i`` against the
+   partners it holds and, when ``ucb[j, i]`` is strictly greater than its lowest-scored partner's, drops
+   that partner (who resumes proposing down its own list) and takes ``i``; likewise a full center keeps
+   proposing down its list to candidates it scores strictly above its lowest-scored partner, and drops
+   that partner when one accepts (in a federation every center is both proposer and receiver, so this
+   is the stable-roommates form of deferred acceptance). Proposers are served first in first out,
+   starting in the round's permutation; each walks its list at most once, so the loop ends after at
+   most ``sum_i |C_i|`` proposals. With every score equal (round 1, ``random-partners``) no
+   receiver ever trades, and the two rules give the same matching. Why it exists: under
+   ``first_come`` a receiver that has never met the proposer accepts it whenever its slot is still
+   free (an untried peer's UCB is the prior mean 0.5 plus a bonus, so it always clears tau_acc = 0.5),
+   even when a partner it knows to be good proposes later in the same round; a center that every
+   known peer refuses therefore keeps winning first contacts with untried ones (docs/fidelity.md,
+   harmful-center federation).
 
 Because one proposer's acceptances only change the degrees of the receivers it acquired, the
 sequential scan of ``i``'s ranked list equals taking the first ``kappa - |P_i|`` acceptable entries of
@@ -33,6 +50,7 @@ that list at once; so the loop runs over proposers (``n`` iterations of vectoriz
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +106,8 @@ def propose_reject(
     epsilon: float,
     rng: np.random.Generator,
     proposer_check: bool = True,
+    acceptance: str = "first_come",
+    available: Tensor | None = None,
 ) -> Matching:
     """Build this round's partner graph by propose-reject with rest (Sec. 4.3, Algorithm 1 lines 9-21).
 
@@ -99,10 +119,16 @@ def propose_reject(
         epsilon: probability of the epsilon-greedy swap, in [0, 1].
         rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
         proposer_check: see step 5 of the module docstring.
+        acceptance: ``first_come`` or ``deferred``, step 7 of the module docstring.
+        available: ``[n]`` bool centers up this round (issue 20, federation/realworld.py), or None
+            (all). An unavailable center proposes nothing, and a proposal to it fails (counted as
+            sent, never accepted); the proposer goes on down its list. No belief changes: only
+            partners are credited (after_exchange).
     Returns:
-        :class:`Matching`.
+        :class:`Matching` (with ``deferred``, ``accepted`` counts the proposals that ended the round
+        as partnerships).
     Raises:
-        ValueError: bad shapes, ``kappa < 1`` or ``epsilon`` outside [0, 1].
+        ValueError: bad shapes, ``kappa < 1``, ``epsilon`` outside [0, 1] or an unknown ``acceptance``.
     """
     n = ucb.shape[0]
     if tuple(ucb.shape) != (n, n) or tuple(candidates.shape) != (n, n):
@@ -111,6 +137,8 @@ def propose_reject(
         raise ValueError(f"kappa must be >= 1, got {kappa}")
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
+    if acceptance not in ("first_come", "deferred"):
+        raise ValueError(f"acceptance must be 'first_come' or 'deferred', got {acceptance!r}")
     u = ucb.detach().to(torch.float64).cpu().numpy()
     cand = candidates.detach().cpu().numpy().astype(bool).copy()
     np.fill_diagonal(cand, False)
@@ -127,6 +155,10 @@ def propose_reject(
 
     receiver_ok = (u >= tau_acc).T  # receiver_ok[i, j]: j's score of i clears tau_acc
     proposer_ok = u >= tau_acc if proposer_check else np.ones((n, n), dtype=bool)
+    # --- realworld (issue 20): availability hook ---
+    up = np.ones(n, dtype=bool) if available is None else available.detach().cpu().numpy().astype(bool)
+    receiver_ok = receiver_ok & up[None, :]
+    # --- end realworld hook ---
 
     partners = np.zeros((n, n), dtype=bool)
     deg = np.zeros(n, dtype=np.int64)
@@ -134,11 +166,11 @@ def propose_reject(
     n_acc = np.zeros(n, dtype=np.int64)
     explored = np.zeros(n, dtype=bool)
 
-    for i in order:
-        need = kappa - deg[i]
+    def proposal_list(i: int) -> np.ndarray:
+        """``i``'s ranked list after the epsilon swap and the proposer-side threshold."""
         c = size[i]
-        if need <= 0 or c == 0:
-            continue
+        if not up[i]:  # realworld hook: an unavailable center does not propose
+            return np.zeros(0, dtype=np.int64)
         lst = ranked[i, :c].copy()
         if explore[i]:
             r = min(int(swap_u[i] * c), c - 1)
@@ -147,8 +179,18 @@ def propose_reject(
         send = proposer_ok[i, lst]
         if explore[i]:
             send[0] = True
-        send &= ~partners[i, lst]
-        lst = lst[send]
+        return lst[send]
+
+    if acceptance == "deferred":
+        return _deferred(u, order, [proposal_list(i) if size[i] else np.zeros(0, np.int64) for i in range(n)],
+                         receiver_ok, kappa, explored)
+
+    for i in order:
+        need = kappa - deg[i]
+        if need <= 0 or size[i] == 0:
+            continue
+        lst = proposal_list(i)
+        lst = lst[~partners[i, lst]]
         if lst.size == 0:
             continue
         ok = receiver_ok[i, lst] & (deg[lst] < kappa)
@@ -169,6 +211,70 @@ def propose_reject(
         partners=torch.from_numpy(partners),
         proposals=torch.from_numpy(n_prop),
         accepted=torch.from_numpy(n_acc),
+        order=torch.from_numpy(order.astype(np.int64)),
+        explored=torch.from_numpy(explored),
+    )
+
+
+def _deferred(u: np.ndarray, order: np.ndarray, lists: list[np.ndarray], receiver_ok: np.ndarray, kappa: int,
+              explored: np.ndarray) -> Matching:
+    """Deferred acceptance with trading up (step 7 of the module docstring), on numpy inputs.
+
+    Args:
+        u: ``[n, n]`` scores; ``lists[i]``: ``i``'s proposal list (ranked, swapped, thresholded);
+        receiver_ok: ``[n, n]``, ``receiver_ok[i, j]`` iff ``u[j, i] >= tau_acc``.
+    """
+    n = u.shape[0]
+    partners = np.zeros((n, n), dtype=bool)
+    proposed = np.zeros((n, n), dtype=bool)  # proposed[i, j]: the partnership i-j came from i's proposal
+    deg = np.zeros(n, dtype=np.int64)
+    n_prop = np.zeros(n, dtype=np.int64)
+    ptr = np.zeros(n, dtype=np.int64)
+    queue = deque(int(i) for i in order)
+
+    def worst(c: int) -> int:
+        """``c``'s lowest-scored current partner (``-1`` when ``c`` has room)."""
+        if deg[c] < kappa:
+            return -1
+        held = np.flatnonzero(partners[c])
+        return int(held[np.argmin(u[c, held])])
+
+    def drop(c: int, k: int) -> None:
+        partners[c, k] = partners[k, c] = False
+        proposed[c, k] = proposed[k, c] = False
+        deg[c] -= 1
+        deg[k] -= 1
+        queue.append(k)  # k resumes proposing down its own list
+
+    while queue:
+        i = queue.popleft()
+        lst = lists[i]
+        while ptr[i] < lst.size:
+            j = int(lst[ptr[i]])
+            mine = worst(i)
+            if mine >= 0 and not u[i, j] > u[i, mine]:
+                break  # full, and the next candidate is no better than what i holds
+            ptr[i] += 1
+            if partners[i, j]:
+                continue
+            n_prop[i] += 1
+            if not receiver_ok[i, j]:
+                continue
+            theirs = worst(j)
+            if theirs >= 0:
+                if not u[j, i] > u[j, theirs]:
+                    continue
+                drop(j, theirs)
+            if mine >= 0:
+                drop(i, mine)
+            partners[i, j] = partners[j, i] = True
+            proposed[i, j] = True
+            deg[i] += 1
+            deg[j] += 1
+    return Matching(
+        partners=torch.from_numpy(partners),
+        proposals=torch.from_numpy(n_prop),
+        accepted=torch.from_numpy(proposed.sum(axis=1).astype(np.int64)),
         order=torch.from_numpy(order.astype(np.int64)),
         explored=torch.from_numpy(explored),
     )

@@ -105,6 +105,10 @@ class AbpsParams(SelectionParams, DriftParams):
         belief_decay: rho of the between-round decay toward the prior (1 = off).
         proposer_check: a center proposes only to candidates with its own UCB >= tau_acc (besides the
             epsilon-swapped one); False = literal Algorithm 1 (see :mod:`abps.matching`).
+        acceptance: receiver rule of the propose-reject step: ``first_come`` (literal Algorithm 1 line
+            17) or ``deferred`` (Gale-Shapley deferred acceptance, Sec. 4.3 "approximating a
+            stable-marriage solution": a full receiver trades its lowest-UCB partner for a proposer it
+            scores strictly higher); :mod:`abps.matching` step 7, docs/fidelity.md.
     """
 
     epsilon: float = Field(0.1, ge=0.0, le=1.0)
@@ -119,6 +123,7 @@ class AbpsParams(SelectionParams, DriftParams):
     tmc_truncation: float = Field(0.0, ge=0.0)
     belief_decay: float = Field(1.0, ge=0.0, le=1.0)
     proposer_check: bool = True
+    acceptance: Literal["first_come", "deferred"] = "first_come"
 
     @model_validator(mode="after")
     def _clip_range(self) -> "AbpsParams":
@@ -180,7 +185,9 @@ class AbpsMethod(PrivacyDriftHooks, Method):
             self.beliefs.decay(p.belief_decay)
         ucb = self.beliefs.ucb(round_idx + 1, p.gamma)
         m = propose_reject(
-            ucb, self.candidates, p.kappa, p.tau_acc, p.epsilon, self._rng(ctx, round_idx, 0), p.proposer_check
+            ucb, self.candidates, p.kappa, p.tau_acc, p.epsilon, self._rng(ctx, round_idx, 0), p.proposer_check,
+            acceptance=p.acceptance,
+            available=ctx.available,  # realworld hook (issue 20): proposals to an unavailable peer fail
         )
         return self._plan(ctx, round_idx, m)
 
@@ -352,7 +359,8 @@ class RandomPartnersMethod(AbpsMethod):
         """
         p: SelectionParams = self.p  # type: ignore[assignment]
         zeros = torch.zeros(ctx.n, ctx.n, dtype=torch.float64)
-        m = propose_reject(zeros, self.candidates, p.kappa, 0.0, 0.0, self._rng(ctx, round_idx, 0), True)
+        m = propose_reject(zeros, self.candidates, p.kappa, 0.0, 0.0, self._rng(ctx, round_idx, 0), True,
+                           available=ctx.available)  # realworld hook (issue 20)
         return self._plan(ctx, round_idx, m)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:

@@ -1,10 +1,12 @@
 """Harmful-center study (issue 12): ABPS against ``random-partners`` on a federation with flipped centers.
 
 Flips the labels of a share of the centers of a cohort (:mod:`abps.harmful`), runs both methods with
-:data:`abps.harmful.STUDY_CONFIG` (kappa 1, bf16 wire, whole model exchanged; ABPS with gamma 0.05)
+:data:`abps.harmful.STUDY_CONFIG` (kappa 1, bf16 wire, whole model exchanged; ABPS with gamma 0.02 and deferred acceptance)
 and prints, per round and method: the share of partnerships with a flipped center (at least one
 end), the share of mixed healthy-flipped partnerships, the rest share and the healthy centers' mean
-test AUROC; then the per-seed means over the second half of the rounds.
+test AUROC; then, per seed, the means over the last 10 rounds ("by round R") and over the second
+half, and the issue's criterion on every seed: ABPS's mixed share at most half of random-partners'
+and ABPS's healthy AUROC not below it.
 
 Usage::
 
@@ -13,14 +15,14 @@ Usage::
 Environment: ``ABPS_HARMFUL_COHORT`` (source cohort; default: ``abps synth fedprox``-style cohort of 40
 centers sharing one risk function, written under the output folder), ``ABPS_HARMFUL_SHARE`` (0.2),
 ``ABPS_HARMFUL_ROUNDS`` (20), ``ABPS_HARMFUL_SEEDS`` ("11"), ``ABPS_HARMFUL_OUT``
-(``bench_out/harmful``). Writes ``harmful.json`` (per-round rows of every run) there.
+(``bench_out/harmful``), ``ABPS_HARMFUL_GAMMA`` (0.02), ``ABPS_HARMFUL_ACCEPTANCE`` (``deferred``;
+``first_come`` for the literal Algorithm 1). Writes ``harmful.json`` (per-round rows of every run) there.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 METHODS = ("abps", "random-partners")
@@ -30,7 +32,7 @@ def main() -> None:
     """Run the study and print the per-round table and the late-round summary."""
     import torch
 
-    from abps.harmful import mean_finite, read_harmful, study_config, study_rows, write_harmful_cohort
+    from abps.harmful import read_harmful, study_config, study_rows, window_summary, write_harmful_cohort
     from etl.io import atomic_write_text
     from federation.data import FederatedData
     from federation.runner import run_one
@@ -42,6 +44,8 @@ def main() -> None:
     share = float(os.environ.get("ABPS_HARMFUL_SHARE", "0.2"))
     rounds = int(os.environ.get("ABPS_HARMFUL_ROUNDS", "20"))
     seeds = [int(s) for s in os.environ.get("ABPS_HARMFUL_SEEDS", "11").split()]
+    gamma = float(os.environ.get("ABPS_HARMFUL_GAMMA", "0.02"))
+    acceptance = os.environ.get("ABPS_HARMFUL_ACCEPTANCE", "deferred")
     src = os.environ.get("ABPS_HARMFUL_COHORT")
     if not src:
         src = str(out / "source")
@@ -51,14 +55,28 @@ def main() -> None:
     write_harmful_cohort(src, flipped_dir, share, seed=0)
     harmful = read_harmful(flipped_dir)
     data = FederatedData.from_cohort(flipped_dir)
-    print(f"{data.n_centers} centers, {len(harmful)} flipped; {rounds} rounds; seeds {seeds}", flush=True)
+    print(f"{data.n_centers} centers, {len(harmful)} flipped; {rounds} rounds; seeds {seeds}; ABPS gamma {gamma}, "
+          f"acceptance {acceptance}", flush=True)
     doc: dict = {"share": share, "rounds": rounds, "seeds": seeds, "n_centers": data.n_centers,
-                 "n_harmful": len(harmful), "runs": []}
-    late = slice(rounds // 2, rounds)
+                 "n_harmful": len(harmful), "gamma": gamma, "acceptance": acceptance, "runs": []}
+    # random-partners ignores gamma and acceptance: reuse its rows from an earlier harmful.json of the
+    # same federation and length instead of training it again
+    reuse: dict[int, list[dict[str, float]]] = {}
+    prev = out / "harmful.json"
+    if prev.is_file():
+        old = json.loads(prev.read_text())
+        if (old.get("rounds"), old.get("n_centers"), old.get("n_harmful")) == (rounds, data.n_centers, len(harmful)):
+            reuse = {r["seed"]: r["rows"] for r in old["runs"] if r["method"] == "random-partners"}
+    windows = {"last 10": (max(1, rounds - 9), rounds), "second half": (rounds // 2 + 1, rounds)}
+    verdict = []
     for seed in seeds:
         per: dict[str, list[dict[str, float]]] = {}
         for name in METHODS:
-            per[name] = study_rows(run_one(study_config(name, harmful, rounds), data, seed).history)
+            if name == "random-partners" and seed in reuse:
+                per[name] = reuse[seed]
+            else:
+                cfg = study_config(name, harmful, rounds, gamma, acceptance)
+                per[name] = study_rows(run_one(cfg, data, seed).history)
             doc["runs"].append({"method": name, "seed": seed, "rows": per[name]})
             atomic_write_text(out / "harmful.json", json.dumps(doc, indent=1, allow_nan=True) + "\n")
         print(f"\nseed {seed}: round | " + " | ".join(
@@ -67,13 +85,21 @@ def main() -> None:
             cells = [f"{per[m][r]['harmful_share']:.2f} / {per[m][r]['mixed_share']:.2f} / "
                      f"{per[m][r]['rest_share']:.2f} / {per[m][r]['healthy_auroc']:.3f}" for m in METHODS]
             print(f"{r + 1:5d} | " + " | ".join(cells))
-        for m in METHODS:
-            rows = per[m][late]
-            print(f"{m:16s} rounds {late.start + 1}-{rounds}: harmful share "
-                  f"{statistics.fmean(x['harmful_share'] for x in rows):.3f}, mixed share "
-                  f"{statistics.fmean(x['mixed_share'] for x in rows):.3f}, rest share "
-                  f"{statistics.fmean(x['rest_share'] for x in rows):.3f}, healthy AUROC "
-                  f"{mean_finite([x['healthy_auroc'] for x in rows]):.3f}", flush=True)
+        for wname, (a, b) in windows.items():
+            summ = {m: window_summary(per[m], a, b) for m in METHODS}
+            for m in METHODS:
+                x = summ[m]
+                print(f"{m:16s} rounds {a}-{b} ({wname}): harmful share {x['harmful_share']:.3f}, mixed share "
+                      f"{x['mixed_share']:.3f}, rest share {x['rest_share']:.3f}, healthy AUROC "
+                      f"{x['healthy_auroc']:.3f}", flush=True)
+            ratio = summ["abps"]["mixed_share"] / summ["random-partners"]["mixed_share"]
+            ok = ratio <= 0.5 and summ["abps"]["healthy_auroc"] >= summ["random-partners"]["healthy_auroc"]
+            print(f"  mixed share ABPS / random = {ratio:.2f}x; criterion (<= 0.5x, healthy AUROC not below): "
+                  f"{'met' if ok else 'NOT met'}", flush=True)
+            if wname == "last 10":
+                verdict.append((seed, ratio, ok))
+    print("\nby round " + str(rounds) + " (last 10 rounds), per seed: " + ", ".join(
+        f"{s_}: {r:.2f}x {'met' if ok else 'NOT met'}" for s_, r, ok in verdict), flush=True)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ import torch
 
 from etl.errors import InputError
 from federation.evaluation import group_codes
+from federation.metrics import batched_auroc
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -69,6 +70,10 @@ def cohort_id(cohort_dir: str | Path) -> str:
     Raises:
         InputError: a file is missing.
     """
+    from federation.cross import image_federation_id, is_image_federation
+
+    if is_image_federation(cohort_dir):  # an image federation (issue 18): the id of its images.yaml
+        return image_federation_id(cohort_dir)
     h = hashlib.sha256()
     for name in ("cohort.parquet", "centers.parquet"):
         p = Path(cohort_dir) / name
@@ -294,6 +299,18 @@ class FederatedData:
     dropped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    #: the per-center figure of :meth:`split_metric`; an image federation (federation.cross) says "accuracy"
+    metric_name = "auroc"
+    #: the clinical end-of-run figures (federation.evaluation) apply; False for an image federation
+    clinical = True
+
+    def split_metric(self, scores: torch.Tensor, split: str) -> torch.Tensor:
+        """``[n]`` float64 per-center AUROC of ``scores [n, rows]`` on ``split`` (NaN for a one-class
+        center; ABPS paper Sec. 6.3). The runner and ``Context.evaluate`` score every split through
+        this hook, so an image federation can answer with accuracy (federation.cross, issue 18)."""
+        s = self.splits[split]
+        return batched_auroc(scores, s.y, s.mask)
+
     @property
     def n_centers(self) -> int:
         """Number of centers n."""
@@ -373,6 +390,10 @@ class FederatedData:
                 no center is left, or a ``per-center`` encoding meets a center smaller than
                 ``min_center_rows`` with ``small_center: refuse``.
         """
+        from federation.cross import is_image_federation, load_image_federation
+
+        if is_image_federation(cohort_dir):  # a directory with images.yaml: image clients (issue 18)
+            return load_image_federation(cohort_dir)
         cohort_dir = Path(cohort_dir)
         paths = {name: cohort_dir / f"{name}.parquet" for name in ("cohort", "centers")}
         for name, p in paths.items():

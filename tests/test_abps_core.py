@@ -287,6 +287,49 @@ def test_full_center_does_not_propose():
         assert int(m.proposals[m.order[0]]) == 1
 
 
+
+def test_deferred_acceptance_trades_up_by_hand():
+    """Step 7 of abps.matching: 1 and 2 score each other 0.9; 0 ranks 1 first (0.9) and 1 finds 0 only
+    acceptable (0.6 >= tau_acc 0.5). first_come pairs 0-1 whenever 0 proposes first; deferred pairs
+    1-2 in every order (1 drops 0 for 2, 0 then proposes to 2, who scores it 0.55 < 0.9 and refuses).
+    A center holding a partner keeps proposing to candidates it scores higher (stable-roommates form)."""
+    ucb = torch.tensor([[0.0, 0.9, 0.7], [0.6, 0.0, 0.9], [0.55, 0.9, 0.0]], dtype=F64)
+    cand = ~torch.eye(3, dtype=torch.bool)
+    firsts = []
+    for seed in range(12):
+        d = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(seed), acceptance="deferred")
+        assert d.partners[1, 2] and d.resting.tolist() == [True, False, False]
+        f = propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(seed))
+        if int(f.order[0]) == 0:
+            firsts.append(seed)
+            assert f.partners[0, 1] and f.resting.tolist() == [False, False, True]
+            # 0 proposes to 1 (accepted); then either 2 proposes to 1 (traded in), or 1, full with 0, proposes
+            # to 2 whom it scores higher (accepted; 1 drops 0); 0 then proposes to 2 (refused)
+            assert int(d.proposals[0]) == 2 and int(d.proposals.sum()) == 3 and int(d.accepted.sum()) == 1
+    assert firsts  # the order started with center 0 at least once
+    with pytest.raises(ValueError, match="acceptance"):
+        propose_reject(ucb, cand, 1, 0.5, 0.0, np.random.default_rng(0), acceptance="best")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_deferred_equals_first_come_when_scores_tie(seed):
+    """With every score equal no receiver trades, so both rules give the same matching and counts;
+    with random scores the deferred matching is still symmetric and capped at kappa."""
+    rng = np.random.default_rng(seed)
+    n = 14
+    cand = torch.from_numpy(rng.random((n, n)) < 0.5)
+    for kappa in (1, 2):
+        tie = torch.full((n, n), 0.5, dtype=F64)
+        a = propose_reject(tie, cand, kappa, 0.5, 0.3, np.random.default_rng(seed))
+        b = propose_reject(tie, cand, kappa, 0.5, 0.3, np.random.default_rng(seed), acceptance="deferred")
+        assert torch.equal(a.partners, b.partners) and torch.equal(a.proposals, b.proposals)
+        assert torch.equal(a.accepted, b.accepted)
+        m = propose_reject(torch.from_numpy(rng.random((n, n))), cand, kappa, 0.3, 0.1, np.random.default_rng(seed),
+                           acceptance="deferred")
+        assert torch.equal(m.partners, m.partners.T) and not bool(m.partners.diagonal().any())
+        assert int(m.degree.max()) <= kappa and int(m.accepted.sum()) == int(m.partners.sum()) // 2
+
+
 def test_fedavg_mixing_hand_values():
     p = torch.zeros(3, 3, dtype=torch.bool)
     p[0, 1] = p[1, 0] = p[0, 2] = p[2, 0] = True

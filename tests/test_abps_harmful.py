@@ -70,26 +70,23 @@ def test_write_harmful_cohort_and_cli(tmp_path, capsys):
 
 
 def test_abps_avoids_harmful_partners_where_random_does_not():
-    """6 centers, 2 flipped, kappa 1, 12 rounds, seeds 11 / 22 / 33: over rounds 7-12 ABPS's share of
-    mixed (healthy-flipped) partnerships is at most half of random-partners' on every seed, and the
-    healthy centers' test AUROC (mean over the seeds and rounds 7-12; each center tests on about 45
-    stays, so one seed alone is noise) is not below random-partners'."""
+    """The issue's criterion at a small size: 6 centers, 2 flipped, kappa 1, 12 rounds, seeds 11 / 22 / 33,
+    ABPS as in the study (gamma 0.02, deferred acceptance). On every seed, over rounds 7-12, ABPS's
+    share of mixed (healthy-flipped) partnerships is at most half of random-partners' (measured 0.0,
+    0.0 and 0.194 against 0.333, 0.556 and 0.667) and the healthy centers' mean test AUROC is not below
+    random-partners' (0.663 / 0.698 / 0.662 against 0.635 / 0.682 / 0.629)."""
     data, harmful = _federation(6, 0.34)
     assert len(harmful) == 2
     late = slice(6, 12)
-    auroc = {"abps": [], "random-partners": []}
     for seed in (11, 22, 33):
-        share = {}
-        for name in auroc:
+        share, auroc = {}, {}
+        for name in ("abps", "random-partners"):
             rows = study_rows(run_one(study_config(name, harmful, 12), data, seed).history)
             share[name] = float(np.mean([r["mixed_share"] for r in rows[late]]))
-            auroc[name] += [r["healthy_auroc"] for r in rows[late]]
-        assert share["random-partners"] > 0.2
+            auroc[name] = mean_finite([r["healthy_auroc"] for r in rows[late]])
+        assert share["random-partners"] > 0.3
         assert share["abps"] <= 0.5 * share["random-partners"], (seed, share)
-    # "not below" up to 0.01: each healthy center tests on about 45 stays, so the standard error of
-    # this mean (4 centers x 3 seeds) is about 0.02; the 40-center study in docs/fidelity.md shows
-    # the gap at a size where it is measurable (0.762 vs 0.735)
-    assert mean_finite(auroc["abps"]) >= mean_finite(auroc["random-partners"]) - 0.01
+        assert auroc["abps"] >= auroc["random-partners"], (seed, auroc)
 
 
 def test_center_with_only_harmful_candidates_rests_by_ucb():

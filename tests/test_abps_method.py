@@ -318,3 +318,31 @@ def test_report_shows_rest_share():
     assert by["abps-div"].rest_share == pytest.approx(0.35) and by["fedavg"].rest_share != by["fedavg"].rest_share
     md = table1_markdown(rows, "fedavg")
     assert "Rest share" in md and "35.0 %" in md and "| –" in md
+
+
+def test_report_shows_isolation_per_seed(tmp_path):
+    """`abps report` has a per-seed isolation section whose figures are the ones in results.json
+    (``method_summary`` of each seed): rest share, E|P_i|, acceptance rate, centers ever rested."""
+    import json
+
+    from federation.report import write_report
+    from federation.runner import run_training
+    from federation.synthetic import write_fedprox_cohort
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    cohort = write_fedprox_cohort(tmp_path / "c", n_centers=6, seed=1, mean_size=60, shared=0.8)
+    run_training(_cfg("abps-div", 2), cohort, [11, 22], output=tmp_path / "results.json", tracking_uri=uri,
+                 experiment="iso", progress=False)
+    seeds = {int(k): v["method_summary"] for k, v in json.loads((tmp_path / "results.json").read_text())["seeds"].items()}
+    doc = write_report("iso", tmp_path / "rep", tracking_uri=uri, log_to_mlflow=False)
+    rows = doc["sections"]["isolation"]["rows"]
+    assert [(r["label"], r["seed"]) for r in rows] == [("abps-div", 11), ("abps-div", 22)]
+    for r in rows:
+        ms = seeds[r["seed"]]
+        assert r["rest_share"] == pytest.approx(ms["rest_share_mean"])
+        assert r["partners_mean"] == pytest.approx(ms["partners_mean"])
+        assert r["acceptance_rate"] == pytest.approx(ms["run_acceptance_rate"])
+        assert r["centers_ever_rested"] == ms["centers_ever_rested"] == len(ms["rounds_rested"])
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Isolation per seed" in md
+    assert f"| abps-div | 22 | {100 * seeds[22]['rest_share_mean']:.1f} % |" in md

@@ -9,12 +9,15 @@ colours and order (:func:`display_names`, :func:`families`, :func:`paper_order`)
 tests/test_conformance.py (every registered method, ``configs/<name>.yaml`` and
 ``configs/table1.yaml``).
 
-The methods of :mod:`federation.methods` register on import; methods of packages above the
-runtime (the ABPS presets, :data:`PLUGINS`) are imported on the first lookup.
+The methods of :mod:`federation.methods` register on import. Methods of packages above the runtime
+(the ABPS presets) are plugins: each is declared in pyproject.toml under the entry-point group
+:data:`PLUGIN_GROUP` and loaded on the first lookup, so this module never names a package above
+it (imports run one way: etl <- federation <- abps <- cli).
 """
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import Callable, TypeVar, overload
 
 from etl.errors import InputError
@@ -108,13 +111,24 @@ def families() -> dict[str, str]:
     return {k: c.family for k, c in all_methods().items()}
 
 
-#: Modules above the runtime that register methods when imported (loaded on the first lookup).
-PLUGINS: tuple[str, ...] = ("abps.methods",)
+#: Entry-point group of method plugins (pyproject.toml ``[project.entry-points."abps.methods"]``).
+PLUGIN_GROUP = "abps.methods"
+_plugins_loaded = False
 
 
 def _load_plugins() -> None:
-    """Import the :data:`PLUGINS` modules; each registers its methods on import."""
-    import importlib
+    """Load every method plugin of :data:`PLUGIN_GROUP` once; each registers its methods on import.
 
-    for mod in PLUGINS:
-        importlib.import_module(mod)
+    Raises:
+        InputError: no plugin is declared, i.e. the package is not installed (``make install``).
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    eps = entry_points(group=PLUGIN_GROUP)
+    if not eps:
+        raise InputError(f"no method plugins found in entry-point group {PLUGIN_GROUP!r}: install the package "
+                         "(make install, or pip install -e .)")
+    for ep in eps:
+        ep.load()
+    _plugins_loaded = True

@@ -31,6 +31,9 @@ class CellRun:
     rel_bandwidth: float
     rounds_run: float
     rest_share: float = math.nan  # ABPS final metric rest_share_mean (NaN for methods without rest)
+    partners_mean: float = math.nan  # ABPS final metrics partners_mean, run_acceptance_rate, centers_ever_rested
+    acceptance_rate: float = math.nan
+    centers_ever_rested: float = math.nan
 
 
 @dataclass
@@ -68,7 +71,10 @@ def _cell_from_run(r: Any) -> CellRun | None:
         final_auroc_mean=float(m["final_auroc_mean"]),
         model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
         rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)),
-        rest_share=float(m.get("rest_share_mean", math.nan)))
+        rest_share=float(m.get("rest_share_mean", math.nan)),
+        partners_mean=float(m.get("partners_mean", math.nan)),
+        acceptance_rate=float(m.get("run_acceptance_rate", math.nan)),
+        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)))
 
 
 def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
