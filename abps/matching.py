@@ -107,6 +107,7 @@ def propose_reject(
     rng: np.random.Generator,
     proposer_check: bool = True,
     acceptance: str = "first_come",
+    available: Tensor | None = None,
 ) -> Matching:
     """Build this round's partner graph by propose-reject with rest (Sec. 4.3, Algorithm 1 lines 9-21).
 
@@ -119,6 +120,10 @@ def propose_reject(
         rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
         proposer_check: see step 5 of the module docstring.
         acceptance: ``first_come`` or ``deferred``, step 7 of the module docstring.
+        available: ``[n]`` bool centers up this round (issue 20, federation/realworld.py), or None
+            (all). An unavailable center proposes nothing, and a proposal to it fails (counted as
+            sent, never accepted); the proposer goes on down its list. No belief changes: only
+            partners are credited (after_exchange).
     Returns:
         :class:`Matching` (with ``deferred``, ``accepted`` counts the proposals that ended the round
         as partnerships).
@@ -150,6 +155,10 @@ def propose_reject(
 
     receiver_ok = (u >= tau_acc).T  # receiver_ok[i, j]: j's score of i clears tau_acc
     proposer_ok = u >= tau_acc if proposer_check else np.ones((n, n), dtype=bool)
+    # --- realworld (issue 20): availability hook ---
+    up = np.ones(n, dtype=bool) if available is None else available.detach().cpu().numpy().astype(bool)
+    receiver_ok = receiver_ok & up[None, :]
+    # --- end realworld hook ---
 
     partners = np.zeros((n, n), dtype=bool)
     deg = np.zeros(n, dtype=np.int64)
@@ -160,6 +169,8 @@ def propose_reject(
     def proposal_list(i: int) -> np.ndarray:
         """``i``'s ranked list after the epsilon swap and the proposer-side threshold."""
         c = size[i]
+        if not up[i]:  # realworld hook: an unavailable center does not propose
+            return np.zeros(0, dtype=np.int64)
         lst = ranked[i, :c].copy()
         if explore[i]:
             r = min(int(swap_u[i] * c), c - 1)

@@ -186,7 +186,8 @@ class AbpsMethod(PrivacyDriftHooks, Method):
         ucb = self.beliefs.ucb(round_idx + 1, p.gamma)
         m = propose_reject(
             ucb, self.candidates, p.kappa, p.tau_acc, p.epsilon, self._rng(ctx, round_idx, 0), p.proposer_check,
-            p.acceptance,
+            acceptance=p.acceptance,
+            available=ctx.available,  # realworld hook (issue 20): proposals to an unavailable peer fail
         )
         return self._plan(ctx, round_idx, m)
 
@@ -358,7 +359,8 @@ class RandomPartnersMethod(AbpsMethod):
         """
         p: SelectionParams = self.p  # type: ignore[assignment]
         zeros = torch.zeros(ctx.n, ctx.n, dtype=torch.float64)
-        m = propose_reject(zeros, self.candidates, p.kappa, 0.0, 0.0, self._rng(ctx, round_idx, 0), True)
+        m = propose_reject(zeros, self.candidates, p.kappa, 0.0, 0.0, self._rng(ctx, round_idx, 0), True,
+                           available=ctx.available)  # realworld hook (issue 20)
         return self._plan(ctx, round_idx, m)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:

@@ -16,6 +16,12 @@ and its false alarms (detections on pairs where neither side flipped, per test o
     OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.bench_privacy_drift --cohort DIR --out-dir DIR
 
 writes ``privacy_drift.json`` and ``privacy_drift.png`` into ``--out-dir``.
+
+Superseded for the docs by the sweep presets ``configs/privacy-study.yaml`` / ``configs/drift-study.yaml``
+and ``abps report`` (:mod:`federation.report.privacy_drift`), whose runs log the same measurements
+through MLflow; note that this script's "rounds to stop" counts every partnership of a flipped center,
+including the (beneficial) one between two flipped centers, where the runs' ``rounds_to_stop_partnering``
+counts only mixed (healthy-flipped) partnerships.
 """
 
 from __future__ import annotations

@@ -55,8 +55,13 @@ def etl_command(
     threads: int = typer.Option(2, help="DuckDB threads (both sources; the output does not depend on it)."),
     memory_limit: str = typer.Option("2GB", help="DuckDB memory limit (both sources; spills to disk above it)."),
     task: str = typer.Option("in-hospital-mortality", "--task",
-                             help="Outcome written to label: in-hospital-mortality | icu-mortality | los-3 | los-7 "
+                             help="Outcome written to label: in-hospital-mortality | icu-mortality | los-3 | los-7 | "
+                                  "decompensation "
                                   "(docs/tasks.md)."),
+    chart_cache: str = typer.Option("auto", "--chart-cache",
+                                    help="MIMIC chartevents Parquet cache, written on first read and reused while "
+                                         "the source is unchanged: auto (sources >= 64 MiB, in $ABPS_CACHE_DIR or "
+                                         "~/.cache/abps), off, or a folder (docs/etl.md)."),
 ) -> None:
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
     from etl.mimic import EtlOptions, run_etl
@@ -74,7 +79,7 @@ def etl_command(
         min_center_stays=min_center_stays if min_center_stays is not None else (10 if source == "eicu" else 50),
         vitals_from_hours=vitals_from_hours, comorbidity_source=comorbidity_source,
         split_fractions=_fractions(split), n_centers=n_centers, alpha=alpha, seed=seed,
-        threads=threads, memory_limit=memory_limit, task=task,
+        threads=threads, memory_limit=memory_limit, task=task, chart_cache=chart_cache,
     )
     if meds_splits is not None and source != "meds":
         raise InputError("--meds-splits does not apply to --source " + source + "; leave it out")

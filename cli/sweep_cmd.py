@@ -46,6 +46,20 @@ def sweep(
     from cli.train_cmd import _parse_seeds
 
     seeds = _parse_seeds(seeds, list(ctx.args)) or None
+    from federation.cross import cross_summary_line, is_cross_sweep, run_cross_sweep
+
+    if is_cross_sweep(config):  # `datasets:` (configs/cross.yaml): one sweep per data set, one experiment
+        if cohort is not None:
+            raise InputError(f"{config}: a cross sweep names its cohorts under `datasets:`; drop --cohort")
+        outs = run_cross_sweep(config, executor=executor, workers=workers, address=address, rounds=rounds,
+                               seeds=list(seeds) if seeds else None, tracking_uri=tracking_uri,
+                               experiment=experiment, progress=not no_progress)
+        typer.echo(f"cross sweep {config}: {len(outs)} data sets")
+        for label, res in outs.items():
+            typer.echo(cross_summary_line(label, res))
+        if any(res.failed for res in outs.values()):
+            raise typer.Exit(1)
+        return
     spec, base = load_sweep(config)
     cohort_dir = cohort or (Path(spec.cohort) if spec.cohort else None)
     if cohort_dir is None:

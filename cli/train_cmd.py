@@ -185,7 +185,8 @@ def train(
     n = doc["n_centers"]
     scored = min(n - r["n_excluded_test"] for r in doc["seeds"].values())
     typer.echo(
-        f"{cfg.method}: AUROC {fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds; mean over the "
+        f"{cfg.method}: {'AUROC' if doc.get('metric', 'auroc') == 'auroc' else doc['metric']} "
+        f"{fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds; mean over the "
         f"{scored} of {n} centers whose test split holds both classes), "
         f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
     )

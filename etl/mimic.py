@@ -24,6 +24,7 @@ import polars as pl
 from etl import charlson
 from etl.errors import InputError
 from etl.io import atomic_output_dir
+from etl.chart_cache import use_cache
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
 from etl.sources import Table, duckdb_errors, locate
@@ -110,17 +111,22 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str, opts: Etl
     vitalsign.sql, first_day_vitalsign.sql) from a chartevents-shaped table expression
     (stay_id, charttime, itemid, valuenum); identical rows collapsed are an attrition row
     ``dup_note`` (unit rows)."""
-    con.execute("CREATE TEMP TABLE vital_rows AS " + concept_sql(
-        "mimic", "vital_rows", chartevents=chartevents, from_hours=float(opts.vitals_from_hours)))
-    n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), count(*) FROM vital_rows").fetchall()[0]
+    rows = concept_sql("mimic", "vital_rows", chartevents=chartevents, from_hours=float(opts.vitals_from_hours))
+    con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign", vital_rows=f"({rows})"))
+    n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), coalesce(sum(n_distinct), 0) "
+                                     "FROM vitalsign").fetchall()[0]
     if n_rows != n_distinct:
         att.add(dup_note, n_rows, n_distinct, unit="rows")
-    con.execute("CREATE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign"))
     return frame(con, concept_sql("mimic", "first_day_vitalsign"))
 
 
-def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tuple[pl.DataFrame, Attrition, dict, dict]:
+def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
+                 cache_info: dict | None = None) -> tuple[pl.DataFrame, Attrition, dict, dict]:
     """Run the concepts and return (cohort before partition, attrition, timings, inputs).
+
+    ``chartevents`` is read through its Parquet cache when ``opts.chart_cache`` asks for one
+    (:func:`etl.chart_cache.use_cache`); what the cache did is written into ``cache_info``
+    (status, rows, seconds, reason) when a dict is given.
 
     Raises:
         InputError: missing, ambiguous or unreadable table, missing / mistyped column,
@@ -136,6 +142,11 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
+        cache = use_cache(con, tables["chartevents"], types, REQUIRED[("icu", "chartevents")], opts.chart_cache)
+        tables["chartevents"] = cache.table
+        if cache_info is not None:
+            cache_info.update(status=cache.status, rows=cache.rows, seconds=round(cache.seconds, 3),
+                              reason=cache.reason)
         s = {name: t.scan_sql(types) for name, t in tables.items()}
         bad = scalar(con, f"SELECT count(*) FROM {s['admissions']} "
                           "WHERE hospital_expire_flag IS NOT NULL AND hospital_expire_flag NOT IN (0, 1)")
@@ -171,6 +182,21 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path) -> tupl
     return assemble(kept, vitals, cci), att, timings, inputs
 
 
+def _cache_section(cache: dict):
+    """extend_report hook: ``report["chartevents_cache"]`` and one Markdown line."""
+
+    def extend(report: dict, cohort: pl.DataFrame, centers: pl.DataFrame) -> str:
+        report["chartevents_cache"] = cache
+        if cache.get("status", "off") == "off":
+            return ""
+        why = f"; {cache['reason']}" if cache.get("reason") else ""
+        rows = f", {cache['rows']:,} rows" if cache.get("rows") is not None else ""
+        return (f"\nchartevents Parquet cache: {cache['status']}{rows}{why} "
+                f"({cache['seconds']:.1f} s checking / writing it; docs/etl.md).\n")
+
+    return extend
+
+
 def run_etl(mimic_dir: str | Path, out: str | Path, opts: EtlOptions | None = None) -> dict:
     """``abps etl``: build the cohort, partition it, split it, and write the four outputs.
 
@@ -190,6 +216,7 @@ def run_etl(mimic_dir: str | Path, out: str | Path, opts: EtlOptions | None = No
     opts.validate("mimic")
     t_start = time.perf_counter()
     with atomic_output_dir(out) as tmp:
-        cohort, att, timings, inputs = build_cohort(mimic_dir, opts, tmp)
+        cache: dict = {}
+        cohort, att, timings, inputs = build_cohort(mimic_dir, opts, tmp, cache)
         return finish(cohort, att, opts, tmp, timings, source="mimic", inputs=inputs,
-                      partition=opts.partition, t_start=t_start)
+                      partition=opts.partition, t_start=t_start, extend_report=_cache_section(cache))

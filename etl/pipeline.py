@@ -68,6 +68,8 @@ class EtlOptions:
         seed: seed of the split and of random partitions.
         threads, memory_limit: DuckDB resources (both sources).
         task: the outcome written to ``label`` (:data:`etl.tasks.TASKS`; docs/tasks.md).
+        chart_cache: MIMIC ``chartevents`` Parquet cache: ``auto`` (default: cache a source of
+            >= 64 MiB in the user's cache folder), ``off``, or a folder (:mod:`etl.chart_cache`).
     """
 
     partition: str = "careunit-year"
@@ -86,6 +88,7 @@ class EtlOptions:
     threads: int = 2
     memory_limit: str = "2GB"
     task: str = DEFAULT_TASK
+    chart_cache: str = "auto"
     extra: dict = field(default_factory=dict)
 
     def validate(self, source: str = "mimic") -> None:
@@ -121,6 +124,8 @@ class EtlOptions:
         if self.window_years < 1:
             raise InputError(f"--window-years must be >= 1, got {self.window_years}")
         get_task(self.task, source)
+        if not str(self.chart_cache).strip():
+            raise InputError("--chart-cache must be auto, off or a folder, got an empty value")
         self._refuse_unused(source)
 
     def _refuse_unused(self, source: str) -> None:
@@ -132,6 +137,7 @@ class EtlOptions:
             "--care-units": tuple(self.care_units) != tuple(d.care_units),
             "--n-centers": self.n_centers != d.n_centers,
             "--alpha": self.alpha != d.alpha,
+            "--chart-cache": self.chart_cache != d.chart_cache,
         }
         if source == "eicu":
             unused = [k for k, v in changed.items() if v]
@@ -139,8 +145,11 @@ class EtlOptions:
         else:
             uses = {"careunit-year": ("--window-years", "--window-origin"), "careunit-era": (),
                     "dirichlet": ("--n-centers", "--alpha"), "iid": ("--n-centers",)}[self.partition]
-            unused = [k for k, v in changed.items() if v and k not in uses + ("--partition", "--care-units")]
+            unused = [k for k, v in changed.items()
+                      if v and k not in uses + ("--partition", "--care-units", "--chart-cache")]
             why = f"--partition {self.partition}"
+        if source == "meds" and changed["--chart-cache"]:
+            unused, why = ["--chart-cache"], "--source meds (it reads MEDS Parquet, no chartevents file)"
         if source == "meds" and self.partition == "careunit-era":
             unused, why = ["--partition careunit-era"], "--source meds (MEDS does not carry anchor_year_group)"
         if unused:
@@ -285,6 +294,7 @@ def finish(
     report["task"] = opts.task
     report["options"]["partition"] = partition
     report["inputs"] = inputs
+    report["chartevents_cache"] = {"status": "off"}  # MIMIC's hook says what its cache did
     md = report_markdown(report)
     if extend_report is not None:
         md += extend_report(report, cohort, centers)

@@ -10,6 +10,9 @@ definition with its source.
 * ``icu-mortality``: death before ICU discharge (MIMIC-Extract's ``mort_icu``).
 * ``los-3`` / ``los-7``: ICU length of stay above 3 / 7 days (MIMIC-Extract's ``los_3`` /
   ``los_7``).
+* ``decompensation``: death within 24 h after the first 24 h in the ICU, for stays alive and
+  still in the ICU at 24 h (Harutyunyan et al. 2019's decompensation label at t = 24 h, the end
+  of the first-day feature window; other stays have no label and are dropped).
 
 Each non-default task is one SQL concept per source, ``etl/sql/<source>/task_*.sql``, returning
 one row (stay_id, label) per stay; :func:`relabel` swaps it into the ``all_stays`` table before
@@ -68,6 +71,12 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          types={"mimic": {"outtime": "TIMESTAMP", "deathtime": "TIMESTAMP", "dod": "DATE"}, "eicu": {}}),
     _los(3),
     _los(7),
+    Task("decompensation", "death within 24 h after the first 24 h in the ICU (alive and in the ICU at 24 h)",
+         "task_decompensation", {"at_hours": 24, "horizon_hours": 24},
+         columns={"mimic": {"icustays": ("outtime",), "admissions": ("deathtime",)},
+                  "eicu": {"patient": ("unitdischargestatus", "unitdischargeoffset", "hospitaldischargeoffset")}},
+         types={"mimic": {"outtime": "TIMESTAMP", "deathtime": "TIMESTAMP"},
+                "eicu": {"unitdischargeoffset": "BIGINT", "hospitaldischargeoffset": "BIGINT"}}),
 )}
 
 

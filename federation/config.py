@@ -115,6 +115,101 @@ class LabelFlipDrift(BaseModel):
         return self
 
 
+class Spread(_Strict):
+    """A per-center quantity drawn once per run: ``low`` .. ``high``, uniform on a ``linear`` or
+    ``log`` scale (``low == high``: every center gets that value). Used by
+    :class:`ProfilesConfig` (federation/clock.py draws the values)."""
+
+    low: float = Field(..., gt=0.0)
+    high: float = Field(..., gt=0.0)
+    scale: Literal["linear", "log"] = "log"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Spread":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class AvailabilityConfig(_Strict):
+    """Which centers are up in a round (federation/availability.py; docs/realworld.md).
+
+    ``kind``: ``always`` (every center, every round); ``bernoulli`` (each center independently
+    with probability ``rate`` per round); ``daily`` (up while the local hour, UTC hour of the
+    round's virtual start + the center's ``utc_offsets``, lies in ``work_hours`` [start, end));
+    ``trace`` (a CSV ``center,start,end`` of up-intervals in virtual hours, ``trace_period_hours``
+    repeats it; centers the file does not list follow ``trace_unlisted``).
+    """
+
+    kind: Literal["always", "bernoulli", "daily", "trace"] = "always"
+    rate: float = Field(1.0, ge=0.0, le=1.0)
+    work_hours: tuple[float, float] = (8.0, 15.2)
+    utc_offsets: Literal["spread", "utc"] | tuple[float, ...] = "spread"
+    trace: str | None = None
+    trace_period_hours: float | None = Field(None, gt=0.0)
+    trace_unlisted: Literal["available", "unavailable"] = "unavailable"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _complete(self) -> "AvailabilityConfig":
+        if self.kind == "trace" and not self.trace:
+            raise ValueError("availability.kind 'trace' needs availability.trace (a CSV path)")
+        if not all(0.0 <= h <= 24.0 for h in self.work_hours):
+            raise ValueError(f"availability.work_hours must lie in [0, 24], got {list(self.work_hours)}")
+        return self
+
+
+class ProfilesConfig(_Strict):
+    """Per-center compute and link profiles (federation/clock.py). ``None`` = infinitely fast.
+
+    ``rows_per_s``: training rows processed per second; ``uplink`` / ``downlink``: bytes per
+    second; ``latency_s``: seconds per round that exchanges. ``file``: a CSV
+    ``center,rows_per_s,uplink,downlink,latency_s`` overriding the listed centers. ``seed``: the
+    draw (hardware does not change with the run seed).
+    """
+
+    rows_per_s: Spread | None = None
+    uplink: Spread | None = None
+    downlink: Spread | None = None
+    latency_s: Spread | None = None
+    file: str | None = None
+    seed: int = 0
+
+
+class DeadlineConfig(_Strict):
+    """Straggler policy of the server-based methods (those whose plan has server links).
+
+    ``none``: the server waits for every available center. ``fixed``: updates that arrive after
+    ``seconds`` are dropped and the round lasts at most ``seconds``. ``over_selection``: the
+    round closes when the fastest ``keep_fraction`` of the available centers have reported
+    (Bonawitz et al. 2019); the rest are dropped.
+    """
+
+    policy: Literal["none", "fixed", "over_selection"] = "none"
+    seconds: float = Field(60.0, gt=0.0)
+    keep_fraction: float = Field(0.8, gt=0.0, le=1.0)
+
+
+class RealWorldConfig(_Strict):
+    """The ``realworld:`` block (issue 20): availability, per-center profiles, the virtual clock
+    and the deadline policy. Absent (None) = today's federation: every center up every round,
+    infinitely fast, results identical. ``round_period_s``: a round starts at least this many
+    virtual seconds after the previous one started (needed > 0 for time-based availability, so
+    that an empty round still moves the clock)."""
+
+    availability: AvailabilityConfig = AvailabilityConfig()
+    profiles: ProfilesConfig = ProfilesConfig()
+    deadline: DeadlineConfig = DeadlineConfig()
+    round_period_s: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _clock_moves(self) -> "RealWorldConfig":
+        if self.availability.kind in ("daily", "trace") and self.round_period_s <= 0:
+            raise ValueError(f"realworld.round_period_s must be > 0 with availability.kind "
+                             f"'{self.availability.kind}' (a round nobody joins must still move the clock)")
+        return self
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -128,6 +223,7 @@ class RunConfig(_Strict):
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
     data: DataConfig = DataConfig()
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
+    realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock (issue 20)")
 
     @field_validator("method")
     @classmethod

@@ -24,8 +24,11 @@ model features of the contract:
   sorted category set of the whole cohort file (a schema fact, not a statistic; null ->
   ``UNKNOWN``).
 
-Rows are padded to the largest center of each split; ``mask`` marks real rows. Padding rows
-are zero and never enter a loss, a batch or a metric. The raw numeric values (NaN = missing)
+Features are stored packed (each center's real rows, center after center: no padding, which
+matters when center sizes differ tenfold); labels, masks and raw values are padded to the
+largest center of each split, ``mask`` marking real rows. The padded features ``x`` are built
+on demand from the packed rows. Padding rows are zero and never enter a loss, a batch or a
+metric. The raw numeric values (NaN = missing)
 are kept so that a run can re-encode with another mode (:meth:`FederatedData.with_preprocessing`).
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -43,6 +47,7 @@ import torch
 
 from etl.errors import InputError
 from federation.evaluation import group_codes
+from federation.metrics import batched_auroc
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -65,6 +70,10 @@ def cohort_id(cohort_dir: str | Path) -> str:
     Raises:
         InputError: a file is missing.
     """
+    from federation.cross import image_federation_id, is_image_federation
+
+    if is_image_federation(cohort_dir):  # an image federation (issue 18): the id of its images.yaml
+        return image_federation_id(cohort_dir)
     h = hashlib.sha256()
     for name in ("cohort.parquet", "centers.parquet"):
         p = Path(cohort_dir) / name
@@ -115,16 +124,23 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
 
 @dataclass
 class SplitTensors:
-    """One split of every center, padded.
+    """One split of every center: features stored packed, labels and masks padded.
 
     Attributes:
-        x: ``[n_centers, max_rows, d]`` float32 features.
+        x: ``[n_centers, max_rows, d]`` float32 features, padded (zeros on padding). A view
+            built on first access from the packed rows (:attr:`packed_x`) and then kept: the
+            engine's training, prediction and coalition scoring read the packed rows and never
+            build it, so a federation of very unequal centers (10,000 FedProx-Synthetic centers:
+            largest train split 2,473 rows, mean 210) holds its features once, unpadded.
         y: ``[n_centers, max_rows]`` float32 labels (0/1; 0 on padding).
         mask: ``[n_centers, max_rows]`` bool, True on real rows (real rows come first).
         n: ``[n_centers]`` int64 real rows per center.
         raw: ``[n_centers, max_rows, k]`` float64 numeric features before encoding (NaN =
             missing; NaN on padding), k = len(NUMERIC_FEATURES); the first k columns of ``x``
             are their encoding.
+
+    Built either padded (``SplitTensors(x, y, mask, n, raw)``, e.g. by hand) or packed
+    (:meth:`from_packed`); both give the same values everywhere.
     """
 
     x: torch.Tensor
@@ -132,6 +148,119 @@ class SplitTensors:
     mask: torch.Tensor
     n: torch.Tensor
     raw: torch.Tensor | None = None
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n: torch.Tensor,
+                    raw_packed: torch.Tensor | None = None) -> "SplitTensors":
+        """A split whose features are ``packed`` ``[sum(n) + 1, d]``: the real rows of center 0,
+        then center 1, ... (the order of ``x[mask]``), then one zero row (what padding reads);
+        ``raw_packed`` ``[sum(n) + 1, k]`` float64 the raw numeric values in the same order, then
+        one NaN row.
+
+        Raises:
+            ValueError: ``packed`` or ``raw_packed`` does not hold ``sum(n) + 1`` rows.
+        """
+        for name, t in (("features", packed), ("raw values", raw_packed)):
+            if t is not None and t.shape[0] != int(n.sum()) + 1:
+                raise ValueError(f"packed {name}: expected {int(n.sum()) + 1} rows (sum(n) + 1), got {t.shape[0]}")
+        out = cls(None, y, mask, n, None)  # type: ignore[arg-type]
+        out._packed, out._raw_packed = packed, raw_packed
+        return out
+
+    @property
+    def raw_packed(self) -> torch.Tensor | None:
+        """``[sum(n) + 1, k]`` float64 raw numeric values in :attr:`packed_x` order, then one NaN
+        row; None when the split keeps no raw values."""
+        if self._raw_packed is None and self._raw is not None:
+            r = self._raw
+            self._raw_packed = torch.cat([r[self.mask], r.new_full((1, r.shape[-1]), float("nan"))])
+        return self._raw_packed
+
+    def padded_blocks(self, max_cells: int = 1 << 22) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        """Consecutive blocks of centers ``(lo, hi, raw [hi - lo, w, k], mask [hi - lo, w])``,
+        each padded only to its own largest center (w) and holding at most about ``max_cells``
+        (center, row) cells: the raw values in the padded form that :func:`numeric_statistics`
+        and :func:`encode_numeric` take, without padding every center to the largest one."""
+        raw = self.raw_packed
+        if raw is None:
+            raise ValueError("this split keeps no raw values")
+        sizes = self.n.tolist()
+        lo = 0
+        while lo < len(sizes):
+            hi, w = lo + 1, max(1, sizes[lo])
+            while hi < len(sizes) and (hi + 1 - lo) * max(w, sizes[hi]) <= max_cells:
+                w = max(w, sizes[hi])
+                hi += 1
+            centers, pos = torch.arange(lo, hi), torch.arange(w).unsqueeze(0)
+            idx = self.packed_index(centers, pos)
+            yield lo, hi, raw[idx], pos < self.n[lo:hi].unsqueeze(1)
+            lo = hi
+
+    @property
+    def packed_x(self) -> torch.Tensor:
+        """``[sum(n) + 1, d]`` float32 real rows, center by center (``x[mask]``), then one zero row."""
+        if getattr(self, "_packed", None) is None:
+            x = self._x
+            self._packed = torch.cat([x[self.mask], x.new_zeros(1, x.shape[-1])])
+        return self._packed
+
+    @property
+    def packed_y(self) -> torch.Tensor:
+        """``[sum(n) + 1]`` float32 labels in :attr:`packed_x` order, then one 0 (built on each
+        access from ``y``, so a label change in ``y`` is always seen)."""
+        return torch.cat([self.y[self.mask], self.y.new_zeros(1)])
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """``[n_centers]`` int64 row of :attr:`packed_x` where each center's rows start."""
+        return torch.cumsum(self.n, 0) - self.n
+
+    def packed_index(self, centers: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rows of :attr:`packed_x` / :attr:`packed_y` for positions ``pos`` ``[c, w]`` (int64,
+        >= 0) of ``centers`` ``[c]``; a position past a center's real rows reads the zero row."""
+        flat = self.offsets[centers].unsqueeze(1) + pos
+        return torch.where(pos < self.n[centers].unsqueeze(1), flat, int(self.n.sum()))
+
+    def rows(self, centers: torch.Tensor, width: int) -> torch.Tensor:
+        """``[c, width, d]`` features of ``centers`` ``[c]``: ``x[centers, :width]`` (zeros past
+        a center's real rows), gathered from the packed rows unless the padded ``x`` is held."""
+        if self._x is not None:
+            return self._x[centers, :width]
+        idx = self.packed_index(centers, torch.arange(width).unsqueeze(0))
+        return self.packed_x.index_select(0, idx.view(-1)).view(centers.numel(), width, -1)
+
+
+def _get_x(self: SplitTensors) -> torch.Tensor:
+    if self._x is None:  # padded view of the packed rows, built once
+        xp = self._packed
+        x = xp.new_zeros(*self.mask.shape, xp.shape[1])
+        x[self.mask] = xp[:-1]
+        self._x = x
+    return self._x
+
+
+def _set_x(self: SplitTensors, value: torch.Tensor | None) -> None:
+    self._x = value
+    self._packed = None
+
+
+def _get_raw(self: SplitTensors) -> torch.Tensor | None:
+    if self._raw is None and self._raw_packed is not None:  # padded view of the packed values, built once
+        rp = self._raw_packed
+        r = rp.new_full((*self.mask.shape, rp.shape[1]), float("nan"))
+        r[self.mask] = rp[:-1]
+        self._raw = r
+    return self._raw
+
+
+def _set_raw(self: SplitTensors, value: torch.Tensor | None) -> None:
+    self._raw = value
+    self._raw_packed = None
+
+
+SplitTensors.x = property(_get_x, _set_x, doc="``[n_centers, max_rows, d]`` padded features (see the class)")
+SplitTensors.raw = property(_get_raw, _set_raw,  # type: ignore[assignment]
+                            doc="``[n_centers, max_rows, k]`` padded raw numeric values (see the class)")  # type: ignore[assignment]
 
 
 @dataclass
@@ -170,6 +299,18 @@ class FederatedData:
     dropped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    #: the per-center figure of :meth:`split_metric`; an image federation (federation.cross) says "accuracy"
+    metric_name = "auroc"
+    #: the clinical end-of-run figures (federation.evaluation) apply; False for an image federation
+    clinical = True
+
+    def split_metric(self, scores: torch.Tensor, split: str) -> torch.Tensor:
+        """``[n]`` float64 per-center AUROC of ``scores [n, rows]`` on ``split`` (NaN for a one-class
+        center; ABPS paper Sec. 6.3). The runner and ``Context.evaluate`` score every split through
+        this hook, so an image federation can answer with accuracy (federation.cross, issue 18)."""
+        s = self.splits[split]
+        return batched_auroc(scores, s.y, s.mask)
+
     @property
     def n_centers(self) -> int:
         """Number of centers n."""
@@ -194,9 +335,9 @@ class FederatedData:
         """
         out: dict[str, SplitTensors] = {}
         for name, s in self.splits.items():
-            x = s.x[s.mask].unsqueeze(0)
+            x = s.packed_x[:-1].unsqueeze(0)
             y = s.y[s.mask].unsqueeze(0)
-            raw = s.raw[s.mask].unsqueeze(0) if s.raw is not None else None
+            raw = s.raw_packed[:-1].unsqueeze(0) if s.raw_packed is not None else None
             m = torch.ones(y.shape, dtype=torch.bool)
             out[name] = SplitTensors(x, y, m, torch.tensor([y.shape[1]], dtype=torch.int64), raw)
         w = self.n_train.double() / self.n_train.sum()
@@ -222,17 +363,16 @@ class FederatedData:
             return self
         tr = self.splits["train"]
         mode = resolve_preprocessing(cfg, tr.n)
-        if any(s.raw is None for s in self.splits.values()):
+        if any(s.raw_packed is None for s in self.splits.values()):
             if cfg == DataConfig():  # built by hand, already encoded by its builder: nothing asked of it
                 return self
             raise InputError("re-encoding needs the raw numeric values (build with FederatedData.from_cohort)")
-        med, mu, sd, nbytes = numeric_statistics(tr.raw, tr.mask, cfg, mode)
-        k = len(NUMERIC_FEATURES)
+        med, mu, sd, nbytes = _fit_numeric(tr, cfg, mode)
         splits = {}
         for name, s in self.splits.items():
-            x = s.x.clone()
-            x[:, :, :k] = encode_numeric(s.raw, s.mask, med, mu, sd)
-            splits[name] = replace(s, x=x)
+            xp = s.packed_x.clone()
+            _set_numeric(xp, s, med, mu, sd)
+            splits[name] = SplitTensors.from_packed(xp, s.y, s.mask, s.n, s.raw_packed)
         return replace(self, splits=splits, preprocessing=mode, encoding_bytes=nbytes, data_config=cfg)
 
     @classmethod
@@ -250,6 +390,10 @@ class FederatedData:
                 no center is left, or a ``per-center`` encoding meets a center smaller than
                 ``min_center_rows`` with ``small_center: refuse``.
         """
+        from federation.cross import is_image_federation, load_image_federation
+
+        if is_image_federation(cohort_dir):  # a directory with images.yaml: image clients (issue 18)
+            return load_image_federation(cohort_dir)
         cohort_dir = Path(cohort_dir)
         paths = {name: cohort_dir / f"{name}.parquet" for name in ("cohort", "centers")}
         for name, p in paths.items():
@@ -330,16 +474,15 @@ class FederatedData:
             starts = torch.cumsum(counts, 0) - counts
             pos = torch.arange(len(rows)) - starts[cs_sorted]
             m = int(counts.max()) if len(rows) else 0
-            x = torch.zeros(n, m, x_all.shape[1])
             y = torch.zeros(n, m)
-            raw = torch.full((n, m, len(num)), float("nan"), dtype=torch.float64)
             mask = torch.zeros(n, m, dtype=torch.bool)
             src = rows[order]
-            x[cs_sorted, pos] = x_all[src]
+            # features and raw values packed (center by center, file order inside a center)
+            xp = torch.cat([x_all[src], x_all.new_zeros(1, x_all.shape[1])])
+            rp = torch.cat([raw_all[src], raw_all.new_full((1, raw_all.shape[1]), float("nan"))])
             y[cs_sorted, pos] = y_all[src]
-            raw[cs_sorted, pos] = raw_all[src]
             mask[cs_sorted, pos] = True
-            splits[s] = SplitTensors(x, y, mask, counts, raw)
+            splits[s] = SplitTensors.from_packed(xp, y, mask, counts, rp)
             if g_all is not None:
                 groups[s] = torch.full((n, m, g_all.shape[1]), -1, dtype=torch.int64)
                 groups[s][cs_sorted, pos] = g_all[src]
@@ -349,9 +492,9 @@ class FederatedData:
         cfg = preprocessing if preprocessing is not None else DataConfig()
         tr = splits["train"]
         mode = resolve_preprocessing(cfg, tr.n)
-        med, mu, sd, nbytes = numeric_statistics(tr.raw, tr.mask, cfg, mode)
+        med, mu, sd, nbytes = _fit_numeric(tr, cfg, mode)
         for st in splits.values():
-            st.x[:, :, : len(num)] = encode_numeric(st.raw, st.mask, med, mu, sd)
+            _set_numeric(st.packed_x, st, med, mu, sd)
         return cls(
             center_ids=center_ids,
             feature_names=[*NUMERIC_FEATURES, *BINARY_FEATURES, *cat_names],
@@ -367,6 +510,29 @@ class FederatedData:
         )
 
 
+
+
+def _fit_numeric(train: SplitTensors, cfg: DataConfig, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`numeric_statistics` of the ``train`` split. A ``per-center`` fit uses only each
+    center's own rows, so it runs on blocks of centers each padded to its own largest center
+    (:meth:`SplitTensors.padded_blocks`; same values, memory bounded by the block); the other
+    modes pool centers and take the whole padded split."""
+    if mode != "per-center":
+        assert train.raw is not None
+        return numeric_statistics(train.raw, train.mask, cfg, mode)
+    parts = [numeric_statistics(raw, mask, cfg, mode)[:3] for _, _, raw, mask in train.padded_blocks()]
+    med, mu, sd = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return med, mu, sd, 0
+
+
+def _set_numeric(packed: torch.Tensor, split: SplitTensors, med: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> None:
+    """Write the encoded numeric columns (:func:`encode_numeric` of ``split``'s raw values, per
+    center statistics ``[n, k]``) into the first k columns of ``packed`` ``[sum(n) + 1, d]``
+    (the split's packed layout), in place, block of centers by block of centers."""
+    k = len(NUMERIC_FEATURES)
+    for lo, hi, raw, mask in split.padded_blocks():
+        rows = slice(int(split.n[:lo].sum()), int(split.n[:hi].sum()))
+        packed[rows, :k] = encode_numeric(raw, mask, med[lo:hi], mu[lo:hi], sd[lo:hi])[mask]
 
 
 #: Public value range per numeric feature for the federated histogram (the mergeable quantile

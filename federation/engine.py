@@ -345,7 +345,7 @@ class StackedEngine:
         """
         order, n_rows = self._size_order()
         tr = self.data.splits["train"]
-        max_rows, d = tr.x.shape[1], tr.x.shape[2]
+        max_rows, d = tr.mask.shape[1], self.data.d
         bs, p_drop = self.cfg.batch_size, self.cfg.dropout
         units = self.hidden[0] + self.hidden[1]
         k_drop = int(round(p_drop * 65536))
@@ -357,9 +357,10 @@ class StackedEngine:
             ps = {k: params[k][order] for k in PARAM_NAMES}
             st = AdamState({k: v[order] for k, v in state.m.items()}, {k: v[order] for k, v in state.v.items()},
                            state.t[order])
-        # rows are gathered from the caller-order data: flat row of (sorted slot c, position q)
-        x_flat, y_flat = tr.x.reshape(-1, d), tr.y.reshape(-1)
-        base = (order * max_rows).unsqueeze(1)
+        # rows are gathered from the packed data: flat row of (sorted slot c, position q) is
+        # offsets[order[c]] + q, or the trailing zero row for a position past the center's rows
+        x_flat, y_flat = tr.packed_x, tr.packed_y
+        base, zero_row = tr.offsets[order].unsqueeze(1), x_flat.shape[0] - 1
         for epoch in range(self.cfg.local_epochs):
             perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
             for step in range(self.steps_per_epoch()):
@@ -368,7 +369,8 @@ class StackedEngine:
                 width = min(bs, max_rows - lo)
                 bits = self.streams.dropout_bits(round_idx, epoch, step, a, width, units) if k_drop else None
                 for c0, c1, w in self._segments(n_rows, lo, a):
-                    flat = (perm[c0:c1, lo : lo + w] + base[c0:c1]).view(-1)
+                    pos = perm[c0:c1, lo : lo + w]
+                    flat = torch.where(pos < n_rows[c0:c1].unsqueeze(1), pos + base[c0:c1], zero_row).view(-1)
                     xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
                     yb = y_flat.index_select(0, flat).view(c1 - c0, w)
                     real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
@@ -493,7 +495,7 @@ class StackedEngine:
         n_rows = s.n[idx]
         order = torch.argsort(n_rows, descending=True, stable=True)
         sizes = n_rows[order].tolist()
-        out = torch.zeros(idx.numel(), s.x.shape[1])
+        out = torch.zeros(idx.numel(), s.mask.shape[1])
         lo = 0
         while lo < idx.numel() and sizes[lo] > 0:
             r = sizes[lo]
@@ -504,6 +506,6 @@ class StackedEngine:
                 model = {k: v[first : first + sel.numel()] for k, v in params.items()}
             else:
                 model = {k: v[sel] for k, v in params.items()}
-            out[sel, :r] = forward(model, s.x[idx[sel], :r])[0]
+            out[sel, :r] = forward(model, s.rows(idx[sel], r))[0]
             lo = hi
         return out

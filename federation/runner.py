@@ -1,4 +1,5 @@
-"""The round loop: local training (stacked) -> plan -> exchange -> after_exchange -> metrics.
+"""The clinical round: local training (stacked) -> plan -> exchange -> after_exchange -> metrics,
+as the step and evaluation hooks of the one loop driver :func:`federation.loop.drive`.
 
 :func:`run_one` runs one (method, seed) on a :class:`FederatedData`; :func:`run_training`
 runs several seeds with MLflow tracking and writes ``results.json``.
@@ -25,10 +26,12 @@ from federation.drift_scenario import apply_drift, drifting_copy
 from federation.engine import AdamState, StackedParams, mix_seed, n_params
 from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical
 from federation.ledger import Ledger
+from federation.loop import EvalSchedule, drive
 from federation.methods import Context, Method, get_method
+from federation.realworld import RealWorld
 from federation.tracking import (COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG, SEED_TAG, Tracker,
                                  finite)
-from federation.metrics import batched_auroc, summarize
+from federation.metrics import summarize
 from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
 from federation.variance import variance_correct
 
@@ -84,7 +87,7 @@ def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, r
     s = ctx.data.splits[split]
     scores = method.scores(ctx, params, split, round_idx)
     check_finite(f"{split} scores", scores[s.mask], *where)
-    return batched_auroc(scores, s.y, s.mask)
+    return ctx.data.split_metric(scores, split)  # AUROC; accuracy on an image federation (federation.cross)
 
 
 def run_one(
@@ -113,8 +116,11 @@ def run_one(
     data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
-    ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
-    sizes = n_params(data.d, engine.hidden)
+    if hasattr(engine, "layout"):  # an engine with its own model (federation.cross.ImageEngine, issue 18)
+        ex, hd, sizes = engine.layout(cfg.exchange.head_layers)
+    else:
+        ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
+        sizes = n_params(data.d, engine.hidden)
     ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
     ctx = Context(cfg=cfg, data=data, engine=engine, seed=seed, ledger=ledger, exchanged=ex, head=hd,
                   bf16=cfg.exchange.bf16_wire, rng=torch.Generator().manual_seed(mix_seed(seed, 0x3E7)))
@@ -132,22 +138,31 @@ def run_one(
     payload = sum(sizes[k] for k in ex) * cls.payloads_per_link
     bpp = 2 if cfg.exchange.bf16_wire else 4
     momentum: StackedParams | None = None
+    rb: Any = None  # the last round's ledger record
+    extras: dict[str, Any] = {}
     es = cfg.early_stopping
     best = (-math.inf, -1, None)  # (val mean, round, params)
-    history: list[dict[str, float]] = []
-    last_val = last_test = None
-    rounds_run = 0
-    for r in range(cfg.max_rounds):
+    rw = _real_world(cfg, cls, data, seed, payload * bpp)  # None: every center up, infinitely fast
+    last: dict[str, torch.Tensor] = {}
+
+    def step(r: int) -> None:
+        """Round r up to the ledger record and the method's extras (federation.loop)."""
+        nonlocal state, momentum, rb, extras
         apply_drift(data, cfg.drift, r)
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
+        if rw is not None:  # availability mask on the center axis (federation/realworld.py)
+            ctx.available = rw.begin_round(r, train_params, state, momentum)
         train_engine.train_round(train_params, state, r, local_loss)
+        if rw is not None:
+            rw.after_training(train_params, state)
         where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.checks)
         check_finite_params("parameters after local training", train_params, *where)
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
+        plan = rw.plan(plan) if rw is not None else plan
         if plan.w is not None and not cls.pooled:
             if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
                 raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{data.n_centers}, "
@@ -163,37 +178,66 @@ def run_one(
                 mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
             for k, v in mixed.items():
                 train_params[k].copy_(v)
+        if rw is not None:
+            rw.end_exchange(train_params, ctx.round_start, momentum)
         meta_bytes = plan.metadata_bytes + (data.encoding_bytes if r == 0 else 0)  # + encoding aggregates
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
                            payload, bpp, plan.probe_bytes, meta_bytes)
         extras = method.after_exchange(ctx, r, plan)
+        extras = {**extras, **rw.metrics()} if rw is not None else extras
         # a NaN extra means "undefined this round" (e.g. a mean over no observed partner): it is
         # left out of the round's metrics, never logged; an infinity stops the run
         extras = {k: v for k, v in extras.items() if not (isinstance(v, float) and math.isnan(v))}
         for k, v in extras.items():
             check_finite(f"method output {k!r}", v, *where)
+
+    def evaluate(tau: int) -> dict[str, float]:
+        """The metrics after round tau - 1: val / test AUROC, bytes, the method's extras."""
+        where = (cfg.method, seed, tau)
         params_now = eval_params()
         check_finite_params("parameters after the exchange", params_now, *where)
-        last_val, last_test = (_evaluate(method, ctx, params_now, s, r, where) for s in ("val", "test"))
-        sv, st = summarize(last_val), summarize(last_test)
-        metrics = {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
-        history.append({"round": float(r + 1), **metrics})
-        rounds_run = r + 1
-        if on_round is not None:
-            on_round(r + 1, metrics)
-        if es.enabled:
-            if sv.mean > best[0]:
-                best = (sv.mean, r, (_clone(train_params), last_val.clone(), last_test.clone()))
-            elif r - best[1] >= es.patience:
-                break
+        last["val"], last["test"] = (_evaluate(method, ctx, params_now, s, tau - 1, where) for s in ("val", "test"))
+        sv, st = summarize(last["val"]), summarize(last["test"])
+        return {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
+
+    def stop(tau: int, metrics: dict[str, float]) -> bool:
+        """Early stopping on the mean val AUROC (cfg.early_stopping)."""
+        nonlocal best
+        if not es.enabled:
+            return False
+        r = tau - 1
+        if metrics["val_auroc_mean"] > best[0]:
+            best = (metrics["val_auroc_mean"], r, (_clone(train_params), last["val"].clone(), last["test"].clone()))
+            return False
+        return r - best[1] >= es.patience
+
+    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), on_record=on_round, stop=stop)
+    history = [{"round": float(tau), **m} for tau, m in outcome.records]
+    rounds_run = outcome.steps_run
+    last_val, last_test = last.get("val"), last.get("test")
     return finalize_run(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
         method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
-        clinical=lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
-                                          method.score_kind, seed),
+        clinical=(lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
+                                           method.score_kind, seed)) if data.clinical else None,
     )
+
+
+def _real_world(cfg: RunConfig, cls: type[Method], data: FederatedData, seed: int,
+                payload_bytes: int) -> RealWorld | None:
+    """The run's :class:`federation.realworld.RealWorld` (None without a ``realworld:`` block).
+
+    Raises:
+        InputError: a ``realworld:`` block on a pooled method (the centralized reference has no
+            centers to take down).
+    """
+    if cfg.realworld is None:
+        return None
+    if cls.pooled:
+        raise InputError(f"{cfg.method}: the realworld block needs centers (not a pooled model)")
+    return RealWorld(cfg.realworld, data, seed, payload_bytes, cfg.engine.local_epochs)
 
 
 def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]:
@@ -330,6 +374,7 @@ def run_training(
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
+    _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
@@ -364,6 +409,7 @@ def run_training(
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
+        doc["metric"] = data.metric_name  # "final_auroc_*" hold accuracy on an image federation (issue 18)
         doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")

@@ -6,7 +6,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from etl.images import ImageDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,3 +32,12 @@ def mimic_demo_dir() -> Path:
 def eicu_demo_dir() -> Path:
     assert (EICU_DEMO / "patient.csv.gz").is_file(), f"eICU demo not found at {EICU_DEMO}"
     return EICU_DEMO
+
+
+@pytest.fixture(scope="session")
+def tiny_images():
+    """A random 640 / 100 image set of 1x28x28 uint8 images, 10 classes (gossip and loop tests)."""
+    rng = np.random.default_rng(0)
+    return ImageDataset(rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640),
+                        rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 100),
+                        10, "tiny")

@@ -1,8 +1,9 @@
 """The eICU hospital federation learns (issue 21): real eICU demo, federated encoding, FedAvg vs local.
 
-Guards the fix of the 0.33 / 0.48 mean per-center test AUROC of Local / FedAvg with the paper's
-per-center encoding on 5-33 train rows per hospital (docs/eicu.md). Small on purpose: one seed and
-fewer rounds than the docs' table (30 rounds, 3 seeds), hence a lower bound than its 0.75.
+Guards the fix of the 0.33 / 0.48 / 0.51 mean per-center test AUROC of Local / FedAvg / ABPS with the
+paper's per-center encoding and local schedule on 5-33 train rows per hospital (docs/eicu.md): the
+federated encoding and the eICU preset's local training (configs/eicu-table.yaml). One seed of the
+docs' three, 30 rounds as in the issue.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ def test_auto_encoding_is_federated_on_small_hospitals(eicu):
         eicu.with_preprocessing(DataConfig(preprocessing="per-center"))
 
 
-def test_fedavg_learns_on_real_hospitals_and_beats_local(eicu):
-    rounds = 20
+def test_federated_methods_learn_on_real_hospitals_and_beat_local(eicu):
+    """Issue 21's settings (30 rounds, configs/eicu-table.yaml) on one seed of the three."""
+    rounds = 30
     out = {}
-    for m in ("fedavg", "local"):
+    for m in ("fedavg", "abps", "local"):
         cfg = build_config(m, get_method(m).default_config, {"method": m, **_entry(m)}, rounds)
         out[m] = run_one(cfg, eicu, seed=11).final_auroc_mean
-    # measured: FedAvg 0.687, Local 0.538 (seed 11, 20 rounds); the old per-center encoding gave
-    # FedAvg 0.478 and Local 0.330 after 30 rounds (3 seeds)
-    assert out["fedavg"] >= 0.65, out
-    assert out["fedavg"] > out["local"] + 0.1, out
+    # measured (seed 11, 30 rounds): FedAvg 0.781, ABPS 0.767, Local 0.538; means over seeds 11 22 33:
+    # 0.818 / 0.757 / 0.538 (docs/eicu.md). Before the eICU preset (2 local epochs at batch 128, ABPS
+    # kappa 3): FedAvg 0.773 / ABPS 0.704 mean 0.737 / 0.704; with the per-center encoding 0.478 / 0.51.
+    assert out["fedavg"] >= 0.75, out
+    assert out["abps"] >= 0.72, out  # one seed of ABPS spreads 0.67-0.83 (3-seed mean 0.757)
+    assert min(out["fedavg"], out["abps"]) > out["local"] + 0.15, out

@@ -188,6 +188,13 @@ def test_report_shows_clinical_and_fairness_tables(trained):
     hidden = [f"{r['axis']}={r['group']}" for r in clin["subgroups"] if r["suppressed"]]
     assert fair.count("| suppressed |") >= len(hidden) and all(h in fair for h in hidden)
     assert len(doc["sections"]["clinical"]["fairness"]) == len(shown) + len(hidden)
+    # one seed: the table's gap interval is that seed's bootstrap interval, printed beside the gap
+    for r in clin["subgroups"]:
+        if not r["suppressed"]:
+            lo, hi = r["auroc_gap_ci"]
+            assert f"| {r['auroc_gap']:.3f} | [{lo:.3f}, {hi:.3f}] |" in fair
+            got = next(f for f in doc["sections"]["clinical"]["fairness"] if (f["axis"], f["group"]) == (r["axis"], r["group"]))
+            assert (got["auroc_gap_ci_low"], got["auroc_gap_ci_high"]) == pytest.approx((lo, hi))
     assert {"clinical.csv", "fairness.csv"} <= {p.name for p in (tmp / "report").iterdir()}
 
 

@@ -29,7 +29,8 @@ def test_every_concept_file_cites_its_source_and_ships():
         "mimic/diagnoses_earlier_admissions.sql", "eicu/stays.sql", "eicu/first_day_vitals.sql",
         "eicu/diagnosis_icd.sql", "eicu/comorbidity.sql", "meds/icustays.sql", "meds/admissions.sql",
         "meds/patients.sql", "meds/chartevents.sql", "meds/diagnoses_icd.sql",
-        "mimic/task_icu_mortality.sql", "mimic/task_los.sql", "eicu/task_icu_mortality.sql", "eicu/task_los.sql"}
+        "mimic/task_icu_mortality.sql", "mimic/task_los.sql", "eicu/task_icu_mortality.sql", "eicu/task_los.sql",
+        "mimic/task_decompensation.sql", "eicu/task_decompensation.sql"}
     for f in files:
         head = f.read_text().split("\n\n")[0]
         assert head.startswith("-- Concept: ") and "Source: " in head, f
@@ -65,11 +66,12 @@ def test_mimic_vital_rows_vitalsign_first_day(mimic_con):
     con, s = mimic_con
     con.execute("CREATE OR REPLACE TEMP TABLE vital_rows AS " + concept_sql(
         "mimic", "vital_rows", chartevents=s["chartevents"], from_hours=0.0))
-    con.execute("CREATE OR REPLACE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign"))
+    con.execute("CREATE OR REPLACE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign", vital_rows="vital_rows"))
     # Polars: heart-rate rows (itemid 220045, 0 < value < 300) in [intime, intime + 24 h]: 3812
     # rows at 3812 distinct charttimes, over all 140 stays; no duplicated row
     assert con.execute("SELECT count(*), sum(n_rows) FROM vital_rows WHERE vital = 'heart_rate'").fetchall()[0] == (3812, 3812)
-    assert scalar(con, "SELECT count(*) FROM vitalsign WHERE vital = 'heart_rate'") == 3812
+    assert con.execute("SELECT count(*), sum(n_rows), sum(n_distinct) FROM vitalsign "
+                       "WHERE vital = 'heart_rate'").fetchall()[0] == (3812, 3812, 3812)
     first = frame(con, concept_sql("mimic", "first_day_vitalsign"))
     assert first.columns == ["stay_id", *VITAL_COLUMNS]
     assert first.height == 140 and first["heart_rate_max"].max() == 160.0

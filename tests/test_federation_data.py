@@ -86,7 +86,7 @@ def test_missing_file_and_column_raise_input_error(frames, tmp_path):
 # ---- numeric encoding modes (issue 21) ------------------------------------------------------
 
 from federation.config import DataConfig  # noqa: E402
-from federation.data import HISTOGRAM_RANGES, histogram_median, numeric_statistics  # noqa: E402
+from federation.data import HISTOGRAM_RANGES, encode_numeric, histogram_median, numeric_statistics  # noqa: E402
 
 
 def _train_raw(fd):
@@ -181,3 +181,25 @@ def test_auto_mode_and_small_center_warning(frames):
     # the pooled rows of the Centralized reference carry one encoding: identical raw rows, identical x
     pooled = big.with_preprocessing(DataConfig(preprocessing="pooled")).pooled()
     assert pooled.preprocessing == "pooled" and pooled.n_centers == 1
+
+
+def test_pooled_and_per_center_statistics_by_hand():
+    """The Centralized reference's encoding (issue 23) on a hand-sized federation: center 0 holds
+    values 1, 3 and a missing one, center 1 holds 5 and a missing one (third slot is padding).
+    Pooled: median of {1, 3, 5} = 3 fills both gaps, so the rows are 1, 3, 3, 5, 3 with mean 3 and
+    population variance 8 / 5. Per center: center 0 fills with 2 (rows 1, 3, 2: mean 2, variance
+    2 / 3); center 1 fills with 5 (rows 5, 5: std 0, replaced by 1)."""
+    nan = float("nan")
+    raw = torch.tensor([[[1.0], [3.0], [nan]], [[5.0], [nan], [nan]]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    med, mu, sd, nbytes = numeric_statistics(raw, mask, DataConfig(), "pooled")
+    np.testing.assert_allclose(med, [[3.0], [3.0]])
+    np.testing.assert_allclose(mu, [[3.0], [3.0]])
+    np.testing.assert_allclose(sd, [[np.sqrt(1.6)], [np.sqrt(1.6)]])
+    assert nbytes == 0
+    x = encode_numeric(raw, mask, med, mu, sd)
+    np.testing.assert_allclose(x[..., 0].numpy(), np.array([[-2, 0, 0], [2, 0, 0]]) / np.sqrt(1.6), rtol=1e-6)
+    med, mu, sd, _ = numeric_statistics(raw, mask, DataConfig(), "per-center")
+    np.testing.assert_allclose(med, [[2.0], [5.0]])
+    np.testing.assert_allclose(mu, [[2.0], [5.0]])
+    np.testing.assert_allclose(sd, [[np.sqrt(2.0 / 3.0)], [1.0]])

@@ -126,3 +126,106 @@ def test_segment_cap_does_not_change_training(data):
         out.append(p)
     for k in out[0]:
         assert torch.allclose(out[0][k], out[1][k], atol=1e-6, rtol=1e-5), k
+
+
+def _padded_copy(fd: FederatedData) -> FederatedData:
+    """The same federation with every split built padded (``SplitTensors(x, y, mask, n, raw)``),
+    as before the packed layout: the engine then reads the padded ``x``."""
+    from dataclasses import replace
+
+    from federation.data import SplitTensors
+
+    splits = {k: SplitTensors(s.x.clone(), s.y.clone(), s.mask.clone(), s.n.clone(), s.raw.clone())
+              for k, s in fd.splits.items()}
+    return replace(fd, splits=splits)
+
+
+def test_packed_layout_holds_the_padded_values(data):
+    for s in data.splits.values():
+        n_real = int(s.n.sum())
+        assert s.packed_x.shape == (n_real + 1, data.d) and not s.packed_x[-1].any()
+        x = s.x  # padded view built from the packed rows
+        assert torch.equal(x[s.mask], s.packed_x[:-1]) and not x[~s.mask].any()
+        assert torch.equal(s.raw_packed[:-1].nan_to_num(-1e300), s.raw[s.mask].nan_to_num(-1e300))  # NaN = missing
+        assert s.raw[~s.mask].isnan().all() and s.raw_packed[-1].isnan().all()
+        centers = torch.tensor([4, 0, 8, 4])
+        for width in (1, 17, s.mask.shape[1]):
+            s._x = None  # gather from the packed rows ...
+            packed = s.rows(centers, width)
+            s.x  # ... and from the padded tensor
+            assert torch.equal(packed, s.rows(centers, width))
+            assert torch.equal(packed, x[centers, :width])
+
+
+def test_packed_and_padded_runs_are_identical(data):
+    from federation.config import build_config
+    from federation.methods import get_method
+    from federation.runner import run_one
+
+    padded = _padded_copy(data)
+    for s in padded.splits.values():
+        assert s._x is not None and s._packed is None
+    for name in ("fedavg", "abps"):
+        cfg = build_config(name, get_method(name).default_config, None, rounds=2)
+        a, b = run_one(cfg, data, 5), run_one(cfg, padded, 5)
+        assert a.history == b.history and a.per_center == b.per_center
+
+
+def test_blockwise_numeric_fit_equals_whole_split(data):
+    """Per-center statistics fitted on blocks of centers (each padded to its own largest center)
+    equal the fit on the whole padded split, bit for bit; so does the blockwise encoding."""
+    import numpy as np
+
+    from federation.config import DataConfig
+    from federation.data import _fit_numeric, encode_numeric, numeric_statistics
+
+    tr = data.splits["train"]
+    whole = numeric_statistics(tr.raw, tr.mask, DataConfig(), "per-center")
+    blocks = list(tr.padded_blocks(max_cells=300))
+    assert len(blocks) > 3 and blocks[-1][1] == data.n_centers
+    assert all(m.shape[1] == int(tr.n[lo:hi].max()) for lo, hi, _, m in blocks)
+    orig = tr.padded_blocks.__func__.__defaults__
+    try:
+        type(tr).padded_blocks.__defaults__ = (300,)
+        fit = _fit_numeric(tr, DataConfig(), "per-center")
+    finally:
+        type(tr).padded_blocks.__defaults__ = orig
+    for a, b in zip(whole[:3], fit[:3]):
+        assert np.array_equal(a, b)
+    k = whole[0].shape[1]
+    enc = encode_numeric(tr.raw, tr.mask, *whole[:3])[tr.mask]
+    assert torch.equal(enc, tr.packed_x[:-1, :k])
+
+
+def test_bootstrap_blocks_give_the_single_draw_interval():
+    """The clinical bootstraps draw their replicates in blocks (bounded memory at many
+    centers); the intervals equal those of one draw of all replicates."""
+    import federation.clinical as C
+
+    g = torch.Generator().manual_seed(0)
+    n, rows = 30, 50
+    mask = torch.arange(rows)[None] < torch.randint(12, rows + 1, (n,), generator=g)[:, None]
+    s = torch.randn(n, rows, generator=g)
+    y = (torch.rand(n, rows, generator=g) < 0.3).float() * mask
+    grp = torch.randint(-1, 3, (n, rows), generator=g).masked_fill(~mask, -1)
+    out = []
+    saved = C.BOOT_BLOCK_CELLS
+    try:
+        for cells in (1 << 30, 7 * n * rows):  # one block of 40 replicates / blocks of 7
+            C.BOOT_BLOCK_CELLS = cells
+            assert len(list(C._resample_within_center(mask, 40, 3))) == (1 if cells > 1e9 else 6)
+            out.append((C.bootstrap_mean_auroc(s, y, mask, n_boot=40, seed=3),
+                        C.subgroup_gaps(s, y, mask, grp, ["a", "b", "c"], n_boot=40, seed=3, min_size=5,
+                                        min_events=1)))
+    finally:
+        C.BOOT_BLOCK_CELLS = saved
+    assert out[0] == out[1]
+    assert all(math.isfinite(v) for v in out[0][0])
+    # and they are the single draw: replicate indices of one [B, n, rows] generator call
+    u = torch.rand(40, n, rows, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ref = (u * mask.sum(1)[None, :, None].double()).floor().long().clamp_max(rows - 1)
+    C.BOOT_BLOCK_CELLS = 7 * n * rows
+    try:
+        assert torch.equal(torch.cat(list(C._resample_within_center(mask, 40, 3))), ref)
+    finally:
+        C.BOOT_BLOCK_CELLS = saved

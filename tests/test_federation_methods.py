@@ -192,6 +192,9 @@ def test_centralized_pools_one_encoding_and_early_stops(data):
     k = len(NUMERIC_FEATURES)
     x = pooled.splits["train"].x[0, :, :k].double()
     torch.testing.assert_close(x.mean(0), torch.zeros(k, dtype=torch.float64), atol=1e-5, rtol=0)
+    sd = x.std(0, unbiased=False)
+    varying = sd > 0  # a feature never observed encodes as 0 everywhere
+    torch.testing.assert_close(sd[varying], torch.ones(int(varying.sum()), dtype=torch.float64), atol=1e-4, rtol=0)
     # per-center encodings differ from it: the federation's own rows are not what it trains on
     assert not torch.allclose(data.pooled().splits["train"].x, pooled.splits["train"].x)
     res = run_one(cfg, data, seed=3)

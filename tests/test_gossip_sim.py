@@ -2,18 +2,16 @@
 
 import numpy as np
 import pytest
+import torch
 
 from etl.errors import InputError
-from etl.images import ImageDataset
+from etl.images import FASHION_MNIST_DIR, ImageDataset, load_idx_dataset
 from federation.gossip import GossipConfig, expand_runs, simulate
 
 
 @pytest.fixture(scope="module")
-def tiny_data() -> ImageDataset:
-    rng = np.random.default_rng(0)
-    return ImageDataset(rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640),
-                        rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 100),
-                        10, "tiny")
+def tiny_data(tiny_images: ImageDataset) -> ImageDataset:
+    return tiny_images
 
 
 def _cfg(**kw) -> GossipConfig:
@@ -119,3 +117,24 @@ def test_fl_server_and_global_broadcast_variants(tiny_data):
     assert np.all(np.abs(ratio - 1 / 6) < 0.03)
     with pytest.raises(ValueError, match="star"):
         _cfg(server=True)
+
+
+def test_variance_correction_reaches_the_target_sooner_than_plain_averaging():
+    """Issue 15 item 4: on a small real federation (Fashion-MNIST, N = 8 fully connected nodes,
+    synchronous training every tick, model replacement beta = 0, independent Xavier initial
+    models) plain averaging shrinks each layer's variance by ~1/8 per averaging (eq. (3)) and
+    learns slowly; Algorithm 3 restores the variance. Reaching ticks of accuracy 0.2 on 200 test
+    images (evaluated every 5 ticks), measured at seed 0: plain 20 / 20 (first / most), corrected
+    10 / 10; the corrected run's mean accuracy at tick 10 is 0.389 against plain's 0.127."""
+    assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"
+    torch.set_num_threads(1)
+    ds = load_idx_dataset()
+    base = dict(n_nodes=8, degree=7, ticks=20, t_acquisition=1, eval_every=5, test_subset=200,
+                target_accuracy=0.2, beta=0.0)
+    plain = simulate(GossipConfig(**base, averaging="plain"), ds, seed=0)
+    vc = simulate(GossipConfig(**base, averaging="variance_corrected"), ds, seed=0)
+    assert (vc.first_reach, vc.most_reach) == (10, 10)
+    assert (plain.first_reach, plain.most_reach) == (20, 20)
+    assert vc.most_reach < plain.first_reach
+    assert vc.accuracy[2].mean() == pytest.approx(0.389, abs=0.0015)
+    assert plain.accuracy[2].mean() == pytest.approx(0.127, abs=0.0015)

@@ -96,7 +96,8 @@ def test_sweep_files_load():
     spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
     cells = sw.expand_cells(spec, base, "c")
     # the paper's 20 rows (with centralized) + the random-partners ablation (issue 12) + abps-drift (issue 17)
-    assert len(cells) == 22 * 5 and len({c.label for c in cells}) == 22
+    # + the SAGE selector (issue 18)
+    assert len(cells) == 23 * 5 and len({c.label for c in cells}) == 23
     spec, base = sw.load_sweep(CONFIGS / "demo.yaml")
     cells = sw.expand_cells(spec, base, "c")
     assert [c.label for c in cells[::2]] == ["fedavg", "abps", "abps-x", "abps-div"]

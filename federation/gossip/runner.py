@@ -35,7 +35,7 @@ from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
 from etl.io import atomic_write_text
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
-from federation.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG
+from federation.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
              "threads"}
@@ -147,7 +147,6 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
 
     tracker = None
     if track_cfg.get("enabled", True):
-        from federation.tracking import Tracker
         tracker = Tracker(tracking_uri or track_cfg.get("uri"), experiment or track_cfg.get("experiment") or "vv")
 
     results: list[dict] = []

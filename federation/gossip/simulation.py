@@ -50,6 +50,7 @@ from etl.errors import InputError
 from etl.images import ImageDataset
 from etl.partition import dirichlet_partition, iid_partition
 from federation import graphs
+from federation.loop import EvalSchedule, drive
 from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
 from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accuracy_own, accuracy_stacked,
                                      init_stacked, inv_lr, sgd_step, stacked_gradients)
@@ -369,37 +370,38 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
     params_sent = 0.0
     train_s = 0.0
 
-    for t in range(cfg.ticks + 1):
-        if t % cfg.eval_every == 0 or t == cfg.ticks:
-            acc = accuracy_stacked(flat, x_test, y_test, layout)
-            lv = flat_layer_variance(flat, layout)[:, weight_cols]
-            diff = weight_difference(flat, layout)
-            deg_now = torch.bincount(dst[edge_on], minlength=n).float()
-            ev_ticks.append(t)
-            ev_acc.append(acc.numpy())
-            ev_var_mean.append(lv.mean(0).numpy())
-            ev_var_node.append(lv[var_node].numpy())
-            ev_diff.append(np.array([diff[name] for name in LAYERS]))
-            ev_deg.append(float(deg_now.mean()))
-            if on_eval is not None:
-                m = {"acc_mean": float(acc.mean()), "acc_min": float(acc.min()), "acc_max": float(acc.max()),
-                     "frac_at_target": float((acc >= cfg.target_accuracy).float().mean()),
-                     "degree_mean": float(deg_now.mean())}
-                for j, name in enumerate(LAYERS):
-                    m[f"var_{name}"] = float(lv[:, j].mean())
-                    m[f"var_{name}_node{var_node}"] = float(lv[var_node, j])
-                    m[f"diff_{name}"] = float(diff[name])
-                on_eval(t, m)
-            if transfer and cfg.transfer_check == "evaluation" and t < cfg.ticks:
-                own_x, own_y = sampler.draw(torch.arange(n), cfg.own_subset)
-                own_acc = accuracy_own(flat, own_x, own_y, layout)
-                _connect_next_peer(own_acc >= tl_acc, waiting, wait_ptr, base_deg, edge_on, edge_index)
-        if t == cfg.ticks:
-            break
+    def evaluate(t: int) -> dict[str, float]:
+        """The state at tick t (after all events of earlier ticks): per-node accuracy, layer
+        variances, weight difference, degree; the transfer check at evaluation ticks."""
+        acc = accuracy_stacked(flat, x_test, y_test, layout)
+        lv = flat_layer_variance(flat, layout)[:, weight_cols]
+        diff = weight_difference(flat, layout)
+        deg_now = torch.bincount(dst[edge_on], minlength=n).float()
+        ev_ticks.append(t)
+        ev_acc.append(acc.numpy())
+        ev_var_mean.append(lv.mean(0).numpy())
+        ev_var_node.append(lv[var_node].numpy())
+        ev_diff.append(np.array([diff[name] for name in LAYERS]))
+        ev_deg.append(float(deg_now.mean()))
+        m = {"acc_mean": float(acc.mean()), "acc_min": float(acc.min()), "acc_max": float(acc.max()),
+             "frac_at_target": float((acc >= cfg.target_accuracy).float().mean()),
+             "degree_mean": float(deg_now.mean())}
+        for j, name in enumerate(LAYERS):
+            m[f"var_{name}"] = float(lv[:, j].mean())
+            m[f"var_{name}_node{var_node}"] = float(lv[var_node, j])
+            m[f"diff_{name}"] = float(diff[name])
+        if transfer and cfg.transfer_check == "evaluation" and t < cfg.ticks:
+            own_x, own_y = sampler.draw(torch.arange(n), cfg.own_subset)
+            own_acc = accuracy_own(flat, own_x, own_y, layout)
+            _connect_next_peer(own_acc >= tl_acc, waiting, wait_ptr, base_deg, edge_on, edge_index)
+        return m
 
+    def step(t: int) -> None:
+        """Tick t: train the nodes whose acquisition is due, send, average full buffers."""
+        nonlocal n_steps, n_avg, n_msg, params_sent, train_s, t_first_avg, buf_sum, buf_cnt, buf_var, buf_pcnt
         active = torch.nonzero(next_train == t).flatten()
         if active.numel() == 0:
-            continue
+            return
         # ---- 1. train the active nodes as one stacked step
         ts = time.perf_counter()
         xb, yb = sampler.draw(active, cfg.batch_size)
@@ -422,7 +424,7 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         is_active[active] = True
         sel = edge_on & is_active[src]
         if not bool(sel.any()):
-            continue
+            return
         pos_in_active = torch.full((n,), -1, dtype=torch.int64)
         pos_in_active[active] = torch.arange(active.numel())
         e_src, e_dst = pos_in_active[src[sel]], dst[sel]
@@ -446,7 +448,7 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         cap = cfg.interval_ratio * cur_deg
         full = torch.nonzero((cap > 0) & (buf_cnt >= cap)).flatten()
         if full.numel() == 0:
-            continue
+            return
         old = flat.index_select(0, full)
         if compress:
             pc = buf_pcnt.index_select(0, full)
@@ -469,6 +471,8 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
             params_sent += float((n - 1) * layout.total)
         if t_first_avg is None:
             t_first_avg = t
+
+    drive(cfg.ticks, step, evaluate, EvalSchedule(every=cfg.eval_every, at_start=True), on_record=on_eval)
 
     ticks_arr = np.asarray(ev_ticks, dtype=np.int64)
     acc_arr = np.stack(ev_acc)

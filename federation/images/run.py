@@ -3,8 +3,9 @@
 One configuration (data set x graph x Dirichlet alpha) runs every selected selector from the same
 partition, graph and initialisation (Sec. V-A). A round is: local epoch of all K clients (stacked)
 -> probe if the selector needs it (:mod:`federation.images.probe`, eq. (4)) -> the selector's
-``decide`` -> its ``mix`` (eq. (2) or its native average) -> metrics. Selectors are registered
-classes (:mod:`federation.images.selectors`); this loop knows none of them by name.
+``decide`` -> its ``mix`` (eq. (2) or its native average) -> metrics, as the step and evaluation
+hooks of the one loop driver :func:`federation.loop.drive`. Selectors are registered classes
+(:mod:`federation.images.selectors`); this runner knows none of them by name.
 
 Entry point: :func:`cli_run` (also ``federation.images.cli_run``), dispatched to by
 ``abps train --config configs/sage-*.yaml``.
@@ -33,7 +34,8 @@ from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, Stack
 from federation.images.probe import draw_anchors, empty_table, probe
 from federation.images.sage import evidence_saving
 from federation.ledger import Ledger
-from federation.tracking import BENCHMARK_TAG, SELECTOR_TAG
+from federation.loop import EvalSchedule, drive
+from federation.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
 
 class PensOptions(BaseModel):
@@ -156,7 +158,6 @@ def make_tracker(tracking_uri: str | None, experiment: str | None):
     ``tracking_uri="none"`` disables MLflow and returns None."""
     if tracking_uri is not None and tracking_uri.strip().lower() in ("", "none"):
         return None
-    from federation.tracking import Tracker
     return Tracker(tracking_uri, experiment or "sage")
 
 
@@ -183,11 +184,12 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
     ledger = Ledger(k, sum(p[0].numel() for p in model.params.values()), reference_rounds=cfg.rounds)
     probe_unit = probe_bytes_per_anchor(shards.x_train, shards.n_classes)
     stats = sel.SelectorStats()
-    history: list[dict[str, float]] = []
     stop_labels = [f"stop_at_{m}" for m in cfg.schedule]
-    t_train = t_probe = t_eval = 0.0
-    for t in range(cfg.rounds):
-        t0 = time.perf_counter()
+    clock = {"train": 0.0, "probe_mix": 0.0, "eval": 0.0, "start": 0.0, "mixed": 0.0}
+
+    def step(t: int) -> dict[str, float]:
+        """Round t: local epoch(s), probe when the selector needs it, decide, mix, ledger."""
+        clock["start"] = t0 = time.perf_counter()
         loss = 0.0
         for _ in range(cfg.local_epochs):
             loss = model.local_epoch(shards.x_train, shards.y_train, shards.train_index, shards.n_train,
@@ -202,23 +204,27 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
             table = empty_table(cand, cand_valid, degree, schedule, shards.n_anchor)
         dec = rule.decide(t, table, own_ce, model)
         model.mix_shared(rule.mix(dec))
-        t2 = time.perf_counter()
+        clock["mixed"] = time.perf_counter()
+        clock["train"] += t1 - t0
+        clock["probe_mix"] += clock["mixed"] - t1
         row = _round_metrics(selector, dec, degree, m_max, stats, cfg.schedule, stop_labels, k)
         rb = ledger.record(t, exchange_adjacency(dec.peers), 0, shared_params, 4,
                            probe_bytes=int(round(row.get("probe_evaluations", 0.0) * probe_unit)))
         row.update(model_bytes=float(rb.model_bytes), probe_bytes=float(rb.probe_bytes),
                    edges=float(rb.edges))
         row["train_loss"] = loss
-        if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
-            row.update(evaluate(model, shards))
-        t3 = time.perf_counter()
-        t_train += t1 - t0
-        t_probe += t2 - t1
-        t_eval += t3 - t2
-        row["seconds_round"] = t3 - t0
-        history.append(row)
+        return row
+
+    def record(tau: int, row: dict[str, float]) -> None:
+        now = time.perf_counter()
+        clock["eval"] += now - clock["mixed"]
+        row["seconds_round"] = now - clock["start"]
         if tracker is not None:
-            tracker.log_metrics(row, step=t + 1)
+            tracker.log_metrics(row, step=tau)
+
+    history = [row for _, row in drive(cfg.rounds, step, lambda tau: evaluate(model, shards),
+                                       EvalSchedule(every=cfg.eval_every), on_record=record).records]
+    t_train, t_probe, t_eval = clock["train"], clock["probe_mix"], clock["eval"]
     summary = _summary(selector, stats, history, cfg.schedule, m_max, k, cfg.rounds)
     summary.update(seconds_train=t_train, seconds_probe_mix=t_probe, seconds_eval=t_eval,
                    model_bytes=ledger.model_bytes, probe_bytes=ledger.probe_bytes,

@@ -27,7 +27,8 @@ A method is a small object holding its own state; the runner holds none of it. P
 ``cfg``, ``meta`` ``[n, 15]`` and ``meta_base`` ``[n, 3]`` (centers.parquet metadata vectors),
 ``n_train`` ``[n]``, ``params`` (live stacked parameters), ``round_start`` (a copy at the start
 of the round), ``pre_exchange`` (a copy after local training, i.e. the models sent this round),
-``exchanged`` / ``head`` key tuples, ``bf16``, :meth:`Context.evaluate` (per-center AUROC of
+``exchanged`` / ``head`` key tuples, ``bf16``, ``available`` (``[n]`` bool centers up this round
+under a ``realworld:`` block, else None: a method must not pair with an unavailable center), :meth:`Context.evaluate` (per-center AUROC of
 the live or given parameters) and :meth:`Context.evaluate_mixtures`.
 
 Methods override hooks, never the loop. Besides the ones above: ``make_engine(data, cfg, seed)``
@@ -111,6 +112,8 @@ class Context:
     round_start: StackedParams = field(default_factory=dict)
     pre_exchange: StackedParams = field(default_factory=dict)
     rng: torch.Generator = field(default_factory=torch.Generator)
+    #: ``[n]`` bool centers available this round (federation/realworld.py); None = all (no realworld block)
+    available: torch.Tensor | None = None
 
     @property
     def n(self) -> int:
@@ -137,8 +140,7 @@ class Context:
         """``[n]`` float64 per-center AUROC of ``params`` (default: the live ``ctx.params``) on
         each center's own ``split``; NaN for a one-class center."""
         p = params if params is not None else self.params
-        s = self.data.splits[split]
-        return batched_auroc(self.engine.predict(p, split), s.y, s.mask)
+        return self.data.split_metric(self.engine.predict(p, split), split)  # accuracy on image clients
 
     @torch.no_grad()
     def evaluate_mixtures(
@@ -172,6 +174,8 @@ class Context:
         Returns:
             ``[m]`` float64 AUROC (NaN where tc[r]'s split holds one class).
         """
+        if hasattr(self.engine, "evaluate_mixtures"):  # an engine of its own model (federation.cross, issue 18)
+            return self.engine.evaluate_mixtures(self, wc, tc, split, params)
         theta = params if params is not None else self.pre_exchange
         s = self.data.splits[split]
         n, m_rows = self.n, wc.shape[0]
@@ -198,7 +202,7 @@ class Context:
                 model = {k: (mix(w, theta[k], self.bf16, own=t) if k in self.exchanged else theta[k][t])
                          for k in theta}
                 rows = max(1, sizes[lo])  # real rows come first: trim the padding
-                logits = forward(model, s.x[t, :rows])[0]
+                logits = forward(model, s.rows(t, rows))[0]
                 out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
             return out
         # Sparse rows (e.g. ABPS coalitions: kappa + 1 members each). Row r's member k sends
@@ -214,7 +218,7 @@ class Context:
             # per distinct (target, member) pair, then a weighted sum per row
             pair, inv = torch.unique(t.unsqueeze(1) * span + sr, return_inverse=True)
             pt, pj = pair // span, pair % span
-            z = torch.bmm(s.x[pt, :rows], table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
+            z = torch.bmm(s.rows(pt, rows), table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
             hid = F.embedding_bag(inv, z.view(pair.numel(), -1), per_sample_weights=a, mode="sum")
             hid = hid.view(c, rows, h1).relu_()
 
@@ -254,8 +258,11 @@ class Method(Generic[P]):
 
     def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> StackedEngine:
         """The stacked trainer of ``data`` (all centers, or the pooled union for a ``pooled``
-        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``."""
-        return StackedEngine(data, cfg.engine, seed)
+        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``. A
+        federation with an engine of its own (``data.make_engine``: the image clients of
+        federation.cross, issue 18) builds it."""
+        own = getattr(data, "make_engine", None)
+        return own(cfg, seed) if own is not None else StackedEngine(data, cfg.engine, seed)
 
     def setup(self, ctx: Context) -> None:
         """Called once before round 0."""

@@ -13,7 +13,13 @@ from federation.report.clinical import FILES as CLINICAL_FILES
 from federation.report.clinical import clinical_sections
 from federation.report.collect import collect_runs
 from federation.report.common import csv_text
+from federation.report.cross import FILES as CROSS_FILES
+from federation.report.cross import cross_section
 from federation.report.isolation import isolation_section
+from federation.report.privacy_drift import FILES as PRIVACY_DRIFT_FILES
+from federation.report.privacy_drift import privacy_drift_sections
+from federation.report.realworld import FILES as REALWORLD_FILES
+from federation.report.realworld import realworld_section
 from federation.report.sage_tables import sage_figure, sage_markdown, sage_tables
 from federation.report.vv_table import vv_table
 from federation.tracking import KIND_REPORT, KIND_TAG, Tracker, check_no_identifiers, finite
@@ -43,8 +49,10 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
         parts.append(clinical_md)
         iso_md, doc["sections"]["isolation"] = isolation_section(col.cells)  # issue 12: per-seed isolation
         parts.append(iso_md)
+        parts.append(privacy_drift_sections(client, col.cells, out, doc["sections"]))  # issue 17
     else:
         parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
+    parts.append(realworld_section(client, col.cells, out, doc))  # issue 20: AUROC vs virtual time
     if col.sage:
         t = sage_tables(client, col.sage)
         parts.append("\n## SAGE Tables I-III\n")
@@ -72,6 +80,7 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
     else:
         parts.append("\n## Variance-correction Table I\n\nNo finished variance-correction runs (tag benchmark=vv); "
                      "section skipped.\n")
+    parts.append(cross_section(tracker, out, doc["sections"]))  # issue 18: the cross table
     if col.notes:
         parts.append("\n## Notes\n\n" + "".join(f"* {n}\n" for n in col.notes))
     check_no_identifiers(doc)
@@ -106,7 +115,8 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
 
 _ALL_REPORT_FILES = frozenset(
     {"report.md", "report.json", "table1.md", "table1.csv", "fig3.png", "sage_fig3.png", "vv_table1.md",
-     "vv_table1.csv", *CLINICAL_FILES} | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
+     "vv_table1.csv", *CLINICAL_FILES, *CROSS_FILES, *REALWORLD_FILES, *PRIVACY_DRIFT_FILES}
+    | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
 
 
 def _written(doc: dict[str, Any], out: Path) -> set[str]:
@@ -117,6 +127,11 @@ def _written(doc: dict[str, Any], out: Path) -> set[str]:
         names |= set(CLINICAL_FILES)
     if "sage" in doc["sections"]:
         names |= {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")} | {"sage_fig3.png"}
+    if "cross" in doc["sections"]:
+        names |= set(CROSS_FILES)
     if "vv" in doc["sections"]:
         names |= {"vv_table1.md", "vv_table1.csv"}
+    if "realworld" in doc["sections"]:
+        names |= set(REALWORLD_FILES)
+    names |= set(PRIVACY_DRIFT_FILES)  # those its sections wrote (existing files only, below)
     return {n for n in names if (out / n).is_file()}

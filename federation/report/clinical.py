@@ -3,8 +3,8 @@
 Beside ABPS Table 1: a **clinical table** (per method: worst-10 % and Gini of the per-center
 AUROC, the bootstrap interval of its mean, AUPRC, Brier, ECE, median calibration intercept /
 slope; means over seeds of each run's final ``clin_*`` MLflow metrics) and a **fairness table**
-(per method and subgroup: pooled AUROC, its gap to the overall figure and the ECE gap, means over
-the seeds where the group was not suppressed; a suppressed group is said, never shown). Both
+(per method and subgroup: pooled AUROC, its gap to the overall figure with the bootstrap 95 %
+interval of that gap, and the ECE gap, means over the seeds where the group was not suppressed; a suppressed group is said, never shown). Both
 read only aggregates the runs logged (final metrics and ``clinical_subgroups.json``).
 """
 
@@ -65,7 +65,9 @@ def fairness_table(client: Any, cells: Sequence[Any]) -> list[dict[str, Any]]:
 
     Returns:
         Rows ``{"label", "name", "axis", "group", "n_seeds", "suppressed_seeds", "n", "auroc",
-        "auroc_gap", "ece_gap"}`` (means over the seeds where the group was shown).
+        "auroc_gap", "auroc_gap_ci_low", "auroc_gap_ci_high", "ece_gap"}`` (means over the seeds
+        where the group was shown; the interval bounds are seed means of each seed's bootstrap
+        percentiles).
     """
     acc: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,7 +84,10 @@ def fairness_table(client: Any, cells: Sequence[Any]) -> list[dict[str, Any]]:
         rows.append({"label": label, "name": DISPLAY.get(label, label), "axis": axis, "group": group,
                      "n_seeds": len(rs), "suppressed_seeds": len(rs) - len(shown),
                      "n": _seed_mean([float(r["n"]) for r in rs]),
-                     **{k: _seed_mean([r.get(k) for r in shown]) for k in ("auroc", "auroc_gap", "ece_gap")}})
+                     **{k: _seed_mean([r.get(k) for r in shown]) for k in ("auroc", "auroc_gap")},
+                     **{f"auroc_gap_ci_{end}": _seed_mean([(r.get("auroc_gap_ci") or [None, None])[i] for r in shown])
+                        for i, end in enumerate(("low", "high"))},
+                     "ece_gap": _seed_mean([r.get("ece_gap") for r in shown])})
     return rows
 
 
@@ -104,14 +109,18 @@ def clinical_sections(client: Any, cells: Sequence[Any], out: Path) -> tuple[str
                                                 [[r["label"], r["n_seeds"], *[r[k] for k, _ in CLINICAL_COLUMNS]]
                                                  for r in rows]))
     fair = fairness_table(client, cells)
-    fmd = md_table(["Method", "Axis", "Group", "n (mean)", "AUROC", "AUROC gap", "ECE gap", "Suppressed seeds"],
-                    [[r["name"], r["axis"], r["group"], fmt(r["n"], 0),
-                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else fmt(r["auroc"]),
-                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else fmt(r["auroc_gap"]),
-                      "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else fmt(r["ece_gap"]),
-                      f"{r['suppressed_seeds']} of {r['n_seeds']}"] for r in fair])
+    def shown(r: dict[str, Any], text: str) -> str:
+        return "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else text
+
+    fmd = md_table(["Method", "Axis", "Group", "n (mean)", "AUROC", "AUROC gap", "AUROC gap 95 % CI", "ECE gap",
+                    "Suppressed seeds"],
+                   [[r["name"], r["axis"], r["group"], fmt(r["n"], 0), shown(r, fmt(r["auroc"])),
+                     shown(r, fmt(r["auroc_gap"])),
+                     shown(r, f"[{fmt(r['auroc_gap_ci_low'])}, {fmt(r['auroc_gap_ci_high'])}]"),
+                     shown(r, fmt(r["ece_gap"])), f"{r['suppressed_seeds']} of {r['n_seeds']}"] for r in fair])
     hidden = sorted({f"{r['axis']}={r['group']}" for r in fair if r["suppressed_seeds"]})
-    fmd += ("\nSubgroups pooled over centers; gap = group - overall. A group with fewer than 30 test rows or "
+    fmd += ("\nSubgroups pooled over centers; gap = group - overall; the interval is the percentile bootstrap "
+            "of the gap (patients resampled within center; bounds averaged over seeds). A group with fewer than 30 test rows or "
             "fewer than 5 of either class is suppressed in that seed"
             + (f" (suppressed at least once: {', '.join(hidden)})." if hidden else "; none was.") + "\n")
     (out / "fairness.md").write_text(fmd)

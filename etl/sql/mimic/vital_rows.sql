@@ -8,6 +8,7 @@
 -- Parameters: <chartevents> (table expression), <from_hours> (window start, hours), relation
 --   kept (stay_id, intime) of the kept stays.
 -- chartevents is scanned once, streaming: only vital itemids of kept stays in their window.
+-- Used as a subquery of vitalsign.sql (never materialized: one aggregation pass less).
 WITH vital_item(itemid, vital, lo, hi, hi_incl, f2c) AS (
     VALUES
         (220045, 'heart_rate', 0, 300, false, false),
@@ -31,13 +32,20 @@ win AS (
            intime + to_microseconds(CAST(${from_hours} * 3600e6 AS BIGINT)) AS t0,
            intime + INTERVAL 24 HOUR AS t1
     FROM kept
+),
+distinct_rows AS (
+    -- the distinct-row key is (stay_id, charttime, itemid, valuenum): itemid fixes vital and f2c,
+    -- so grouping on four fixed-width columns gives the same groups at a lower hashing cost
+    SELECT c.stay_id, c.charttime, c.itemid, c.valuenum, count(*) AS n_rows
+    FROM ${chartevents} c
+    JOIN vital_item m ON c.itemid = m.itemid
+    JOIN win w ON c.stay_id = w.stay_id
+    WHERE c.valuenum > m.lo AND (c.valuenum < m.hi OR (m.hi_incl AND c.valuenum = m.hi))
+      AND c.charttime >= w.t0 AND c.charttime <= w.t1
+    GROUP BY c.stay_id, c.charttime, c.itemid, c.valuenum
 )
-SELECT c.stay_id, m.vital, c.charttime, c.itemid,
-       CASE WHEN m.f2c THEN (c.valuenum - 32) / 1.8 ELSE c.valuenum END AS v,
-       count(*) AS n_rows
-FROM ${chartevents} c
-JOIN vital_item m ON c.itemid = m.itemid
-JOIN win w ON c.stay_id = w.stay_id
-WHERE c.valuenum > m.lo AND (c.valuenum < m.hi OR (m.hi_incl AND c.valuenum = m.hi))
-  AND c.charttime >= w.t0 AND c.charttime <= w.t1
-GROUP BY c.stay_id, m.vital, c.charttime, c.itemid, c.valuenum, m.f2c
+SELECT r.stay_id, m.vital, r.charttime, r.itemid,
+       CASE WHEN m.f2c THEN (r.valuenum - 32) / 1.8 ELSE r.valuenum END AS v,
+       r.n_rows
+FROM distinct_rows r
+JOIN vital_item m ON r.itemid = m.itemid

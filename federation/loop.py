@@ -1,0 +1,119 @@
+"""The one loop driver: every round / tick loop of the project runs here (issue 16 item 1).
+
+Three runtimes share it, each supplying its specifics as hooks:
+
+* the clinical runtime, :func:`federation.runner.run_one` (rounds; its own hooks are the
+  :class:`federation.methods.Method` hooks: ``make_engine``, ``plan_round``, ``aggregate``,
+  ``after_mix``, ``after_exchange``, ``scores``, ``payloads_per_link``);
+* the SAGE benchmark, :func:`federation.images.run.run_selector` (rounds; the selector's
+  ``needs_probe`` / ``decide`` / ``mix``);
+* the gossip benchmark, :func:`federation.gossip.simulation.simulate` (ticks of virtual time).
+
+Time points and steps. A run of ``n`` steps (rounds or ticks) passes the time points
+``tau = 0, 1, ..., n``; step ``t`` (0-based) moves the state from time ``t`` to ``t + 1``.
+At each time point the driver
+
+1. evaluates when the :class:`EvalSchedule` says so (``tau = 0`` only with ``at_start``: the
+   gossip paper's curves start at tick 0 with the initial models; then every ``every``-th time
+   point and always the last one, ``tau = n``),
+2. records the row of that time point: the metrics the step that led to it returned, updated
+   with the evaluation's (a time point with neither is not recorded),
+3. stops after the last time point or when ``stop(tau, row)`` says so (early stopping),
+4. otherwise runs step ``tau``.
+
+Byte accounting stays with the steps, through one :class:`federation.ledger.Ledger` definition
+(the clinical and SAGE steps call ``Ledger.record``; the gossip step counts messages and
+parameters sent, the quantities of the variance paper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+Row = dict[str, float]
+StepHook = Callable[[int], "Row | None"]
+EvalHook = Callable[[int], Row]
+RecordHook = Callable[[int, Row], None]
+StopHook = Callable[[int, Row], bool]
+
+
+@dataclass(frozen=True)
+class EvalSchedule:
+    """When the driver evaluates.
+
+    Attributes:
+        every: evaluate at every ``every``-th time point (``tau % every == 0``), >= 1.
+        at_start: also evaluate at ``tau = 0``, before the first step (the initial models).
+
+    The last time point ``tau = n`` is always evaluated.
+
+    Raises:
+        ValueError: ``every < 1``.
+    """
+
+    every: int = 1
+    at_start: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"EvalSchedule.every must be >= 1, got {self.every}")
+
+    def due(self, tau: int, n_steps: int) -> bool:
+        """Whether time point ``tau`` of a run of ``n_steps`` steps is evaluated."""
+        if tau == 0:
+            return self.at_start
+        return tau % self.every == 0 or tau == n_steps
+
+
+@dataclass
+class LoopOutcome:
+    """What :func:`drive` returns.
+
+    Attributes:
+        steps_run: steps completed (``n_steps`` unless ``stop`` ended the run earlier).
+        records: ``(tau, row)`` for every recorded time point, in order.
+    """
+
+    steps_run: int
+    records: list[tuple[int, Row]] = field(default_factory=list)
+
+
+def drive(n_steps: int, step: StepHook, evaluate: EvalHook, schedule: EvalSchedule = EvalSchedule(),
+          on_record: RecordHook | None = None, stop: StopHook | None = None) -> LoopOutcome:
+    """Run ``n_steps`` steps with evaluations, records and an optional stop rule (module docstring).
+
+    Args:
+        n_steps: rounds or ticks to run, >= 0.
+        step: ``step(t) -> row | None``, advances the state by step ``t`` (0-based); the row
+            (e.g. the round's bytes) is recorded at time point ``t + 1``.
+        evaluate: ``evaluate(tau) -> row``, metrics of the state at time point ``tau``.
+        schedule: when to evaluate.
+        on_record: ``on_record(tau, row)`` for every recorded row (MLflow, progress bars); it may
+            add entries to ``row`` (e.g. wall time), which the outcome then holds too.
+        stop: ``stop(tau, row) -> bool`` after each recorded row; True ends the run there.
+
+    Returns:
+        :class:`LoopOutcome`.
+
+    Raises:
+        ValueError: ``n_steps < 0``.
+    """
+    if n_steps < 0:
+        raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+    out = LoopOutcome(steps_run=0)
+    row: Row = {}
+    for tau in range(n_steps + 1):
+        if schedule.due(tau, n_steps):
+            row.update(evaluate(tau))
+        if row:
+            out.records.append((tau, row))
+            if on_record is not None:
+                on_record(tau, row)
+            if stop is not None and stop(tau, row):
+                break
+        if tau == n_steps:
+            break
+        row = dict(step(tau) or {})
+        out.steps_run = tau + 1
+    return out
