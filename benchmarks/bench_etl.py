@@ -15,7 +15,8 @@ prints the figure, its target and the ratio measured in this run, and the 1-minu
 
 ``python -m benchmarks.bench_etl [--stays N] [--chart-hours-step H] [--workdir DIR]
 [--runs uncached,first,cached]``; results go to ``bench_out/etl.json``. The synthetic folder lies
-under ``--workdir`` (default ``bench_out``) as ``synth_etl`` and is re-used when its manifest
+under ``--workdir`` (default ``$ABPS_BENCH_WORKDIR``, else ``bench_out``; e.g.
+``ABPS_BENCH_WORKDIR=/tmp/etlbench python -m benchmarks.run etl``) as ``synth_etl`` and is re-used when its manifest
 matches; delete it when done (it is several GB with the cache).
 """
 
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="bench_etl")
     ap.add_argument("--stays", type=int, default=94_458)
     ap.add_argument("--chart-hours-step", type=float, default=0.5)
-    ap.add_argument("--workdir", type=Path, default=OUT, help="folder for the synthetic data, cache and outputs")
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("ABPS_BENCH_WORKDIR", OUT)),
+                    help="folder for the synthetic data, cache and outputs (default $ABPS_BENCH_WORKDIR or bench_out)")
     ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of uncached,first,cached")
     args = ap.parse_args([] if argv is None else argv)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]

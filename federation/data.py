@@ -176,7 +176,7 @@ class SplitTensors:
             self._raw_packed = torch.cat([r[self.mask], r.new_full((1, r.shape[-1]), float("nan"))])
         return self._raw_packed
 
-    def padded_blocks(self, max_cells: int = 1 << 22) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    def padded_blocks(self, max_cells: int = 1 << 19) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
         """Consecutive blocks of centers ``(lo, hi, raw [hi - lo, w, k], mask [hi - lo, w])``,
         each padded only to its own largest center (w) and holding at most about ``max_cells``
         (center, row) cells: the raw values in the padded form that :func:`numeric_statistics`

@@ -49,8 +49,9 @@ def test_scale_worker_runs_both_methods_small():
     """The scale benchmark's per-method worker on a tiny federation (in this process)."""
     from benchmarks.bench_scale import _worker
 
-    for method in ("fedavg", "abps"):
-        r = _worker(method, 12, 2, seed=1, threads=1)
+    out = _worker(["fedavg", "abps"], 12, 2, seed=1, threads=1)
+    assert [r["method"] for r in out] == ["fedavg", "abps"]
+    for r in out:
         assert r["centers"] == 12 and r["rounds"] == 2 and len(r["rounds_s"]) == 2
-        assert r["peak_rss_gb"] >= r["rss_after_data_gb"] > 0
+        assert r["peak_rss_gb"] >= r["rss_after_data_gb"] > 0 and r["end_of_run_s"] >= 0
         assert 0.0 <= r["final_val_auroc_mean"] <= 1.0

@@ -38,7 +38,7 @@ def sets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_train_on_an_image_federation(sets: tuple[Path, Path], tmp_path: Path) -> None:
     _, fm = sets
     out = tmp_path / "results.json"
-    main(["train", "--method", "sage-selector", "--cohort", str(fm), "--rounds", "1", "--seeds", "4",
+    main(["train", "--method", "sage", "--cohort", str(fm), "--rounds", "1", "--seeds", "4",
           "--param", "selector=rg", "--output", str(out), "--tracking-uri",
           f"sqlite:///{tmp_path}/ml.db", "--no-progress"])
     doc = json.loads(out.read_text())
@@ -56,7 +56,7 @@ def test_cross_sweep_and_report(sets: tuple[Path, Path], tmp_path: Path) -> None
     f = tmp_path / "cross.yaml"
     f.write_text(f"name: xs\nexperiment: xs\nseeds: [1]\nrounds: 2\n"
                  f"datasets:\n  clinical: {clin}\n  fmnist: {{cohort: {fm}, rounds: 1}}\n"
-                 "methods:\n  - fedavg\n  - {method: sage-selector, label: sage-os, params: {schedule: [2, 4]}}\n"
+                 "methods:\n  - fedavg\n  - {method: sage, label: sage-os, params: {schedule: [2, 4]}}\n"
                  "executor: local\nworkers: 1\n")
     uri = f"sqlite:///{tmp_path}/ml.db"
     main(["sweep", "--config", str(f), "--tracking-uri", uri, "--no-progress"])

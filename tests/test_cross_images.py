@@ -104,7 +104,7 @@ def test_abps_x_and_sage_ledger_on_images(data: ImageFederation) -> None:
     anchors x (784 uint8 pixels out + 10 float32 logits back)."""
     res = run_one(_cfg("abps-x", 2, early_stopping={"enabled": False}), data, 3)
     assert res.model_bytes == sum(int(h["edges"]) for h in res.history) * (ENC + DEC) * 2
-    sage = run_one(_cfg("sage-selector", 2, params={"selector": "aq128", "schedule": [8, 16, 32]}), data, 3)
+    sage = run_one(_cfg("sage", 2, params={"selector": "aq128", "schedule": [8, 16, 32]}), data, 3)
     edges = [int(h["edges"]) for h in sage.history]
     assert sage.model_bytes == sum(edges) * (ENC + DEC) * 4
     # AQ always probes every neighbour (d_k = 3) at its last feasible stage: here every pool holds >= 32 anchors
@@ -113,7 +113,7 @@ def test_abps_x_and_sage_ledger_on_images(data: ImageFederation) -> None:
 
 
 @pytest.mark.parametrize("method,extra", [("random-partners", {}), ("defta", {}),
-                                          ("sage-selector", {"params": {"selector": "rg"}})])
+                                          ("sage", {"params": {"selector": "rg"}})])
 def test_accuracy_above_chance_after_a_few_rounds(data: ImageFederation, method: str, extra: dict) -> None:
     """Three rounds: mean client accuracy well above the 10-class chance level (0.1), every round's
     accuracy a valid fraction; the same seed gives the same history (checked once)."""
@@ -121,7 +121,7 @@ def test_accuracy_above_chance_after_a_few_rounds(data: ImageFederation, method:
     accs = [h["test_auroc_mean"] for h in res.history]
     assert all(0.0 <= a <= 1.0 for a in accs)
     assert res.final_auroc_mean > 0.3, accs
-    if method == "sage-selector":
+    if method == "sage":
         again = run_one(_cfg(method, 3, **extra), data, 11)
         assert repr(again.history) == repr(res.history)
 

@@ -44,9 +44,9 @@ def _four_centers() -> FederatedData:
 
 def _plan(selector: str, seed: int = 3):
     data = _four_centers()
-    cls = get_method("sage-selector")
-    cfg = build_config("sage-selector", cls.default_config,
-                       {"method": "sage-selector", "params": {"selector": selector, "schedule": [32, 64]}}, rounds=1)
+    cls = get_method("sage")
+    cfg = build_config("sage", cls.default_config,
+                       {"method": "sage", "params": {"selector": selector, "schedule": [32, 64]}}, rounds=1)
     params = init_params(D, (4, 4), 4, 0)
     for k in params:
         params[k].zero_()
@@ -105,9 +105,9 @@ def test_sage_selector_runs_on_the_mimic_demo(mimic_demo_dir: Path, tmp_path: Pa
     out = tmp_path / "cohort"
     run_etl(mimic_demo_dir, out, EtlOptions(partition="iid", n_centers=4, min_center_stays=1, threads=1))
     data = FederatedData.from_cohort(out)
-    cls = get_method("sage-selector")
-    cfg = build_config("sage-selector", cls.default_config,
-                       {"method": "sage-selector", "params": {"schedule": [2, 4, 8]}}, rounds=2)
+    cls = get_method("sage")
+    cfg = build_config("sage", cls.default_config,
+                       {"method": "sage", "params": {"schedule": [2, 4, 8]}}, rounds=2)
     res = run_one(cfg, data, 7)
     omega = data.d * 128 + 128  # head_layers 2: only w1, b1 cross the network
     edges = [int(h["edges"]) for h in res.history]

@@ -1,4 +1,4 @@
-"""The SAGE benchmark's peer selectors as a method of the runtime (issue 18): ``sage-selector``.
+"""The SAGE benchmark's peer selectors as a method of the runtime (issue 18): ``sage``.
 
 One registered :class:`federation.methods.base.Method` wraps every selector of
 :data:`federation.images.selectors.REGISTRY` (LOCAL, RG, PENS, PFedDST, AQ-128, SAGE-NF, Vanilla SAGE,
@@ -45,7 +45,7 @@ __all__ = ["SageSelectorParams", "SageSelectorMethod"]
 
 
 class SageSelectorParams(BaseModel):
-    """``params:`` of ``sage-selector`` (defaults: the SAGE paper's Sec. V; graph: complete).
+    """``params:`` of ``sage`` (defaults: the SAGE paper's Sec. V; graph: complete).
 
     Attributes:
         selector: a SAGE benchmark selector, by identifier or display name (``sage_os``, ``SAGE-OS``,
@@ -116,7 +116,7 @@ def _clinical_shards(ctx: Context) -> SimpleNamespace:
 class SageSelectorMethod(Method):
     """A SAGE benchmark selector on the runtime (see the module docstring); ``params.selector`` picks it."""
 
-    name: ClassVar[str] = "sage-selector"
+    name: ClassVar[str] = "sage"
     Params: ClassVar[type[BaseModel]] = SageSelectorParams
     #: SAGE's split: only the representation omega is model-bearing, the classifier head phi stays local
     #: (image model: the 2-layer head; clinical MLP: its last two layers, as ABPS-X / FedAvg-X)
