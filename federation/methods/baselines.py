@@ -199,7 +199,7 @@ class MoonParams(BaseModel):
     """MOON's contrastive weight mu and temperature tau."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    mu: float = Field(1.0, ge=0.0)
+    mu: float = Field(0.1, ge=0.0)  # tuned on validation (configs/moon.yaml, docs/baselines.md)
     temperature: float = Field(0.5, gt=0.0)
 
 
