@@ -184,10 +184,12 @@ def train(
 
     n = doc["n_centers"]
     scored = min(n - r["n_excluded_test"] for r in doc["seeds"].values())
+    auroc = doc.get("metric", "auroc") == "auroc"
+    scored_text = (f"{scored} of {n} centers whose test split holds both classes" if auroc
+                   else f"{scored} of {n} centers with test rows")
     typer.echo(
-        f"{cfg.method}: {'AUROC' if doc.get('metric', 'auroc') == 'auroc' else doc['metric']} "
-        f"{fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds; mean over the "
-        f"{scored} of {n} centers whose test split holds both classes), "
+        f"{cfg.method}: {'AUROC' if auroc else doc['metric']} "
+        f"{fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds; mean over the {scored_text}), "
         f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
     )
     from federation.evaluation import clinical_line

@@ -378,7 +378,8 @@ def run_training(
     cid = cohort_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
-    bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method)
+    bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method,
+                    metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
@@ -442,8 +443,8 @@ class _null:
 class _Progress:
     """A rich progress display: one bar over seeds, one over the current seed's rounds."""
 
-    def __init__(self, enabled: bool, total_rounds: int, n_seeds: int, label: str) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool, total_rounds: int, n_seeds: int, label: str, metric: str = "AUROC") -> None:
+        self.enabled, self.metric = enabled, metric
         self.total_rounds, self.n_seeds, self.label = total_rounds, n_seeds, label
         self._p = None
 
@@ -468,7 +469,7 @@ class _Progress:
 
     def advance(self, m: dict[str, float]) -> None:
         if self._p is not None:
-            info = f"val AUROC {m['val_auroc_mean']:.3f}  bw {m['rel_bandwidth']:.2f}x"
+            info = f"val {self.metric} {m['val_auroc_mean']:.3f}  bw {m['rel_bandwidth']:.2f}x"
             self._p.update(self._rounds, advance=1, info=info)
 
     def end_seed(self) -> None:
