@@ -245,3 +245,28 @@ def test_train_steps_rejects_a_plan_with_a_gap():
     plan = torch.tensor([[0, 1, -1, -1, 2, 3], [0, 1, 2, 3, 4, 5]])     # client 0: step, gap, step
     with pytest.raises(ValueError, match="non-empty batches must come first"):
         model.train_steps(x, y, torch.arange(50).repeat(2, 1), plan, 2)
+
+
+def test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients():
+    """Issue 15: the int8 evaluation path counts only if >= 99.5 % of predictions equal fp32's."""
+    from etl.images import FASHION_MNIST_DIR, load_idx_dataset
+    from federation.images.data import subsample
+    from federation.images.int8 import predict_shared_int8
+    from federation.images.models import FMNIST_SPEC
+
+    torch.set_num_threads(1)
+    assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"
+    ds = subsample(load_idx_dataset(FASHION_MNIST_DIR, "fashion-mnist"), 2400, 1000, 0)
+    sh = make_shards(ds, 4, 0.5, 0)
+    model = StackedModel(FMNIST_SPEC, 4, seed=0)
+    model.local_epoch(sh.x_train, sh.y_train, sh.train_index, sh.n_train, 64, torch.Generator().manual_seed(0))
+    ref = model.predict_shared_inputs(sh.x_test)
+    got = predict_shared_int8({n: v for n, v in model.params.items() if not n.startswith("decoder.")},
+                              sh.x_test, chunk=300)
+    assert got.shape == ref.shape == (4, 1000)
+    assert float((got == ref).double().mean()) >= 0.995
+    assert len(set(ref.flatten().tolist())) > 3          # trained clients, not a constant predictor
+    cfg = parse_config({"benchmark": "sage", "eval_precision": "int8"})
+    assert cfg.eval_precision == "int8"
+    with pytest.raises(InputError, match="eval_precision"):
+        parse_config({"benchmark": "sage", "eval_precision": "int4"})
