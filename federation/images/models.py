@@ -186,7 +186,6 @@ class StackedModel:
     def __init__(self, spec: ModelSpec, n_clients: int, seed: int, lr: float = 1e-3,
                  recon_weight: float = 1.0):
         self.spec = spec
-        self.template = EncoderDecoderClassifier(spec)
         self.params = init_stacked_params(spec, n_clients, seed)
         self.opt = StackedAdam(self.params, lr=lr)
         self.recon_weight = recon_weight
@@ -261,7 +260,7 @@ class StackedModel:
             w = valid.to(torch.float32) / valid.sum(dim=1).to(torch.float32)[:, None]
             x = to_float(x_all[rows.t()].flatten(1, 2)).contiguous(memory_format=torch.channels_last)
             leaf = flat[:a].detach().requires_grad_(True)
-            params = {n: c.view(a, *shape) if c.is_contiguous() else c.reshape(a, *shape)
+            params = {n: c.reshape(a, *shape)
                       for n, c, shape in zip(names, leaf.split(sizes, dim=1), shapes)}
             losses = self.client_losses(params, x, y_all[rows], w)
             (grad,) = torch.autograd.grad(losses.sum(), leaf)
