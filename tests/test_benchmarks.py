@@ -55,3 +55,33 @@ def test_scale_worker_runs_both_methods_small():
         assert r["centers"] == 12 and r["rounds"] == 2 and len(r["rounds_s"]) == 2
         assert r["peak_rss_gb"] >= r["rss_after_data_gb"] > 0 and r["end_of_run_s"] >= 0
         assert 0.0 <= r["final_val_auroc_mean"] <= 1.0
+
+
+def test_peer_client_auroc_equals_sklearn_and_data_is_cached():
+    """The peers' per-client AUROC (rank-based) equals scikit-learn's on the workload's rows,
+    ties included, and a client's rows are built once per process."""
+    from sklearn.metrics import roc_auc_score
+
+    torch.manual_seed(0)
+    model = bf.make_model()
+    for i in range(6):
+        c = bf.client_tensors(i, 3)
+        assert c is bf.client_tensors(i, 3)  # cached, not regenerated
+        y = c["y_val"]
+        with torch.no_grad():
+            s = model.eval()(c["x_val"]).squeeze(-1)
+        got = bf.client_auroc(model, c["x_val"], y)
+        if y.min() == y.max():
+            assert math.isnan(got)
+        else:
+            assert got == pytest.approx(roc_auc_score(y.numpy(), s.numpy()), abs=1e-12)
+    # ties: scores rounded to one decimal (many equal values)
+    x = bf.client_tensors(0, 3)["x_train"][:40]
+    y = torch.tensor([0.0, 1.0] * 20)
+
+    class Rounded(torch.nn.Module):
+        def forward(self, v):
+            return torch.round(v[:, :1] * 2) / 2
+
+    assert bf.client_auroc(Rounded(), x, y) == pytest.approx(
+        roc_auc_score(y.numpy(), (torch.round(x[:, 0] * 2) / 2).numpy()), abs=1e-12)

@@ -229,3 +229,20 @@ def test_bootstrap_blocks_give_the_single_draw_interval():
         assert torch.equal(torch.cat(list(C._resample_within_center(mask, 40, 3))), ref)
     finally:
         C.BOOT_BLOCK_CELLS = saved
+
+
+def test_non_finite_count_fast_path_is_exact():
+    """The per-round finite check sums first (one reduction): a finite sum proves every element
+    finite, a non-finite one falls back to the exact count, so finite values whose sum overflows
+    still count 0 and +inf / -inf pairs (sum NaN) count 2."""
+    from federation.checks import count_non_finite
+
+    big = torch.full((4, 3), 3e38)  # finite, but the float32 sum overflows to inf
+    assert not bool(torch.isfinite(big.sum())) and count_non_finite(big) == 0
+    x = torch.randn(50, 7)
+    assert count_non_finite(x) == 0
+    x[3, 2], x[10, 0], x[11, 1] = float("nan"), float("inf"), -float("inf")
+    assert count_non_finite(x) == 3
+    assert count_non_finite(torch.tensor([float("inf"), -float("inf")])) == 2
+    assert count_non_finite(torch.empty(0, 3)) == 0
+    assert count_non_finite(torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)) == 1
