@@ -85,3 +85,24 @@ def test_peer_client_auroc_equals_sklearn_and_data_is_cached():
 
     assert bf.client_auroc(Rounded(), x, y) == pytest.approx(
         roc_auc_score(y.numpy(), (torch.round(x[:, 0] * 2) / 2).numpy()), abs=1e-12)
+
+
+def test_run_forwards_arguments_after_double_dash(monkeypatch, tmp_path, capsys):
+    """``python -m benchmarks.run engine -- --centers 6 --rounds 1``: a reduced run of the selected
+    benchmark only, whose printout names the target, the ratio and that n = 6 is not its workload."""
+    from benchmarks import run
+
+    monkeypatch.chdir(tmp_path)  # bench_engine writes bench_out/ in the working directory
+    assert run.main(["engine", "--", "--centers", "6", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "== benchmarks.bench_engine" in out and "== benchmarks.bench_abps" not in out
+    assert "target <= 0.145 s" in out and "not the target's workload: n = 6, 1 thread(s)" in out
+    assert (tmp_path / "bench_out" / "bench_engine.json").exists()
+
+
+def test_table1_benchmark_refuses_unknown_methods_before_any_work(tmp_path):
+    from benchmarks import bench_table1
+
+    with pytest.raises(SystemExit, match="not in .*table1.yaml: no-such-method"):
+        bench_table1.main(["--methods", "fedavg,no-such-method", "--workdir", str(tmp_path / "w")])
+    assert not (tmp_path / "w").exists()  # nothing was built
