@@ -24,6 +24,8 @@ the same parameters within float tolerance (tests/test_federation_engine.py).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -148,6 +150,17 @@ def keep_from_bits(bits: torch.Tensor, hidden: tuple[int, int], k: int) -> tuple
     return out[0], out[1]
 
 
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    """The process's one helper thread for dropout masks (re-created after a fork)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="abps-dropout"))
+    return _POOL[1]
+
+
 @dataclass
 class Batch:
     """One local step of the active centers (what ``local_loss`` hooks receive).
@@ -250,6 +263,11 @@ class StackedEngine:
         cfg: :class:`federation.config.EngineConfig` (model width, dropout, Adam, batch, epochs).
         seed: run seed (initial parameters and all streams).
     """
+
+    #: draw the next step's dropout masks in a helper thread when one step's draws and masks
+    #: (6 bytes a unit) fit in this many bytes; else in place, so a large n keeps its memory peak.
+    #: 0 turns the helper off (same results either way).
+    prefetch_bytes: int = 256 * 2**20
 
     def __init__(self, data: FederatedData, cfg: EngineConfig, seed: int) -> None:
         self.data = data
@@ -361,31 +379,51 @@ class StackedEngine:
         # offsets[order[c]] + q, or the trailing zero row for a position past the center's rows
         x_flat, y_flat = tr.packed_x, tr.packed_y
         base, zero_row = tr.offsets[order].unsqueeze(1), x_flat.shape[0] - 1
-        for epoch in range(self.cfg.local_epochs):
-            perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
-            for step in range(self.steps_per_epoch()):
-                lo = step * bs
-                a = int((n_rows > lo).sum())
-                width = min(bs, max_rows - lo)
-                bits = self.streams.dropout_bits(round_idx, epoch, step, a, width, units) if k_drop else None
-                for c0, c1, w in self._segments(n_rows, lo, a):
-                    pos = perm[c0:c1, lo : lo + w]
-                    flat = torch.where(pos < n_rows[c0:c1].unsqueeze(1), pos + base[c0:c1], zero_row).view(-1)
-                    xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
-                    yb = y_flat.index_select(0, flat).view(c1 - c0, w)
-                    real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
-                    rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
-                    keep_seg = None if bits is None else keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop)
-                    if local_loss is None:
-                        grads = self._grads(
-                            {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
-                    else:
-                        grads = self._grads_autograd(
-                            {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale,
-                            local_loss, Batch(order[c0:c1], xb, yb, rows if rows is not None
-                                              else torch.ones(c1 - c0, w, dtype=torch.bool),
-                                              None, None, round_idx, epoch, step))  # type: ignore[arg-type]
-                    self.adam_step(ps, grads, st, c1, start=c0)
+        n_steps = self.steps_per_epoch()
+
+        def step_masks(epoch: int, step: int) -> list:
+            """The kept-unit masks of every segment of one step (None per segment: no dropout)."""
+            lo = step * bs
+            a = int((n_rows > lo).sum())
+            segs = self._segments(n_rows, lo, a)
+            if not k_drop:
+                return [None] * len(segs)
+            bits = self.streams.dropout_bits(round_idx, epoch, step, a, min(bs, max_rows - lo), units)
+            return [keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop) for c0, c1, w in segs]
+
+        # the next step's masks are drawn in a helper thread while this step computes (NumPy
+        # releases the GIL): the same values as drawing them in place, off the serial path
+        order_of_steps = [(e, s) for e in range(self.cfg.local_epochs) for s in range(n_steps)]
+        prefetch = bool(k_drop) and int(n_rows.numel()) * min(bs, max_rows) * units * 6 <= self.prefetch_bytes
+        pending = _mask_pool().submit(step_masks, 0, 0) if prefetch and order_of_steps else None
+        for i, (epoch, step) in enumerate(order_of_steps):
+            if step == 0:
+                perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
+            lo = step * bs
+            a = int((n_rows > lo).sum())
+            if pending is not None:
+                masks = pending.result()
+                nxt = order_of_steps[i + 1] if i + 1 < len(order_of_steps) else None
+                pending = _mask_pool().submit(step_masks, *nxt) if nxt is not None else None
+            else:
+                masks = step_masks(epoch, step)
+            for (c0, c1, w), keep_seg in zip(self._segments(n_rows, lo, a), masks):
+                pos = perm[c0:c1, lo : lo + w]
+                flat = torch.where(pos < n_rows[c0:c1].unsqueeze(1), pos + base[c0:c1], zero_row).view(-1)
+                xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
+                yb = y_flat.index_select(0, flat).view(c1 - c0, w)
+                real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
+                rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
+                if local_loss is None:
+                    grads = self._grads(
+                        {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
+                else:
+                    grads = self._grads_autograd(
+                        {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale,
+                        local_loss, Batch(order[c0:c1], xb, yb, rows if rows is not None
+                                          else torch.ones(c1 - c0, w, dtype=torch.bool),
+                                          None, None, round_idx, epoch, step))  # type: ignore[arg-type]
+                self.adam_step(ps, grads, st, c1, start=c0)
         if in_place:
             return params
         return self.scatter_back(params, state, ps, st, order, PARAM_NAMES)

@@ -246,3 +246,21 @@ def test_non_finite_count_fast_path_is_exact():
     assert count_non_finite(torch.tensor([float("inf"), -float("inf")])) == 2
     assert count_non_finite(torch.empty(0, 3)) == 0
     assert count_non_finite(torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)) == 1
+
+
+def test_dropout_helper_thread_gives_identical_training(data, monkeypatch):
+    """Masks drawn one step ahead in the helper thread equal masks drawn in place: same
+    parameters bit for bit, with and without a local loss, over two rounds."""
+    def run(prefetch: int, local_loss=None):
+        monkeypatch.setattr(StackedEngine, "prefetch_bytes", prefetch)
+        eng = StackedEngine(data, EngineConfig(batch_size=64), seed=4)
+        p = eng.init_params()
+        s = AdamState.zeros_like(p)
+        for r in range(2):
+            eng.train_round(p, s, r, local_loss)
+        return p, s
+
+    prox = lambda p, b: 0.01 * sum((v ** 2).flatten(1).sum(1) for v in p.values())  # noqa: E731
+    for ll in (None, prox):
+        (a, sa), (b, sb) = run(0, ll), run(2**30, ll)
+        assert all(torch.equal(a[k], b[k]) for k in a) and torch.equal(sa.t, sb.t)
