@@ -150,6 +150,47 @@ def keep_from_bits(bits: torch.Tensor, hidden: tuple[int, int], k: int) -> tuple
     return out[0], out[1]
 
 
+#: glibc ``mallopt`` parameters set by :func:`tune_allocator` (bytes)
+MALLOC_MMAP_THRESHOLD = 32 * 2**20
+MALLOC_TRIM_THRESHOLD = 256 * 2**20
+MALLOC_TOP_PAD = 16 * 2**20
+_TUNED: int | None = None  # pid of the process whose allocator was tuned
+
+
+def tune_allocator() -> bool:
+    """Let glibc's ``malloc`` keep freed activation buffers for reuse (once per process).
+
+    Every training step allocates and frees a few dozen tensors of 2-15 MB at n = 230 (bmm
+    outputs, gradients, dropout masks). With glibc's defaults many of them are fresh ``mmap``
+    regions whose pages fault in on first touch and go back to the kernel on free: 26-37 k minor
+    page faults and 0.07-0.23 s of system CPU per issue-14 round. Serving blocks below
+    :data:`MALLOC_MMAP_THRESHOLD` from the heap and trimming the heap only above
+    :data:`MALLOC_TRIM_THRESHOLD` removes nearly all of them (docs/benchmarks.md, "Session 4").
+    Larger blocks (large n) are still ``mmap``-ed and returned at once, so memory peaks do not
+    grow by more than about the trim threshold. Set ``ABPS_MALLOC_TUNE=0`` to leave the
+    allocator alone. No effect (returns False) off glibc.
+
+    Returns:
+        True when the parameters were set in this process (now or before).
+    """
+    global _TUNED
+    if _TUNED == os.getpid():
+        return True
+    if os.environ.get("ABPS_MALLOC_TUNE", "1") == "0":
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        ok = all(libc.mallopt(opt, val) == 1 for opt, val in
+                 ((-3, MALLOC_MMAP_THRESHOLD), (-1, MALLOC_TRIM_THRESHOLD), (-2, MALLOC_TOP_PAD)))
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
+        return False
+    if ok:
+        _TUNED = os.getpid()
+    return ok
+
+
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 
 
@@ -270,6 +311,7 @@ class StackedEngine:
     prefetch_bytes: int = 256 * 2**20
 
     def __init__(self, data: FederatedData, cfg: EngineConfig, seed: int) -> None:
+        tune_allocator()
         self.data = data
         self.cfg = cfg
         self.seed = int(seed)

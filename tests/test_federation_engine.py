@@ -264,3 +264,22 @@ def test_dropout_helper_thread_gives_identical_training(data, monkeypatch):
     for ll in (None, prox):
         (a, sa), (b, sb) = run(0, ll), run(2**30, ll)
         assert all(torch.equal(a[k], b[k]) for k in a) and torch.equal(sa.t, sb.t)
+
+
+def test_allocator_tuning_is_once_per_process_and_can_be_refused(monkeypatch):
+    """``tune_allocator`` sets glibc's malloc parameters once per process (engines call it), and
+    ``ABPS_MALLOC_TUNE=0`` leaves the allocator alone in a process not yet tuned."""
+    import federation.engine as eng_mod
+
+    monkeypatch.setattr(eng_mod, "_TUNED", None)
+    monkeypatch.setenv("ABPS_MALLOC_TUNE", "0")
+    assert eng_mod.tune_allocator() is False and eng_mod._TUNED is None
+    monkeypatch.delenv("ABPS_MALLOC_TUNE")
+    import ctypes.util
+
+    glibc = ctypes.util.find_library("c") is not None and __import__("platform").libc_ver()[0] == "glibc"
+    assert eng_mod.tune_allocator() is glibc
+    if glibc:
+        import os
+
+        assert eng_mod._TUNED == os.getpid() and eng_mod.tune_allocator() is True
