@@ -72,8 +72,8 @@ class RandomStreams:
 
     * :meth:`permutations`: counter-based; key(i, r) = hash(seed, center i, round, epoch, r),
       so center i's batch order does not depend on other centers or on n.
-    * :meth:`dropout_scale`: one ``torch.Generator`` seeded by hash(seed, round, epoch, step)
-      draws ``[a, B, units]`` for the a centers active at that step (those with rows left),
+    * :meth:`dropout_bits` / :meth:`dropout_scale`: one NumPy PCG64 stream seeded by
+      hash(seed, round, epoch, step) draws ``[a, B, units]`` for the a centers active at that step (those with rows left),
       ordered by train size descending (ties: center index); each center uses its own slice. The active set is a function of the
       center sizes only, so the masks are reproducible.
     """
