@@ -60,8 +60,8 @@ def test_methods_registered() -> None:
 
 
 def test_decefl_plan_is_metropolis_over_fixed_graph(data: FederatedData) -> None:
-    ctx = make_ctx(data, "decefl", rounds_trained=0)
-    m = dec.DeceFL()
+    ctx = make_ctx(data, "decefl", rounds_trained=0, graph="sparse")
+    m = dec.DeceFL(dec.DeceFLParams(graph="sparse"))
     m.setup(ctx)
     expected_adj = adjacency_tensor(sparse_connected_graph(N, 11), N)  # graph seed = run seed
     plan0, plan1 = m.plan_round(ctx, 0), m.plan_round(ctx, 1)
@@ -72,6 +72,20 @@ def test_decefl_plan_is_metropolis_over_fixed_graph(data: FederatedData) -> None
     art = m.artifacts["graph.json"]
     assert art["edges"] == N and art["components"] == 1.0 and len(art["edge_list"]) == N
     assert {r["center_i"] for r in art["edge_list"]} <= set(data.center_ids)
+
+
+def test_decefl_default_ring_mixes_each_center_with_its_two_neighbours(data: FederatedData) -> None:
+    """The tuned default (graph ring, docs/baselines.md "Remaining grids"): every center has degree 2,
+    so Metropolis-Hastings gives 1/3 to itself and to each neighbour, and one exchange replaces each
+    center's block by the mean of centers i-1, i, i+1 (indices mod n), computed here by hand."""
+    ctx = make_ctx(data, "decefl", rounds_trained=1)
+    m = dec.DeceFL()  # the defaults
+    m.setup(ctx)
+    plan = m.plan_round(ctx, 0)
+    assert undirected_edges(plan.adjacency) == N and m.artifacts["graph.json"]["kind"] == "ring"
+    x = torch.arange(N, dtype=torch.float64) ** 2
+    expected = torch.stack([(x[(i - 1) % N] + x[i] + x[(i + 1) % N]) / 3 for i in range(N)])
+    torch.testing.assert_close(plan.w @ x, expected)
 
 
 def test_consensus_distance_hand_computed() -> None:
@@ -132,6 +146,33 @@ def test_defta_trust_drops_for_poisoned_neighbour(data: FederatedData) -> None:
     assert bool(((plan.w > 0) <= (m.adj | torch.eye(N, dtype=torch.bool))).all())
 
 
+def test_defta_default_round_weights_by_hand(data: FederatedData) -> None:
+    """The tuned defaults (tolerance 0.02, trust_decay 0.5; docs/baselines.md "Remaining grids") in
+    round 0 on trained models, recomputed by hand from the receivers' validation AUROCs: a neighbour
+    whose model is 0.02 AUROC or more below the receiver's own gets weight 0; every other neighbour
+    gets a_ij * T_ij with T_ij = 0.5 + 0.5 * clip(1 + (u_ij - u_ii) / 0.02, 0, 1)."""
+    ctx = make_ctx(data, "defta", rounds_trained=2)
+    m = dec.DeFTA()
+    m.setup(ctx)
+    plan = m.plan_round(ctx, 0)
+    recv, send = m.recv, m.send
+    own = ctx.evaluate_mixtures(torch.eye(N, dtype=torch.float64), torch.arange(N))
+    u_nb = ctx.evaluate_mixtures(torch.nn.functional.one_hot(send, N).double(), recv)
+    w = torch.diag(torch.diagonal(m.base)).clone()
+    dropped = 0
+    for e_idx, (i, j) in enumerate(zip(recv.tolist(), send.tolist())):
+        gap = float(u_nb[e_idx] - own[i])
+        if gap != gap:  # NaN: one-class split, no evidence, trust stays 1
+            w[i, j] = m.base[i, j]
+        elif gap <= -0.02:
+            dropped += 1
+        else:
+            w[i, j] = m.base[i, j] * (0.5 + 0.5 * min(1.0, 1.0 + gap / 0.02))
+    w = w / w.sum(1, keepdim=True)
+    torch.testing.assert_close(plan.w, w)
+    assert dropped >= 1 and dropped == round(m._dropped * recv.numel())  # the tolerance bites here
+
+
 def test_lsh_filter_keeps_similar_drops_dissimilar() -> None:
     g = torch.Generator().manual_seed(1)
     d = 200
@@ -186,6 +227,25 @@ def test_wpfed_round_has_n_edges_and_valid_weights(data: FederatedData) -> None:
     probe = dec.WPFed(dec.WpfedParams(embedding="probe", probe_rows=16))
     probe.setup(ctx)
     assert undirected_edges(probe.plan_round(ctx, 0).adjacency) == N
+
+
+def test_wpfed_default_weights_by_hand(data: FederatedData) -> None:
+    """The tuned default lambda = 0.25 (docs/baselines.md "Remaining grids") in round 1, after the
+    peer reports of round 0 moved the quality scores q: on each picked edge
+    W_ij / W_ii = (0.25 sim_ij + 0.75 q_j) / (0.25 + 0.75 q_i), with sim_ij the Hamming similarity
+    of the centers' SimHash codes (omega_ii = lambda + (1 - lambda) q_i)."""
+    ctx = make_ctx(data, "wpfed", rounds_trained=1)
+    m = dec.WPFed()
+    m.setup(ctx)
+    sim = dec.hamming_similarity(dec.simhash_codes(m.embedding(ctx), m.planes))
+    m.plan_round(ctx, 0)
+    q = m.quality.clone()
+    plan = m.plan_round(ctx, 1)
+    i, j = plan.adjacency.nonzero(as_tuple=True)
+    ratio = plan.w[i, j] / plan.w[i, i]
+    torch.testing.assert_close(ratio, (0.25 * sim[i, j] + 0.75 * q[j]) / (0.25 + 0.75 * q[i]))
+    # the ratio depends on lambda: it is not 1 where the two centers' quality scores differ
+    assert float((ratio - 1.0).abs().max()) > 1e-3
 
 
 @pytest.mark.parametrize("method", ["decefl", "defta", "wpfed"])

@@ -200,7 +200,7 @@ class MoonParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     mu: float = Field(0.1, ge=0.0)  # tuned on validation (configs/moon.yaml, docs/baselines.md)
-    temperature: float = Field(0.5, gt=0.0)
+    temperature: float = Field(1.0, gt=0.0)  # tuned on validation (configs/moon.yaml)
 
 
 @register(display_name="MOON", family="star", paper_order=5)

@@ -11,7 +11,7 @@ from federation.methods import display_names, families, paper_order
 from federation.report.collect import CellRun
 from federation.report.common import fmt, md_table, mean_std, pareto_front
 
-__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "Table1Row", "table1", "table1_markdown", "figure3"]
+__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "PAPER_TABLE1", "Table1Row", "table1", "table1_markdown", "figure3"]
 
 #: ABPS paper Table 1 row order, Table 1 row names and Figure 3 colour families (paper caption: blue
 #: star FL, green decentralized, orange ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only):
@@ -19,6 +19,28 @@ __all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "Table1Row", "table1", "table1_ma
 PAPER_ORDER: tuple[str, ...] = paper_order()
 DISPLAY: dict[str, str] = display_names()
 FAMILY: dict[str, str] = families()
+#: ABPS paper Table 1 (Sec. 6.4; real MIMIC-IV, n = 230 centers, 50 rounds, 5 seeds): row label ->
+#: (AUROC mean, across-seed std, bandwidth relative to FedAvg). The Centralized reference is given in
+#: the caption without a bandwidth (NaN). Shown beside the measured rows by :func:`table1_markdown`.
+PAPER_TABLE1: dict[str, tuple[float, float, float]] = {
+    "local": (0.587, 0.013, 0.00), "fedavg": (0.755, 0.019, 1.00), "fedprox": (0.753, 0.019, 1.00),
+    "feddyn": (0.758, 0.017, 1.00), "moon": (0.750, 0.020, 1.00), "decefl": (0.696, 0.011, 1.00),
+    "defta": (0.725, 0.013, 1.00), "wpfed": (0.694, 0.012, 1.00), "bnn-fl": (0.749, 0.014, 2.00),
+    "abps": (0.753, 0.015, 1.50), "abps+p": (0.757, 0.015, 1.49), "abps+q": (0.753, 0.015, 0.75),
+    "abps+p+q+k1": (0.748, 0.012, 0.25), "fedavg-pq": (0.758, 0.017, 0.50),
+    "abps-hom": (0.742, 0.013, 0.25), "abps-div": (0.694, 0.015, 0.16), "abps-align": (0.739, 0.010, 0.25),
+    "abps-x": (0.758, 0.010, 0.09), "fedavg-x": (0.691, 0.008, 0.31), "centralized": (0.827, 0.007, math.nan),
+}
+
+
+def _paper_cell(label: str) -> str:
+    """``"0.755 ± 0.019 (1.00×)"`` for a paper row, ``"–"`` for rows the paper does not have."""
+    if label not in PAPER_TABLE1:
+        return "–"
+    m, s, bw = PAPER_TABLE1[label]
+    return f"{fmt(m)} ± {fmt(s)}" + (f" ({fmt(bw, 2)}×)" if math.isfinite(bw) else "")
+
+
 _COLOURS = {"star": "tab:blue", "decentralized": "tab:green", "abps": "tab:orange", "abps-x": "darkred",
             "goal": "tab:purple", "local": "tab:olive", "centralized": "gray", "other": "tab:gray"}
 
@@ -78,10 +100,13 @@ def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
 
 
 def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
-    """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds."""
-    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share"]
+    """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds, rest share, and
+    the paper's AUROC and bandwidth for the same row (:data:`PAPER_TABLE1`, ``–`` if not a paper row)."""
+    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share",
+            "Paper: AUROC (bandwidth)"]
     body = [(r.name, f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}", f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
-             fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %")
+             fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %",
+             _paper_cell(r.label))
             for r in rows]
     note = ("Bandwidth: cumulative model bytes relative to FedAvg's in this experiment (= 1.00×)."
             if basis == "fedavg" else
@@ -89,7 +114,8 @@ def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
             "(n × full fp32 model × reference_rounds) is shown.")
     return md_table(head, body) + "\n" + note + " AUROC: mean test AUROC across centers at the final round (at the best validation round for " \
         "methods with early stopping, e.g. ABPS-X and FedAvg-X); std across seeds (population). Rest " \
-        "share: share of centers with no partner (P_i empty), mean over rounds and seeds (ABPS, random-partners).\n"
+        "share: share of centers with no partner (P_i empty), mean over rounds and seeds (ABPS, random-partners). " \
+        "Paper: ABPS paper Table 1 (real MIMIC-IV, 230 centers, 50 rounds, 5 seeds; Centralized from its caption).\n"
 
 
 def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:
