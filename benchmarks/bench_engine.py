@@ -143,17 +143,27 @@ def _vmap_vs_bmm(data: FederatedData, eng: StackedEngine) -> dict[str, float]:
     return out
 
 
-def main() -> dict:
-    """Run the benchmark; returns the result dict (also written to bench_out/)."""
-    threads = int(os.environ.get("ABPS_BENCH_THREADS", "1"))
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; returns the result dict (also written to bench_out/).
+
+    Options (defaults from the environment variables of the module docstring): ``--threads``,
+    ``--rounds``, ``--cohort``, ``--centers`` (synthetic cohort size; fewer for a reduced run).
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("ABPS_BENCH_THREADS", "1")))
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("ABPS_BENCH_ROUNDS", "3")))
+    ap.add_argument("--cohort", default=os.environ.get("ABPS_BENCH_COHORT"))
+    ap.add_argument("--centers", type=int, default=230)
+    a = ap.parse_args([] if argv is None else argv)
+    threads, rounds, cohort = a.threads, a.rounds, a.cohort
     torch.set_num_threads(threads)
-    rounds = int(os.environ.get("ABPS_BENCH_ROUNDS", "3"))
-    cohort = os.environ.get("ABPS_BENCH_COHORT")
     with tempfile.TemporaryDirectory() as tmp:
         if not cohort:
-            cohort = str(Path(tmp) / "fedprox230")
-            write_fedprox_cohort(cohort, n_centers=230, alpha=0.5, beta=0.5, seed=0, mean_size=300, shared=0.8)
-            source = "FedProx-Synthetic(0.5, 0.5), 230 centers, mean 300 stays"
+            cohort = str(Path(tmp) / f"fedprox{a.centers}")
+            write_fedprox_cohort(cohort, n_centers=a.centers, alpha=0.5, beta=0.5, seed=0, mean_size=300, shared=0.8)
+            source = f"FedProx-Synthetic(0.5, 0.5), {a.centers} centers, mean 300 stays"
         else:
             source = cohort
         data = FederatedData.from_cohort(cohort)
@@ -209,7 +219,9 @@ def main() -> dict:
         f"| speed-up (target >= {TARGET_SPEEDUP:.0f}x, issue 3) | {loop_s / stacked_s:.1f}x "
         f"({'met' if loop_s / stacked_s >= TARGET_SPEEDUP else 'MISSED'}) |",
         f"| stacked s / round vs issue-14 target <= {TARGET_ROUND_S} s (2 threads, idle) | "
-        f"{stacked_s / TARGET_ROUND_S:.2f}x the target ({'met' if stacked_s <= TARGET_ROUND_S else 'MISSED'}) |",
+        f"{stacked_s / TARGET_ROUND_S:.2f}x the target ("
+        + (("met" if stacked_s <= TARGET_ROUND_S else "MISSED") if (res["n_centers"], threads) == (230, 2)
+           else f"not the target's workload: n = {res['n_centers']}, {threads} thread(s)") + ") |",
         f"| one full step: bmm autograd / vmap(grad), s | {step['bmm']:.4f} / {step['vmap']:.4f} |",
         f"| GFLOP / round (useful / executed) | {useful / 1e9:.2f} / {executed / 1e9:.2f} |",
         f"| stacked GFLOP/s vs measured GEMM peak | {res['stacked_gflops']:.1f} / {peak:.1f} "
@@ -222,4 +234,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

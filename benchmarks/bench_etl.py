@@ -53,9 +53,10 @@ def _synth(folder: Path, stays: int, step: float) -> int:
 
 
 _CHILD = ("import resource, sys; from cli.app import main\n"
-          "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+          "code = 0\n"
+          "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code if isinstance(e.code, int) else 1\n"
           "u = resource.getrusage(resource.RUSAGE_SELF)\n"
-          "print('PEAK_RSS_KB', u.ru_maxrss, 'CPU_S', u.ru_utime + u.ru_stime)")
+          "print('PEAK_RSS_KB', u.ru_maxrss, 'CPU_S', u.ru_utime + u.ru_stime, 'EXIT', code)")
 
 
 def run_once(synth_dir: Path, out: Path, cache: str, rows: int) -> dict:
@@ -66,6 +67,9 @@ def run_once(synth_dir: Path, out: Path, cache: str, rows: int) -> dict:
                            "--chart-cache", cache], check=True, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     tail = proc.stdout.rsplit("PEAK_RSS_KB", 1)[1].split()
+    if int(tail[4]) != 0:  # the ETL refused its input: say why instead of a missing report file
+        why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"abps etl exited with {tail[4]} on {synth_dir}: {why}")
     report = json.loads((out / "cohort_report.json").read_text())
     return {
         "etl_wall_s": round(wall, 2),

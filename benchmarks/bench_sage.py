@@ -3,7 +3,8 @@
 Usage::
 
     .venv/bin/python -m benchmarks.bench_sage [--clients 50] [--rounds 2] [--alpha 0.1] [--graph er]
-        [--selectors sage_os rg] [--threads 2] [--test-samples N] [--out FILE.json]
+        [--selectors sage_os rg] [--threads 2] [--test-samples N] [--eval-precision int8|fp32]
+        [--out FILE.json]
 
 Builds the paper's setting (Sec. V-A: Dirichlet(alpha) over K clients, 80/10/10 shards, connected
 ER p = 0.15 or BA m = 3, the 64-dim encoder-decoder) on the full Fashion-MNIST training set and
@@ -11,7 +12,8 @@ runs each selector for ``--rounds`` rounds with :func:`federation.images.run.run
 MLflow. Reports, per selector, the mean seconds per round and its split into local training (one
 epoch of all K clients, stacked), probing + selection + mixing, and evaluation (all K predictors on
 the shared test set and their local evaluation splits). Also times the evaluation of all K predictors
-on the shared test set alone. Prints a JSON document and one line per figure with its issue-15
+on the shared test set alone, in fp32 and int8 (:mod:`federation.images.int8`, with the share of
+predictions equal to fp32), after one local epoch so the clients are trained. Prints a JSON document and one line per figure with its issue-15
 target; ``--out`` also writes the JSON atomically.
 """
 
@@ -30,18 +32,19 @@ from etl.io import atomic_write_text
 from federation.graphs import neighbour_table
 from federation.images import selectors as sel
 from federation.images.data import make_graph, make_shards, subsample
+from federation.images.int8 import predict_shared_int8
 from federation.images.models import StackedModel
 from federation.images.run import load_dataset, parse_config, run_selector
 
 
 def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "er",
           selectors: tuple[str, ...] = ("sage_os",), threads: int = 2,
-          test_samples: int | None = None, seed: int = 0) -> dict[str, Any]:
+          test_samples: int | None = None, seed: int = 0, eval_precision: str = "int8") -> dict[str, Any]:
     """Time ``rounds`` rounds of each selector; returns the measurements as a dict."""
     torch.set_num_threads(threads)
     cfg = parse_config({"benchmark": "sage", "n_clients": clients, "rounds": rounds, "alpha_dir": alpha,
                         "graph": graph, "test_samples": test_samples, "seeds": [seed],
-                        "selectors": list(selectors)})
+                        "selectors": list(selectors), "eval_precision": eval_precision})
     t0 = time.perf_counter()
     ds, spec = load_dataset(cfg)
     ds = subsample(ds, None, cfg.test_samples, seed)
@@ -55,10 +58,21 @@ def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "
         "setup_s": setup, "torch": torch.__version__, "machine": platform.machine(),
         "processor": platform.processor(), "selectors": {}}
     model = StackedModel(spec, cfg.n_clients, seed)
+    t1, c1 = time.perf_counter(), time.process_time()
+    model.local_epoch(shards.x_train, shards.y_train, shards.train_index, shards.n_train, cfg.batch_size,
+                      torch.Generator().manual_seed(seed))   # trained clients: a meaningful int8 agreement
+    out["local_epoch_s"], out["local_epoch_cpu_s"] = time.perf_counter() - t1, time.process_time() - c1
+    enc = {n: v for n, v in model.params.items() if not n.startswith("decoder.")}
     model.predict_shared_inputs(shards.x_test[:100])  # warm-up
+    predict_shared_int8(enc, shards.x_test[:100])
     t1 = time.perf_counter()
-    model.predict_shared_inputs(shards.x_test)
+    fp32 = model.predict_shared_inputs(shards.x_test)
     out["eval_predictors_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    int8 = predict_shared_int8(enc, shards.x_test)
+    out["eval_predictors_int8_s"] = time.perf_counter() - t1
+    out["int8_agreement"] = float((int8 == fp32).double().mean())
+    out["eval_precision"] = eval_precision
     out["eval_profile"] = profile_evaluation(model, shards.x_test[:1000])
     out["eval_gmac"] = eval_macs(spec, cfg.n_clients, len(shards.y_test)) / 1e9
     out["load_average_1min"] = _load()
@@ -111,10 +125,17 @@ def report_targets(res: dict[str, Any]) -> list[str]:
              f"{ev:.2f} s (target <= {TARGETS['eval_predictors_s']:.0f} s on 2 idle cores; "
              f"measured / target = {ev / TARGETS['eval_predictors_s']:.1f}x; {res['eval_gmac']:.0f} GMAC, "
              f"{res['eval_gmac'] / ev:.1f} GMAC/s)"]
-    lines += [f"  evaluation profile: {p['op']} {100 * p['share']:.0f} %" for p in res["eval_profile"]]
+    q = res["eval_predictors_int8_s"]
+    lines.append(f"evaluation, int8 encoder convolutions: {q:.2f} s (target <= {TARGETS['eval_predictors_s']:.0f} s; "
+                 f"measured / target = {q / TARGETS['eval_predictors_s']:.1f}x; fp32 / int8 = {ev / q:.2f}x; "
+                 f"predictions equal to fp32 on {100 * res['int8_agreement']:.2f} % (needs >= 99.5 %))")
+    lines.append(f"one local epoch of {res['clients']} clients ({res['train_images']} images): "
+                 f"{res['local_epoch_s']:.2f} s wall, {res['local_epoch_cpu_s']:.2f} CPU s")
+    lines += [f"  evaluation profile (fp32): {p['op']} {100 * p['share']:.0f} %" for p in res["eval_profile"]]
     for name, r in res["selectors"].items():
         lines.append(f"{name}: {r['s_per_round']:.2f} s per round (train {r['train_s_per_round']:.2f}, "
-                     f"probe+select+mix {r['probe_select_mix_s_per_round']:.2f}, eval {r['eval_s_per_round']:.2f}; "
+                     f"probe+select+mix {r['probe_select_mix_s_per_round']:.2f}, eval {r['eval_s_per_round']:.2f} "
+                     f"({res['eval_precision']}); "
                      f"target <= {TARGETS['s_per_round']:.0f} s on 2 idle cores; measured / target = "
                      f"{r['s_per_round'] / TARGETS['s_per_round']:.1f}x)")
     lines.append(f"load average during the run: {res.get('load_average_1min')} on {res['threads']} threads")
@@ -131,9 +152,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--selectors", nargs="+", default=["sage_os"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--test-samples", type=int, default=None)
+    ap.add_argument("--eval-precision", choices=["fp32", "int8"], default="int8")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    res = bench(a.clients, a.rounds, a.alpha, a.graph, tuple(a.selectors), a.threads, a.test_samples)
+    res = bench(a.clients, a.rounds, a.alpha, a.graph, tuple(a.selectors), a.threads, a.test_samples,
+                eval_precision=a.eval_precision)
     text = json.dumps(res, indent=1)
     print(text)
     print("\n".join(report_targets(res)))

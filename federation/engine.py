@@ -24,6 +24,8 @@ the same parameters within float tolerance (tests/test_federation_engine.py).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -70,8 +72,8 @@ class RandomStreams:
 
     * :meth:`permutations`: counter-based; key(i, r) = hash(seed, center i, round, epoch, r),
       so center i's batch order does not depend on other centers or on n.
-    * :meth:`dropout_scale`: one ``torch.Generator`` seeded by hash(seed, round, epoch, step)
-      draws ``[a, B, units]`` for the a centers active at that step (those with rows left),
+    * :meth:`dropout_bits` / :meth:`dropout_scale`: one NumPy PCG64 stream seeded by
+      hash(seed, round, epoch, step) draws ``[a, B, units]`` for the a centers active at that step (those with rows left),
       ordered by train size descending (ties: center index); each center uses its own slice. The active set is a function of the
       center sizes only, so the masks are reproducible.
     """
@@ -146,6 +148,58 @@ def keep_from_bits(bits: torch.Tensor, hidden: tuple[int, int], k: int) -> tuple
         np.greater_equal(part, k - 32768, out=f, casting="unsafe")  # one pass, no bool temporary
         out.append(torch.from_numpy(f))
     return out[0], out[1]
+
+
+#: glibc ``mallopt`` parameters set by :func:`tune_allocator` (bytes)
+MALLOC_MMAP_THRESHOLD = 32 * 2**20
+MALLOC_TRIM_THRESHOLD = 256 * 2**20
+MALLOC_TOP_PAD = 16 * 2**20
+_TUNED: int | None = None  # pid of the process whose allocator was tuned
+
+
+def tune_allocator() -> bool:
+    """Let glibc's ``malloc`` keep freed activation buffers for reuse (once per process).
+
+    Every training step allocates and frees a few dozen tensors of 2-15 MB at n = 230 (bmm
+    outputs, gradients, dropout masks). With glibc's defaults many of them are fresh ``mmap``
+    regions whose pages fault in on first touch and go back to the kernel on free: 26-37 k minor
+    page faults and 0.07-0.23 s of system CPU per issue-14 round. Serving blocks below
+    :data:`MALLOC_MMAP_THRESHOLD` from the heap and trimming the heap only above
+    :data:`MALLOC_TRIM_THRESHOLD` removes nearly all of them (docs/benchmarks.md, "Session 4").
+    Larger blocks (large n) are still ``mmap``-ed and returned at once, so memory peaks do not
+    grow by more than about the trim threshold. Set ``ABPS_MALLOC_TUNE=0`` to leave the
+    allocator alone. No effect (returns False) off glibc.
+
+    Returns:
+        True when the parameters were set in this process (now or before).
+    """
+    global _TUNED
+    if _TUNED == os.getpid():
+        return True
+    if os.environ.get("ABPS_MALLOC_TUNE", "1") == "0":
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        ok = all(libc.mallopt(opt, val) == 1 for opt, val in
+                 ((-3, MALLOC_MMAP_THRESHOLD), (-1, MALLOC_TRIM_THRESHOLD), (-2, MALLOC_TOP_PAD)))
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
+        return False
+    if ok:
+        _TUNED = os.getpid()
+    return ok
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    """The process's one helper thread for dropout masks (re-created after a fork)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="abps-dropout"))
+    return _POOL[1]
 
 
 @dataclass
@@ -251,7 +305,13 @@ class StackedEngine:
         seed: run seed (initial parameters and all streams).
     """
 
+    #: draw the next step's dropout masks in a helper thread when one step's draws and masks
+    #: (6 bytes a unit) fit in this many bytes; else in place, so a large n keeps its memory peak.
+    #: 0 turns the helper off (same results either way).
+    prefetch_bytes: int = 256 * 2**20
+
     def __init__(self, data: FederatedData, cfg: EngineConfig, seed: int) -> None:
+        tune_allocator()
         self.data = data
         self.cfg = cfg
         self.seed = int(seed)
@@ -361,31 +421,51 @@ class StackedEngine:
         # offsets[order[c]] + q, or the trailing zero row for a position past the center's rows
         x_flat, y_flat = tr.packed_x, tr.packed_y
         base, zero_row = tr.offsets[order].unsqueeze(1), x_flat.shape[0] - 1
-        for epoch in range(self.cfg.local_epochs):
-            perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
-            for step in range(self.steps_per_epoch()):
-                lo = step * bs
-                a = int((n_rows > lo).sum())
-                width = min(bs, max_rows - lo)
-                bits = self.streams.dropout_bits(round_idx, epoch, step, a, width, units) if k_drop else None
-                for c0, c1, w in self._segments(n_rows, lo, a):
-                    pos = perm[c0:c1, lo : lo + w]
-                    flat = torch.where(pos < n_rows[c0:c1].unsqueeze(1), pos + base[c0:c1], zero_row).view(-1)
-                    xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
-                    yb = y_flat.index_select(0, flat).view(c1 - c0, w)
-                    real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
-                    rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
-                    keep_seg = None if bits is None else keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop)
-                    if local_loss is None:
-                        grads = self._grads(
-                            {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
-                    else:
-                        grads = self._grads_autograd(
-                            {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale,
-                            local_loss, Batch(order[c0:c1], xb, yb, rows if rows is not None
-                                              else torch.ones(c1 - c0, w, dtype=torch.bool),
-                                              None, None, round_idx, epoch, step))  # type: ignore[arg-type]
-                    self.adam_step(ps, grads, st, c1, start=c0)
+        n_steps = self.steps_per_epoch()
+
+        def step_masks(epoch: int, step: int) -> list:
+            """The kept-unit masks of every segment of one step (None per segment: no dropout)."""
+            lo = step * bs
+            a = int((n_rows > lo).sum())
+            segs = self._segments(n_rows, lo, a)
+            if not k_drop:
+                return [None] * len(segs)
+            bits = self.streams.dropout_bits(round_idx, epoch, step, a, min(bs, max_rows - lo), units)
+            return [keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop) for c0, c1, w in segs]
+
+        # the next step's masks are drawn in a helper thread while this step computes (NumPy
+        # releases the GIL): the same values as drawing them in place, off the serial path
+        order_of_steps = [(e, s) for e in range(self.cfg.local_epochs) for s in range(n_steps)]
+        prefetch = bool(k_drop) and int(n_rows.numel()) * min(bs, max_rows) * units * 6 <= self.prefetch_bytes
+        pending = _mask_pool().submit(step_masks, 0, 0) if prefetch and order_of_steps else None
+        for i, (epoch, step) in enumerate(order_of_steps):
+            if step == 0:
+                perm = self.streams.permutations(n_rows, max_rows, round_idx, epoch, centers=order)
+            lo = step * bs
+            a = int((n_rows > lo).sum())
+            if pending is not None:
+                masks = pending.result()
+                nxt = order_of_steps[i + 1] if i + 1 < len(order_of_steps) else None
+                pending = _mask_pool().submit(step_masks, *nxt) if nxt is not None else None
+            else:
+                masks = step_masks(epoch, step)
+            for (c0, c1, w), keep_seg in zip(self._segments(n_rows, lo, a), masks):
+                pos = perm[c0:c1, lo : lo + w]
+                flat = torch.where(pos < n_rows[c0:c1].unsqueeze(1), pos + base[c0:c1], zero_row).view(-1)
+                xb = x_flat.index_select(0, flat).view(c1 - c0, w, d)
+                yb = y_flat.index_select(0, flat).view(c1 - c0, w)
+                real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
+                rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
+                if local_loss is None:
+                    grads = self._grads(
+                        {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
+                else:
+                    grads = self._grads_autograd(
+                        {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale,
+                        local_loss, Batch(order[c0:c1], xb, yb, rows if rows is not None
+                                          else torch.ones(c1 - c0, w, dtype=torch.bool),
+                                          None, None, round_idx, epoch, step))  # type: ignore[arg-type]
+                self.adam_step(ps, grads, st, c1, start=c0)
         if in_place:
             return params
         return self.scatter_back(params, state, ps, st, order, PARAM_NAMES)
@@ -441,7 +521,9 @@ class StackedEngine:
         dl.div_(real.to(dl.dtype).unsqueeze(1))
         # q = s * dL/dz2 (the s of layer 1's dropout, moved here)
         q = torch.ops.aten.threshold_backward(dl.unsqueeze(-1) * (w3s * s).transpose(1, 2), h2, 0.0)
-        dz1 = torch.ops.aten.threshold_backward(torch.bmm(q, p["w2"].transpose(1, 2)), h1, 0.0)
+        # matmul, not bmm: bmm with a transposed right operand runs a slower kernel (1 thread:
+        # 9-14 ms vs 7.5-8 ms for [230, 128, 64] x [230, 64, 128])
+        dz1 = torch.ops.aten.threshold_backward(torch.matmul(q, p["w2"].transpose(1, 2)), h1, 0.0)
         return {
             "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": dz1.sum(1),
             "w2": torch.bmm(h1.transpose(1, 2), q), "b2": q.sum(1).div_(s),

@@ -55,3 +55,54 @@ def test_scale_worker_runs_both_methods_small():
         assert r["centers"] == 12 and r["rounds"] == 2 and len(r["rounds_s"]) == 2
         assert r["peak_rss_gb"] >= r["rss_after_data_gb"] > 0 and r["end_of_run_s"] >= 0
         assert 0.0 <= r["final_val_auroc_mean"] <= 1.0
+
+
+def test_peer_client_auroc_equals_sklearn_and_data_is_cached():
+    """The peers' per-client AUROC (rank-based) equals scikit-learn's on the workload's rows,
+    ties included, and a client's rows are built once per process."""
+    from sklearn.metrics import roc_auc_score
+
+    torch.manual_seed(0)
+    model = bf.make_model()
+    for i in range(6):
+        c = bf.client_tensors(i, 3)
+        assert c is bf.client_tensors(i, 3)  # cached, not regenerated
+        y = c["y_val"]
+        with torch.no_grad():
+            s = model.eval()(c["x_val"]).squeeze(-1)
+        got = bf.client_auroc(model, c["x_val"], y)
+        if y.min() == y.max():
+            assert math.isnan(got)
+        else:
+            assert got == pytest.approx(roc_auc_score(y.numpy(), s.numpy()), abs=1e-12)
+    # ties: scores rounded to one decimal (many equal values)
+    x = bf.client_tensors(0, 3)["x_train"][:40]
+    y = torch.tensor([0.0, 1.0] * 20)
+
+    class Rounded(torch.nn.Module):
+        def forward(self, v):
+            return torch.round(v[:, :1] * 2) / 2
+
+    assert bf.client_auroc(Rounded(), x, y) == pytest.approx(
+        roc_auc_score(y.numpy(), (torch.round(x[:, 0] * 2) / 2).numpy()), abs=1e-12)
+
+
+def test_run_forwards_arguments_after_double_dash(monkeypatch, tmp_path, capsys):
+    """``python -m benchmarks.run engine -- --centers 6 --rounds 1``: a reduced run of the selected
+    benchmark only, whose printout names the target, the ratio and that n = 6 is not its workload."""
+    from benchmarks import run
+
+    monkeypatch.chdir(tmp_path)  # bench_engine writes bench_out/ in the working directory
+    assert run.main(["engine", "--", "--centers", "6", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "== benchmarks.bench_engine" in out and "== benchmarks.bench_abps" not in out
+    assert "target <= 0.145 s" in out and "not the target's workload: n = 6, 1 thread(s)" in out
+    assert (tmp_path / "bench_out" / "bench_engine.json").exists()
+
+
+def test_table1_benchmark_refuses_unknown_methods_before_any_work(tmp_path):
+    from benchmarks import bench_table1
+
+    with pytest.raises(SystemExit, match="not in .*table1.yaml: no-such-method"):
+        bench_table1.main(["--methods", "fedavg,no-such-method", "--workdir", str(tmp_path / "w")])
+    assert not (tmp_path / "w").exists()  # nothing was built

@@ -229,3 +229,57 @@ def test_bootstrap_blocks_give_the_single_draw_interval():
         assert torch.equal(torch.cat(list(C._resample_within_center(mask, 40, 3))), ref)
     finally:
         C.BOOT_BLOCK_CELLS = saved
+
+
+def test_non_finite_count_fast_path_is_exact():
+    """The per-round finite check sums first (one reduction): a finite sum proves every element
+    finite, a non-finite one falls back to the exact count, so finite values whose sum overflows
+    still count 0 and +inf / -inf pairs (sum NaN) count 2."""
+    from federation.checks import count_non_finite
+
+    big = torch.full((4, 3), 3e38)  # finite, but the float32 sum overflows to inf
+    assert not bool(torch.isfinite(big.sum())) and count_non_finite(big) == 0
+    x = torch.randn(50, 7)
+    assert count_non_finite(x) == 0
+    x[3, 2], x[10, 0], x[11, 1] = float("nan"), float("inf"), -float("inf")
+    assert count_non_finite(x) == 3
+    assert count_non_finite(torch.tensor([float("inf"), -float("inf")])) == 2
+    assert count_non_finite(torch.empty(0, 3)) == 0
+    assert count_non_finite(torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)) == 1
+
+
+def test_dropout_helper_thread_gives_identical_training(data, monkeypatch):
+    """Masks drawn one step ahead in the helper thread equal masks drawn in place: same
+    parameters bit for bit, with and without a local loss, over two rounds."""
+    def run(prefetch: int, local_loss=None):
+        monkeypatch.setattr(StackedEngine, "prefetch_bytes", prefetch)
+        eng = StackedEngine(data, EngineConfig(batch_size=64), seed=4)
+        p = eng.init_params()
+        s = AdamState.zeros_like(p)
+        for r in range(2):
+            eng.train_round(p, s, r, local_loss)
+        return p, s
+
+    prox = lambda p, b: 0.01 * sum((v ** 2).flatten(1).sum(1) for v in p.values())  # noqa: E731
+    for ll in (None, prox):
+        (a, sa), (b, sb) = run(0, ll), run(2**30, ll)
+        assert all(torch.equal(a[k], b[k]) for k in a) and torch.equal(sa.t, sb.t)
+
+
+def test_allocator_tuning_is_once_per_process_and_can_be_refused(monkeypatch):
+    """``tune_allocator`` sets glibc's malloc parameters once per process (engines call it), and
+    ``ABPS_MALLOC_TUNE=0`` leaves the allocator alone in a process not yet tuned."""
+    import federation.engine as eng_mod
+
+    monkeypatch.setattr(eng_mod, "_TUNED", None)
+    monkeypatch.setenv("ABPS_MALLOC_TUNE", "0")
+    assert eng_mod.tune_allocator() is False and eng_mod._TUNED is None
+    monkeypatch.delenv("ABPS_MALLOC_TUNE")
+    import ctypes.util
+
+    glibc = ctypes.util.find_library("c") is not None and __import__("platform").libc_ver()[0] == "glibc"
+    assert eng_mod.tune_allocator() is glibc
+    if glibc:
+        import os
+
+        assert eng_mod._TUNED == os.getpid() and eng_mod.tune_allocator() is True

@@ -123,9 +123,16 @@ def test_sage_runner_on_the_driver_matches_pre_refactor_figures():
            "train_samples": 1200, "test_samples": 200, "selectors": ["SAGE-OS", "RG", "PENS", "PFedDST"]}
     res = cli_run(cfg, rounds=3, seeds=[3], tracking_uri="none")
     for s, r in res["runs"]["3"].items():
-        got = {"history": [{k: v for k, v in h.items() if k != "seconds_round"} for h in r["history"]],
+        # train_loss: float32 rounding only (issue 15 re-wrote the training step as grouped convolutions
+        # + fused Adam after the record); every decision and metric is still reproduced exactly.
+        before = BEFORE[f"sage_{s}"]
+        assert [h["train_loss"] for h in r["history"]] == pytest.approx(
+            [h["train_loss"] for h in before["history"]], rel=1e-6)
+        got = {"history": [{k: v for k, v in h.items() if k not in ("seconds_round", "train_loss")}
+                           for h in r["history"]],
                "summary": {k: v for k, v in r["summary"].items() if not k.startswith("seconds")}}
-        _close(got, BEFORE[f"sage_{s}"], s)
+        _close(got, {"history": [{k: v for k, v in h.items() if k != "train_loss"} for h in before["history"]],
+                     "summary": before["summary"]}, s)
         # eval_every 2 over 3 rounds: evaluated after rounds 2 and 3 only
         assert ["global_acc" in h for h in r["history"]] == [False, True, True]
 

@@ -18,7 +18,7 @@ from federation.images import selectors as sel
 from federation.graphs import neighbour_table
 from federation.images.data import make_graph, make_shards
 from federation.images.metrics import accuracy, confusion_matrices, macro_f1
-from federation.images.models import (EncoderDecoderClassifier, ModelSpec, StackedModel,
+from federation.images.models import (EncoderDecoderClassifier, ModelSpec, StackedAdam, StackedModel,
                                       batch_plan, to_float)
 from federation.images.run import cli_run, parse_config
 
@@ -212,3 +212,61 @@ def test_same_seed_same_result():
     b = cli_run(cfg, rounds=2, seeds=[3], tracking_uri="none")
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds_round"} for r in h]  # noqa: E731
     assert strip(a["runs"]["3"]["sage_os"]["history"]) == strip(b["runs"]["3"]["sage_os"]["history"])
+
+
+def test_stacked_adam_step_equals_per_client_torch_adam():
+    """StackedAdam.step_rows on rows of a [K, P] buffer == torch.optim.Adam per client (issue 15)."""
+    g = torch.Generator().manual_seed(0)
+    k, width = 3, 7
+    p = torch.randn(k, width, generator=g)
+    opt = StackedAdam({"w": p}, lr=1e-2)
+    refs = [torch.nn.Parameter(p[c].clone()) for c in range(k)]
+    fused = [torch.optim.Adam([r], lr=1e-2, fused=True) for r in refs]
+    plain_p = [torch.nn.Parameter(p[c].clone()) for c in range(k)]
+    plain = [torch.optim.Adam([r], lr=1e-2) for r in plain_p]
+    # clients 0..a-1 step (a prefix, as in train_steps): 3, 3, 1, 2 clients -> steps 4, 3, 2
+    for a in (3, 3, 1, 2):
+        grad = torch.randn(k, width, generator=g)
+        opt.step_rows(p[:a], grad[:a], opt.m[:a], opt.v[:a], opt.steps[:a])
+        for c in range(a):
+            for ref, o in ((refs[c], fused[c]), (plain_p[c], plain[c])):
+                ref.grad = grad[c].clone()
+                o.step()
+    assert opt.step_count.tolist() == [4.0, 3.0, 2.0]
+    for c in range(k):
+        assert torch.equal(p[c], refs[c].detach())                       # the same fused kernel
+        torch.testing.assert_close(p[c], plain_p[c].detach(), atol=1e-7, rtol=1e-6)
+        torch.testing.assert_close(opt.m[c], fused[c].state[refs[c]]["exp_avg"])
+
+
+def test_train_steps_rejects_a_plan_with_a_gap():
+    x, y = _data(50)
+    model = StackedModel(TINY, 2, seed=0)
+    plan = torch.tensor([[0, 1, -1, -1, 2, 3], [0, 1, 2, 3, 4, 5]])     # client 0: step, gap, step
+    with pytest.raises(ValueError, match="non-empty batches must come first"):
+        model.train_steps(x, y, torch.arange(50).repeat(2, 1), plan, 2)
+
+
+def test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients():
+    """Issue 15: the int8 evaluation path counts only if >= 99.5 % of predictions equal fp32's."""
+    from etl.images import FASHION_MNIST_DIR, load_idx_dataset
+    from federation.images.data import subsample
+    from federation.images.int8 import predict_shared_int8
+    from federation.images.models import FMNIST_SPEC
+
+    torch.set_num_threads(1)
+    assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"
+    ds = subsample(load_idx_dataset(FASHION_MNIST_DIR, "fashion-mnist"), 2400, 1000, 0)
+    sh = make_shards(ds, 4, 0.5, 0)
+    model = StackedModel(FMNIST_SPEC, 4, seed=0)
+    model.local_epoch(sh.x_train, sh.y_train, sh.train_index, sh.n_train, 64, torch.Generator().manual_seed(0))
+    ref = model.predict_shared_inputs(sh.x_test)
+    got = predict_shared_int8({n: v for n, v in model.params.items() if not n.startswith("decoder.")},
+                              sh.x_test, chunk=300)
+    assert got.shape == ref.shape == (4, 1000)
+    assert float((got == ref).double().mean()) >= 0.995
+    assert len(set(ref.flatten().tolist())) > 3          # trained clients, not a constant predictor
+    cfg = parse_config({"benchmark": "sage", "eval_precision": "int8"})
+    assert cfg.eval_precision == "int8"
+    with pytest.raises(InputError, match="eval_precision"):
+        parse_config({"benchmark": "sage", "eval_precision": "int4"})

@@ -3,13 +3,14 @@
 Every client k holds a predictor Theta_k = (omega_k, phi_k) (SAGE paper, Sec. III): omega_k is the
 shared, model-bearing representation block (encoder + decoder) and phi_k the client-local classifier
 head. All K clients share one architecture, so their parameters live in stacked tensors with a
-leading client axis ``[K, ...]`` and are trained in one computation (``torch.func.functional_call``
-inside ``torch.vmap``); nothing on the hot path loops over clients in Python.
+leading client axis ``[K, ...]`` and are trained in one computation (grouped convolutions with the
+clients along the channel axis, :func:`grouped_forward`); nothing on the hot path loops over clients
+in Python.
 
 Training loss (docs/sage.md): for a mini-batch of client k,
 ``L_k = CE(head(enc(x)), y) + recon_weight * MSE(dec(enc(x)), x)``, pixels scaled to [0, 1].
 The optimiser is Adam (lr 1e-3, betas (0.9, 0.999), eps 1e-8) kept per client across rounds; a
-client whose local epoch is shorter than the longest one is masked out of the extra steps, so the
+client whose local epoch is shorter than the longest one takes no part in the extra steps, so the
 stacked update equals K independent ``torch.optim.Adam`` runs (tests/test_sage_engine.py).
 """
 
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.optim.adam import adam as _adam
 from torch import Tensor, nn
-from torch.func import functional_call
 
 SHARED_PREFIXES = ("encoder.", "decoder.")
 
@@ -112,52 +113,45 @@ def to_float(x_uint8: Tensor) -> Tensor:
 
 
 class StackedAdam:
-    """Adam over stacked parameters ``[K, ...]`` with a per-client step count and activity mask.
+    """Adam over stacked parameters with per-client moments and a per-client step count.
 
-    The update is elementwise, identical to ``torch.optim.Adam`` (Kingma & Ba 2015; PyTorch's
-    formula, no weight decay) run separately per client; a client with ``active[k] = False`` in a
-    step keeps its parameters and moments unchanged.
+    Adam is elementwise, so K clients' updates are one update over a flat buffer ``[K, P]`` (P =
+    parameters of one client, the names of ``params`` in order); each client's bias correction uses
+    its own step count. The update is ``torch.optim.adam.adam`` with ``fused=True`` (PyTorch's
+    one-pass kernel; Kingma & Ba 2015, no weight decay) over the clients' rows, so it equals
+    ``torch.optim.Adam(fused=True)`` run separately per client (tests/test_sage_engine.py).
+
+    Attributes:
+        m, v: float32 ``[K, P]`` first / second moments, client k's in row k.
+        steps: float32 ``[K]`` steps taken by each client (``step_count`` reads it).
     """
 
     def __init__(self, params: dict[str, Tensor], lr: float = 1e-3, betas=(0.9, 0.999),
                  eps: float = 1e-8):
         self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
-        k = next(iter(params.values())).shape[0]
-        self.step_count = torch.zeros(k, dtype=torch.float64)
-        self.m = {n: torch.zeros_like(p) for n, p in params.items()}
-        self.v = {n: torch.zeros_like(p) for n, p in params.items()}
+        first = next(iter(params.values()))
+        width = sum(p[0].numel() for p in params.values())
+        self.m = torch.zeros(first.shape[0], width)
+        self.v = torch.zeros_like(self.m)
+        self.steps = torch.zeros(first.shape[0])
+
+    @property
+    def step_count(self) -> Tensor:
+        """float64 [K] steps taken by each client."""
+        return self.steps.to(torch.float64)
 
     @torch.no_grad()
-    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor], active: Tensor) -> None:
-        """Update ``params`` in place.
+    def step_rows(self, p: Tensor, g: Tensor, m: Tensor, v: Tensor, steps: Tensor) -> None:
+        """One Adam step of A clients, in place on row views.
 
         Args:
-            params: ``{name: [K, ...]}``.
-            grads: ``{name: [A, ...]}`` gradients of the active clients only, in the order of
-                ``active.nonzero()``.
-            active: bool [K] clients that take this step.
+            p, g, m, v: float32 ``[A, P]`` parameters, gradients, moments of the stepping clients
+                (each row contiguous; views into the buffers of :meth:`StackedModel.train_steps`).
+            steps: float32 ``[A]`` their step counts (incremented in place).
         """
-        idx = active.nonzero().squeeze(1)
-        every = idx.numel() == active.numel()
-        self.step_count[idx] += 1.0
-        t = self.step_count[idx]
-        bc1 = (1.0 - self.b1 ** t).to(torch.float32)
-        bc2_sqrt = (1.0 - self.b2 ** t).sqrt().to(torch.float32)
-        for n, p in params.items():
-            g = grads[n]
-            shape = (-1,) + (1,) * (p.dim() - 1)
-            if every:
-                pp, m, v = p, self.m[n], self.v[n]
-            else:
-                pp, m, v = p[idx], self.m[n][idx], self.v[n][idx]
-            m.mul_(self.b1).add_(g, alpha=1 - self.b1)
-            v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
-            denom = (v.sqrt() / bc2_sqrt.view(shape)).add_(self.eps)
-            pp.addcdiv_(m, denom * (bc1.view(shape) / self.lr), value=-1.0)
-            if not every:
-                p.index_copy_(0, idx, pp)
-                self.m[n].index_copy_(0, idx, m)
-                self.v[n].index_copy_(0, idx, v)
+        _adam(list(p.unbind(0)), list(g.unbind(0)), list(m.unbind(0)), list(v.unbind(0)),
+              [], list(steps.unbind(0)), fused=True, amsgrad=False, beta1=self.b1,
+              beta2=self.b2, lr=self.lr, weight_decay=0.0, eps=self.eps, maximize=False)
 
 
 def batch_plan(n_train: Tensor, n_max: int, batch_size: int, generator: torch.Generator) -> Tensor:
@@ -199,22 +193,21 @@ class StackedModel:
         self.n_clients = n_clients
         self.shared_names = [n for n in self.params if is_shared(n)]
 
-    # --- functional forward passes -------------------------------------------------------
-    def _forward_one(self, p: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
-        return functional_call(self.template, p, (x,))
-
+    # --- training --------------------------------------------------------------------------
     def client_losses(self, params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        """Weighted per-client training loss, float [K].
+        """Weighted per-client training loss, float [G] (the clients stacked in ``params``).
 
         Args:
-            x: float [K, B, C, H, W] in [0, 1]; y: long [K, B]; w: float [K, B] per-sample weights
-            (1 / n_valid for the client's valid samples, 0 for padding).
+            params: ``{name: [G, ...]}`` the G clients' parameters (may require grad).
+            x: float [B, G * C, H, W] in [0, 1], client g's images in channels g C .. (g+1) C - 1
+                (channels-last memory is fastest); y: long [G, B]; w: float [G, B] per-sample
+                weights (1 / n_valid for the client's valid samples, 0 for padding).
         """
-        logits, recon = torch.vmap(self._forward_one)(params, x)
-        ce = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-        mse = (recon - x).pow(2).flatten(2).mean(dim=2).flatten()
-        per_sample = ce + self.recon_weight * mse
-        return (per_sample.view_as(w) * w).sum(dim=1)
+        logits, recon = grouped_forward(params, x)
+        g, b = y.shape
+        ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(g, b)
+        mse = (recon - x).square().unflatten(1, (g, -1)).flatten(2).mean(dim=2).t()   # [G, B]
+        return ((ce + self.recon_weight * mse) * w).sum(dim=1)
 
     def local_epoch(self, x_all: Tensor, y_all: Tensor, train_index: Tensor, n_train: Tensor,
                     batch_size: int, generator: torch.Generator) -> float:
@@ -233,26 +226,54 @@ class StackedModel:
 
     def train_steps(self, x_all: Tensor, y_all: Tensor, train_index: Tensor, plan: Tensor,
                     batch_size: int) -> float:
-        """Run the steps of a batch plan long [K, S * batch_size] (-1 = padding); see local_epoch."""
+        """Run the steps of a batch plan long [K, S * batch_size] (-1 = padding); see local_epoch.
+
+        Client k takes the steps whose batch holds one of its positions; they must come first
+        (as :func:`batch_plan` makes them). The clients are sorted by their number of steps once
+        per call, so the clients of step s are a prefix of that order: their parameters and Adam
+        moments are row views of flat ``[K, P]`` buffers (no per-step gathers or scatters), one
+        grouped forward / backward and one fused Adam step run per step, and the buffers go back
+        to ``params`` at the end.
+
+        Raises:
+            ValueError: a client has an empty batch before one of its non-empty batches.
+        """
+        k, steps_max = plan.shape[0], plan.shape[1] // batch_size
+        blocks = plan[:, :steps_max * batch_size].view(k, steps_max, batch_size)
+        active = (blocks >= 0).any(dim=2)                                  # [K, S]
+        n_steps = active.sum(dim=1)
+        if not torch.equal(active, torch.arange(steps_max)[None, :] < n_steps[:, None]):
+            raise ValueError("batch plan: every client's non-empty batches must come first")
+        order = torch.argsort(n_steps, descending=True, stable=True)
+        names = list(self.params)
+        shapes = [self.params[n].shape[1:] for n in names]
+        sizes = [math.prod(s) for s in shapes]
+        flat = torch.cat([self.params[n][order].flatten(1) for n in names], dim=1)   # [K, P]
+        opt = self.opt
+        m, v, t = opt.m[order], opt.v[order], opt.steps[order]
+        counts = (n_steps[order][None, :] > torch.arange(steps_max)[:, None]).sum(dim=1).tolist()
         total, count = 0.0, 0
-        for s in range(plan.shape[1] // batch_size):
-            pos = plan[:, s * batch_size:(s + 1) * batch_size]
+        for s, a in enumerate(counts):
+            idx = order[:a]
+            pos = blocks[idx, s]                                           # [A, B]
             valid = pos >= 0
-            rows = train_index.gather(1, pos.clamp(min=0))
-            n_valid = valid.sum(dim=1)
-            active = n_valid > 0
-            w = valid.to(torch.float32) / n_valid.clamp(min=1).to(torch.float32)[:, None]
-            # Only clients still inside their epoch are computed (no padded work for the rest).
-            idx = active.nonzero().squeeze(1)
-            rows, w = rows[idx], w[idx]
-            x = to_float(x_all[rows])
-            y = y_all[rows]
-            leaves = {n: p[idx].requires_grad_(True) for n, p in self.params.items()}
-            losses = self.client_losses(leaves, x, y, w)
-            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            self.opt.step(self.params, dict(zip(leaves.keys(), grads)), active)
+            rows = train_index[idx].gather(1, pos.clamp(min=0))
+            w = valid.to(torch.float32) / valid.sum(dim=1).to(torch.float32)[:, None]
+            x = to_float(x_all[rows.t()].flatten(1, 2)).contiguous(memory_format=torch.channels_last)
+            leaf = flat[:a].detach().requires_grad_(True)
+            params = {n: c.view(a, *shape) if c.is_contiguous() else c.reshape(a, *shape)
+                      for n, c, shape in zip(names, leaf.split(sizes, dim=1), shapes)}
+            losses = self.client_losses(params, x, y_all[rows], w)
+            (grad,) = torch.autograd.grad(losses.sum(), leaf)
+            opt.step_rows(flat[:a], grad, m[:a], v[:a], t[:a])
             total += float(losses.detach().sum())
-            count += int(idx.numel())
+            count += a
+        with torch.no_grad():
+            for n, c, shape in zip(names, flat.split(sizes, dim=1), shapes):
+                self.params[n].index_copy_(0, order, c.reshape(k, *shape))
+            opt.m.index_copy_(0, order, m)
+            opt.v.index_copy_(0, order, v)
+            opt.steps.index_copy_(0, order, t)
         return total / max(count, 1)
 
     # --- mixing -------------------------------------------------------------------------
@@ -308,6 +329,26 @@ class StackedModel:
         return torch.cat(preds, dim=1) if preds else torch.empty(self.n_clients, 0, dtype=torch.long)
 
 
+def _grouped_encode(p: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
+    """Latent codes float [G, N, latent] of G stacked encoders (see :func:`grouped_classify` for
+    ``p`` and ``x``): two grouped 3x3 stride-2 convolutions, channels-last, then ``baddbmm``."""
+    w1, b1 = p["encoder.0.weight"], p["encoder.0.bias"]                # [G, w, C, 3, 3], [G, w]
+    w2, b2 = p["encoder.2.weight"], p["encoder.2.bias"]                # [G, 2w, w, 3, 3]
+    g = w1.shape[0]
+    x = x.contiguous(memory_format=torch.channels_last)
+    h = F.conv2d(x, w1.flatten(0, 1), b1.flatten(), stride=2, padding=1, groups=1 if shared_input else g).relu()
+    h = F.conv2d(h, w2.flatten(0, 1), b2.flatten(), stride=2, padding=1, groups=g).relu()
+    n = h.shape[0]
+    h = h.reshape(n, g, -1).transpose(0, 1)                              # [G, N, 2w (H/4)^2]
+    return torch.baddbmm(p["encoder.5.bias"].unsqueeze(1), h, p["encoder.5.weight"].transpose(1, 2))
+
+
+def _grouped_head(p: dict[str, Tensor], z: Tensor) -> Tensor:
+    """Logits float [G, N, n_classes] of G stacked heads phi on latent codes z [G, N, latent]."""
+    z = torch.baddbmm(p["head.0.bias"].unsqueeze(1), z, p["head.0.weight"].transpose(1, 2)).relu()
+    return torch.baddbmm(p["head.2.bias"].unsqueeze(1), z, p["head.2.weight"].transpose(1, 2))
+
+
 def grouped_classify(p: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
     """Logits of G stacked predictors (omega's encoder + phi) in one grouped pass.
 
@@ -319,14 +360,28 @@ def grouped_classify(p: dict[str, Tensor], x: Tensor, shared_input: bool) -> Ten
     Returns:
         float ``[G, N, n_classes]``.
     """
-    w1, b1 = p["encoder.0.weight"], p["encoder.0.bias"]                # [G, w, C, 3, 3], [G, w]
-    w2, b2 = p["encoder.2.weight"], p["encoder.2.bias"]                # [G, 2w, w, 3, 3]
-    g = w1.shape[0]
-    x = x.contiguous(memory_format=torch.channels_last)
-    h = F.conv2d(x, w1.flatten(0, 1), b1.flatten(), stride=2, padding=1, groups=1 if shared_input else g)
-    h = F.conv2d(h.relu_(), w2.flatten(0, 1), b2.flatten(), stride=2, padding=1, groups=g).relu_()
-    n = h.shape[0]
-    h = h.reshape(n, g, -1).transpose(0, 1)                              # [G, N, 2w (H/4)^2]
-    z = torch.baddbmm(p["encoder.5.bias"].unsqueeze(1), h, p["encoder.5.weight"].transpose(1, 2))
-    z = torch.baddbmm(p["head.0.bias"].unsqueeze(1), z, p["head.0.weight"].transpose(1, 2)).relu_()
-    return torch.baddbmm(p["head.2.bias"].unsqueeze(1), z, p["head.2.weight"].transpose(1, 2))
+    return _grouped_head(p, _grouped_encode(p, x, shared_input))
+
+
+def grouped_forward(p: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+    """Training forward pass of G stacked :class:`EncoderDecoderClassifier` clients, differentiable.
+
+    Grouped convolutions (clients along the channel axis, channels-last memory), grouped transposed
+    convolutions for the decoder and ``baddbmm`` for the dense layers; equal (to float rounding) to
+    running each client's ``forward`` on its own images (tests/test_sage_engine.py).
+
+    Args:
+        p: ``{name: [G, ...]}`` all parameters of the G clients.
+        x: float [N, G * C, H, W] in [0, 1], client g's images in channels g C .. (g+1) C - 1.
+    Returns:
+        (logits float [G, N, n_classes], reconstruction float [N, G * C, H, W]).
+    """
+    z = _grouped_encode(p, x, shared_input=False)                       # [G, N, latent]
+    g, n = z.shape[0], z.shape[1]
+    d = torch.baddbmm(p["decoder.0.bias"].unsqueeze(1), z, p["decoder.0.weight"].transpose(1, 2)).relu()
+    w3, w5 = p["decoder.3.weight"], p["decoder.5.weight"]               # [G, 2w, w, 4, 4], [G, w, C, 4, 4]
+    side = x.shape[-1] // 4
+    d = d.transpose(0, 1).reshape(n, g * w3.shape[1], side, side).contiguous(memory_format=torch.channels_last)
+    d = F.conv_transpose2d(d, w3.flatten(0, 1), p["decoder.3.bias"].flatten(), stride=2, padding=1, groups=g).relu()
+    r = F.conv_transpose2d(d, w5.flatten(0, 1), p["decoder.5.bias"].flatten(), stride=2, padding=1, groups=g)
+    return _grouped_head(p, z), r.sigmoid()
