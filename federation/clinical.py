@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from federation.metrics import batched_auroc
+from federation.metrics import batched_auroc, grouped_auroc
 
 
 def _check(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> None:
@@ -316,11 +316,11 @@ def subgroup_gaps(
         s_b = logits[None].expand(b, n, rows).gather(2, idx)[:, mask]  # [b, real rows]
         y_b = labels[None].expand(b, n, rows).gather(2, idx)[:, mask]
         grp_b = groups[None].expand(b, n, rows).gather(2, idx)[:, mask]
-        m_flat = torch.ones_like(y_b, dtype=torch.bool)
-        all_b = batched_auroc(s_b, y_b, m_flat)
+        # one sort per replicate shared by the overall figure (code k: every row) and every group
+        auc_b = grouped_auroc(s_b, y_b, grp_b, k)  # [b, k + 1]; column k: every row
         for j in range(k):  # a handful of groups, not centers
             if not small[j]:
-                gaps[j].append(batched_auroc(s_b, y_b, m_flat & (grp_b == j)) - all_b)
+                gaps[j].append(auc_b[:, j] - auc_b[:, k])
     q = torch.tensor([0.025, 0.975], dtype=torch.float64)
     out = []
     for j, name in enumerate(names):

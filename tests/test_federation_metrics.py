@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from federation.metrics import batched_auroc, summarize
+from federation.metrics import batched_auroc, grouped_auroc, summarize
 
 
 def test_batched_auroc_equals_sklearn_with_ties_and_padding():
@@ -35,3 +36,24 @@ def test_hand_computed_and_one_class():
     summ = summarize(torch.tensor([0.6, float("nan"), 0.8], dtype=torch.float64))
     assert summ.n_excluded == 1
     assert math.isclose(summ.mean, 0.7) and math.isclose(summ.std, float(np.std([0.6, 0.8])))
+
+
+def test_grouped_auroc_equals_masked_auroc_and_sklearn_with_ties():
+    """One shared sort gives every subgroup's AUROC exactly as a masked sort does (ties included),
+    and scikit-learn's roc_auc_score on each subgroup; column k is the whole row."""
+    g = torch.Generator().manual_seed(3)
+    m, rows, k = 4, 57, 3
+    s = torch.randint(0, 7, (m, rows), generator=g).double()  # heavy ties
+    y = torch.randint(0, 2, (m, rows), generator=g)
+    grp = torch.randint(-1, k, (m, rows), generator=g)  # -1: in no subgroup
+    grp[0, grp[0] == 2] = -1  # subgroup 2 empty in row 0 -> NaN
+    got = grouped_auroc(s, y, grp, k)
+    assert got.shape == (m, k + 1)
+    assert torch.isnan(got[0, 2])
+    for i in range(m):
+        for j in range(k):
+            sel = grp[i] == j
+            if sel.sum() and 0 < int(y[i][sel].sum()) < int(sel.sum()):
+                assert got[i, j].item() == pytest.approx(roc_auc_score(y[i][sel].numpy(), s[i][sel].numpy()), abs=1e-12)
+            assert torch.allclose(got[i, j:j + 1], batched_auroc(s[i:i + 1], y[i:i + 1], sel[None]), equal_nan=True)
+        assert got[i, k].item() == pytest.approx(roc_auc_score(y[i].numpy(), s[i].numpy()), abs=1e-12)
