@@ -16,6 +16,25 @@ import torch
 from federation.checks import NonFiniteError
 
 
+def _finite_double(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``scores`` as float64; raises NonFiniteError when a (masked-in) score is NaN or infinite."""
+    s = scores.detach().double()
+    bad = ~torch.isfinite(s)
+    bad = int((bad & mask).sum()) if mask is not None else int(bad.sum())
+    if bad:
+        raise NonFiniteError(f"AUROC: {bad} score(s) are NaN or infinite")
+    return s
+
+
+def _mann_whitney(rank: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    """``[m]`` AUROC from 1-based ranks ``[m, rows]`` and bool positive / negative members;
+    NaN where a row has no positive or no negative member."""
+    n_pos = pos.sum(1).double()
+    n_neg = neg.sum(1).double()
+    auc = ((rank * pos).sum(1) - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+
+
 def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row AUROC of padded score tensors.
 
@@ -33,10 +52,7 @@ def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
         NonFiniteError: a real (masked-in) score is NaN or infinite. Such a score has no rank, so
             there is no AUROC to return (a number outside [0, 1] used to come out).
     """
-    s = scores.detach().double()
-    bad = int((~torch.isfinite(s) & mask).sum())
-    if bad:
-        raise NonFiniteError(f"AUROC: {bad} score(s) are NaN or infinite")
+    s = _finite_double(scores, mask)
     # padding sorts last and ties only with padding: real scores are finite (checked above)
     s = torch.where(mask, s, torch.full_like(s, float("inf")))
     s_sorted, order = torch.sort(s, dim=1, stable=True)
@@ -45,13 +61,7 @@ def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
     mid_rank = (left + right + 1).double() / 2.0  # 1-based average rank of each tie group
     y = labels.double().gather(1, order)
     valid = mask.gather(1, order)
-    pos = (y > 0.5) & valid
-    neg = (y <= 0.5) & valid
-    n_pos = pos.sum(1).double()
-    n_neg = neg.sum(1).double()
-    rank_sum = (mid_rank * pos.double()).sum(1)
-    auc = (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
-    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+    return _mann_whitney(mid_rank, (y > 0.5) & valid, (y <= 0.5) & valid)
 
 
 def grouped_auroc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, k: int) -> torch.Tensor:
@@ -78,10 +88,7 @@ def grouped_auroc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
     Raises:
         NonFiniteError: a score is NaN or infinite.
     """
-    s = scores.detach().double()
-    bad = int((~torch.isfinite(s)).sum())
-    if bad:
-        raise NonFiniteError(f"AUROC: {bad} score(s) are NaN or infinite")
+    s = _finite_double(scores)
     s_sorted, order = torch.sort(s, dim=1, stable=True)
     left = torch.searchsorted(s_sorted, s_sorted, right=False)  # first position of the tie group
     right = torch.searchsorted(s_sorted, s_sorted, right=True)  # one past its last position
@@ -94,12 +101,7 @@ def grouped_auroc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
         below_at = torch.cat([zero, torch.cumsum(member, dim=1, dtype=torch.float64)], dim=1)  # [m, rows + 1]
         below = below_at.gather(1, left)
         tied = below_at.gather(1, right) - below
-        rank = below + (tied + 1.0) / 2.0
-        pos = member & y
-        n_pos = pos.sum(1).double()
-        n_neg = (member & ~y).sum(1).double()
-        auc = ((rank * pos).sum(1) - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
-        out[:, j] = torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+        out[:, j] = _mann_whitney(below + (tied + 1.0) / 2.0, member & y, member & ~y)
     return out
 
 
