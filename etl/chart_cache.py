@@ -148,7 +148,8 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
 
     Args:
         con: the ETL's DuckDB connection (its threads and memory limit bound the build).
-        table: the located source table (a Parquet source is not cached: status ``off``).
+        table: the located source table (gzip CSV, CSV or Parquet: the aggregation is worth
+            caching whatever the format).
         types: DuckDB types of ``columns``.
         columns: the source columns the query reads (recorded with their types in the manifest).
         setting: ``auto`` (cache sources of at least :data:`AUTO_MIN_BYTES` in
@@ -162,7 +163,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
             the file).
     """
     t0 = time.perf_counter()
-    if table.is_parquet or setting == "off":
+    if setting == "off":
         return CacheResult(None, "off")
     if setting == "auto":
         if table.path.stat().st_size < AUTO_MIN_BYTES:

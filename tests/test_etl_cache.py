@@ -168,7 +168,7 @@ def _src(tmp_path: Path, rows: list[tuple] = ROWS) -> Path:
     return src
 
 
-def _use(path: Path, cache: Path, query=vitalsign_sql):
+def _use(path: Path, cache: Path | str, query=vitalsign_sql):
     """use_cache on a small source; the per-charttime rows it gives (from the cache or the source)."""
     table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
     with contextlib.closing(connect()) as con:
@@ -220,6 +220,21 @@ def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
     res, _ = _use(src, cache)
     assert (res.status, res.reason) == ("rebuilt", "cache format changed")
     assert doc["source"] == fingerprint(src) and doc["rows"] == 3
+
+
+def test_parquet_source_is_cached_and_checked_like_a_csv(tmp_path):
+    src = _src(tmp_path)
+    want = _use(src, "off")[1]  # read from the source, no cache
+    pq = src.with_suffix(".parquet")
+    pl.read_csv(src).write_parquet(pq)
+    src.unlink()
+    res, rows = _use(pq, tmp_path / "cache")
+    assert res.status == "written" and res.rows == 3 and rows == want
+    assert _use(pq, tmp_path / "cache")[0].status == "hit"
+    pl.read_csv(_src(tmp_path, ROWS[:2])).write_parquet(pq)  # rewritten with one row less
+    src.with_suffix(".csv").unlink()
+    res, rows = _use(pq, tmp_path / "cache")
+    assert res.status == "rebuilt" and res.rows == 2 and rows == want[:2]
 
 
 def test_unwritable_cache_reads_the_source(tmp_path):
