@@ -136,10 +136,10 @@ def _read_sql(parquet: Path) -> str:
     return f"read_parquet('{q}')"
 
 
-def query_sha256(query: Callable[[str], str]) -> str:
-    """SHA-256 of the cached query's text with the source as :data:`SOURCE_PLACEHOLDER`: the key
-    that ties an entry to the itemids, valid ranges and SQL that made it."""
-    return hashlib.sha256(query(SOURCE_PLACEHOLDER).encode()).hexdigest()
+def query_sha256(query: Callable[[str], str], order_by: str = "") -> str:
+    """SHA-256 of the cached query's text with the source as :data:`SOURCE_PLACEHOLDER`, and of
+    its row order: the key that ties an entry to the itemids, valid ranges and SQL that made it."""
+    return hashlib.sha256(f"{query(SOURCE_PLACEHOLDER)}\nORDER BY {order_by}".encode()).hexdigest()
 
 
 def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str], columns: tuple[str, ...],
@@ -172,7 +172,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
     else:
         cache_dir = Path(setting).expanduser()
     parquet, manifest_path = _entry(cache_dir, table.path)
-    want = {"format": FORMAT, "query_sha256": query_sha256(query), "columns": list(columns),
+    want = {"format": FORMAT, "query_sha256": query_sha256(query, order_by), "columns": list(columns),
             "types": [types[c] for c in columns], "source": fingerprint(table.path)}
     status, reason = "written", ""
     if manifest_path.is_file():
