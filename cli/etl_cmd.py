@@ -59,8 +59,9 @@ def etl_command(
                                   "decompensation "
                                   "(docs/tasks.md)."),
     chart_cache: str = typer.Option("auto", "--chart-cache",
-                                    help="MIMIC chartevents Parquet cache, written on first read and reused while "
-                                         "the source is unchanged: auto (sources >= 64 MiB, in $ABPS_CACHE_DIR or "
+                                    help="MIMIC chartevents Parquet cache (the vitals per charttime), written on "
+                                         "first read and reused while the source and the ETL's vital concepts are "
+                                         "unchanged: auto (sources >= 64 MiB, in $ABPS_CACHE_DIR or "
                                          "~/.cache/abps), off, or a folder (docs/etl.md)."),
 ) -> None:
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""

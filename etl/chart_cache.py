@@ -1,22 +1,29 @@
-"""A one-time Parquet copy of MIMIC-IV ``chartevents``, written on first read and reused.
+"""A one-time Parquet cache of what the ETL derives from MIMIC-IV ``chartevents``, reused by later runs.
 
-Why (docs/decisions.md, "chartevents Parquet cache"): the gzip CSV of chartevents is one
-deflate stream, inflated on one core, and its text is parsed again on every ``abps etl`` run;
-the ETL is bound by that (docs/benchmarks.md, ETL). The cache keeps only the four columns the
-ETL reads (``stay_id``, ``charttime``, ``itemid``, ``valuenum``), already typed, as zstd
-Parquet that DuckDB scans in parallel; every later run reads it instead of the CSV.
+Why (docs/decisions.md, "chartevents Parquet cache" and "the cache stores vitals per charttime"):
+the gzip CSV of chartevents is one deflate stream, inflated on one core, and its text is parsed
+again on every ``abps etl`` run; after that, the first-day vitals cost two hash aggregations over
+every vital row of the window (identical rows collapsed, then one value per charttime). The cache
+stores the result of a query over the whole file, given by the caller: for MIMIC-IV, the vital
+signs per (stay, vital, charttime) of etl/sql/mimic/vitalsign.sql (vital itemids and valid
+ranges applied, identical rows collapsed and counted, values averaged per charttime). That
+relation does not depend on the cohort's options (a row's window depends on its stay and
+charttime only, so each run applies the window to the cached rows), and every later run reads a
+few typed zstd columns instead of parsing and aggregating 54 M rows.
 
 A cache entry is one Parquet file and one JSON manifest per source file (named by a hash of
-the source's resolved path). The entry is used only when the manifest matches the source as it
-is now: the same size in bytes, the same modification time (ns), the same SHA-256 of its first
-and last MiB, the same columns and types, the same cache format, and a Parquet file whose footer
-holds the row count the manifest recorded when the copy was written (DuckDB's count of the rows
-it copied). Anything else (a changed, replaced or touched source, a truncated or foreign
-cache file) rebuilds the entry; the Parquet file is written under a temporary name and renamed,
-and the manifest is written last, so an interrupted build is never used.
+the source's resolved path). The entry is used only when the manifest matches the source and
+the ETL as they are now: the same size in bytes, the same modification time (ns), the same
+SHA-256 of its first and last MiB, the same source columns and types, the same cache format,
+the same SHA-256 of the cached query's text (another itemid set, valid range or ETL version
+gives another query), and a Parquet file whose footer holds the row count the manifest recorded
+when the copy was written (DuckDB's count of the rows it wrote). Anything else (a changed,
+replaced or touched source, a changed concept, a truncated or foreign cache file) rebuilds the
+entry; the Parquet file is written under a temporary name and renamed, and the manifest is
+written last, so an interrupted build is never used.
 
-The cache holds patient-level data (the same rows as the source): it lives where the user
-says (``--chart-cache DIR``), by default under the user's cache folder
+The cache holds patient-level data (per-charttime vital values of every stay): it lives where
+the user says (``--chart-cache DIR``), by default under the user's cache folder
 (``$ABPS_CACHE_DIR``, else ``$XDG_CACHE_HOME/abps``, else ``~/.cache/abps``), and
 ``--chart-cache off`` never writes one.
 """
@@ -27,16 +34,21 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 
 from etl.io import atomic_write_text
 from etl.sources import Table
 
-#: Bump when the cached layout changes: every older entry is then rebuilt.
-FORMAT = 1
+#: Bump when the cached layout changes: every older entry is then rebuilt (2: a derived
+#: relation, the query's hash in the manifest, rows sorted by stay and charttime).
+FORMAT = 2
+#: The source's table expression inside the query hashed into the manifest (the query's text
+#: without the path, so moving nothing but the cache folder keeps the key).
+SOURCE_PLACEHOLDER = "<chartevents>"
 #: With ``--chart-cache auto`` (the default) only sources at least this large are cached: a small
 #: file (the demo) reads as fast as its copy would, and writes nothing outside the output.
 AUTO_MIN_BYTES = 64 * 2**20
@@ -73,7 +85,8 @@ class CacheResult:
     """What :func:`use_cache` did.
 
     Attributes:
-        table: the table to scan (the cache's Parquet file, or the source unchanged).
+        relation: a DuckDB table expression of the cached query's rows (the cache's Parquet
+            file), or None when the cache is not used (the caller runs the query on the source).
         status: ``off`` (not asked / too small), ``hit`` (a matching entry was read),
             ``written`` (no entry), ``rebuilt`` (an entry that no longer matched was replaced),
             or ``unwritable`` (the cache folder could not be written; the source was read).
@@ -82,7 +95,7 @@ class CacheResult:
         reason: why an entry was rebuilt or could not be written (no row content).
     """
 
-    table: Table
+    relation: str | None
     status: str
     rows: int | None = None
     seconds: float = 0.0
@@ -104,9 +117,10 @@ def _parquet_rows(con: duckdb.DuckDBPyConnection, path: Path) -> int | None:
 
 def _mismatch(manifest: dict, want: dict, con: duckdb.DuckDBPyConnection, parquet: Path) -> str:
     """Why the entry does not match (empty string: it matches)."""
-    for k in ("format", "columns", "types"):
+    for k in ("format", "query_sha256", "columns", "types"):
         if manifest.get(k) != want[k]:
-            return f"cache {k} changed"
+            return "cached query changed (itemids, valid ranges or ETL version)" if k == "query_sha256" \
+                else f"cache {k} changed"
     for k in ("size", "mtime_ns", "sha256_ends"):
         if manifest.get("source", {}).get(k) != want["source"][k]:
             return f"source {k.replace('_ns', '').replace('sha256_ends', 'content hash')} changed"
@@ -117,33 +131,49 @@ def _mismatch(manifest: dict, want: dict, con: duckdb.DuckDBPyConnection, parque
     return ""
 
 
+def _read_sql(parquet: Path) -> str:
+    q = str(parquet).replace("'", "''")
+    return f"read_parquet('{q}')"
+
+
+def query_sha256(query: Callable[[str], str], order_by: str = "") -> str:
+    """SHA-256 of the cached query's text with the source as :data:`SOURCE_PLACEHOLDER`, and of
+    its row order: the key that ties an entry to the itemids, valid ranges and SQL that made it."""
+    return hashlib.sha256(f"{query(SOURCE_PLACEHOLDER)}\nORDER BY {order_by}".encode()).hexdigest()
+
+
 def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str], columns: tuple[str, ...],
-              setting: str) -> CacheResult:
-    """The chartevents table to scan: a valid cache entry, a new one, or the source itself.
+              setting: str, query: Callable[[str], str], order_by: str = "") -> CacheResult:
+    """The rows of ``query`` over the chartevents source, from a valid cache entry or a new one.
 
     Args:
-        con: the ETL's DuckDB connection (its threads and memory limit bound the copy).
-        table: the located source table (a Parquet source is returned unchanged).
+        con: the ETL's DuckDB connection (its threads and memory limit bound the build).
+        table: the located source table (gzip CSV, CSV or Parquet: the aggregation is worth
+            caching whatever the format).
         types: DuckDB types of ``columns``.
-        columns: the columns copied (the ones the ETL reads), in this order.
+        columns: the source columns the query reads (recorded with their types in the manifest).
         setting: ``auto`` (cache sources of at least :data:`AUTO_MIN_BYTES` in
             :func:`default_cache_dir`), ``off``, or a folder (always cache there).
+        query: the cached relation as a function of the source's table expression (for MIMIC-IV
+            etl/sql/mimic/vitalsign.sql over the whole file); its text, hashed, keys the entry.
+        order_by: ``ORDER BY`` list of the rows written (empty: as produced).
 
     Raises:
-        duckdb.Error: the source could not be read while copying (the caller names the file).
+        duckdb.Error: the source could not be read while the entry was built (the caller names
+            the file).
     """
     t0 = time.perf_counter()
-    if table.is_parquet or setting == "off":
-        return CacheResult(table, "off")
+    if setting == "off":
+        return CacheResult(None, "off")
     if setting == "auto":
         if table.path.stat().st_size < AUTO_MIN_BYTES:
-            return CacheResult(table, "off")
+            return CacheResult(None, "off")
         cache_dir = default_cache_dir()
     else:
         cache_dir = Path(setting).expanduser()
     parquet, manifest_path = _entry(cache_dir, table.path)
-    want = {"format": FORMAT, "columns": list(columns), "types": [types[c] for c in columns],
-            "source": fingerprint(table.path)}
+    want = {"format": FORMAT, "query_sha256": query_sha256(query, order_by), "columns": list(columns),
+            "types": [types[c] for c in columns], "source": fingerprint(table.path)}
     status, reason = "written", ""
     if manifest_path.is_file():
         try:
@@ -152,31 +182,26 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
             manifest = {}
         reason = _mismatch(manifest, want, con, parquet)
         if not reason:
-            return CacheResult(_as_table(table, parquet, columns, types), "hit", manifest["rows"],
-                               time.perf_counter() - t0)
+            return CacheResult(_read_sql(parquet), "hit", manifest["rows"], time.perf_counter() - t0)
         status = "rebuilt"
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         manifest_path.unlink(missing_ok=True)  # the old entry is invalid from here on
         tmp = parquet.with_name(parquet.name + f".tmp{os.getpid()}")
-        select = ", ".join(columns)
         q = str(tmp).replace("'", "''")
+        select = f"SELECT * FROM ({query(table.scan_sql(types))})" + (f" ORDER BY {order_by}" if order_by else "")
         try:
-            rows = con.execute(f"COPY (SELECT {select} FROM {table.scan_sql(types)}) TO '{q}' "
+            rows = con.execute(f"COPY ({select}) TO '{q}' "
                                "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
             os.replace(tmp, parquet)
         finally:
             tmp.unlink(missing_ok=True)
-        if fingerprint(table.path) != want["source"]:  # the source changed while it was copied
+        if fingerprint(table.path) != want["source"]:  # the source changed while it was read
             parquet.unlink(missing_ok=True)
-            return CacheResult(table, "unwritable", None, time.perf_counter() - t0, "source changed while copied")
+            return CacheResult(None, "unwritable", None, time.perf_counter() - t0, "source changed while copied")
         atomic_write_text(manifest_path, json.dumps({**want, "rows": int(rows),
                                                      "source_name": table.path.name}, indent=1))
     except OSError as exc:
-        return CacheResult(table, "unwritable", None, time.perf_counter() - t0,
+        return CacheResult(None, "unwritable", None, time.perf_counter() - t0,
                            f"{exc.__class__.__name__} writing {cache_dir}")
-    return CacheResult(_as_table(table, parquet, columns, types), status, int(rows), time.perf_counter() - t0, reason)
-
-
-def _as_table(table: Table, parquet: Path, columns: tuple[str, ...], types: dict[str, str]) -> Table:
-    return replace(table, path=parquet, columns=tuple(columns), kinds=tuple(types[c] for c in columns))
+    return CacheResult(_read_sql(parquet), status, int(rows), time.perf_counter() - t0, reason)

@@ -1,6 +1,8 @@
 """The chartevents Parquet cache (etl/chart_cache.py): the same cohort with and without it on the
-real MIMIC-IV demo, and every change of the source (size, mtime, content with size and mtime
-kept) or of the cache file rebuilds it instead of reading stale rows."""
+real MIMIC-IV demo, the cached rows equal an independent Polars computation of the vitals per
+charttime, and every change of the source (size, mtime, content with size and mtime kept), of
+the cached query (itemids, ranges, ETL version) or of the cache file rebuilds it instead of
+reading stale rows."""
 
 from __future__ import annotations
 
@@ -14,13 +16,56 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+import etl.mimic
 from etl.chart_cache import default_cache_dir, fingerprint, use_cache
 from etl.errors import InputError
-from etl.mimic import REQUIRED, TYPES, EtlOptions, run_etl
+from etl.mimic import REQUIRED, TYPES, VITALSIGN_ORDER, EtlOptions, run_etl, vitalsign_sql
 from etl.sources import connect, locate
 
 COLS = REQUIRED[("icu", "chartevents")]
 OPTS = dict(window_years=20, min_center_stays=1, seed=7)
+#: mimic-code measurement/vitalsign: itemid -> (vital, lo, hi, hi inclusive, Fahrenheit)
+ITEMS = {220045: ("heart_rate", 0, 300, False, False), 220179: ("sbp", 0, 400, False, False),
+         220050: ("sbp", 0, 400, False, False), 225309: ("sbp", 0, 400, False, False),
+         220180: ("dbp", 0, 300, False, False), 220051: ("dbp", 0, 300, False, False),
+         225310: ("dbp", 0, 300, False, False), 220181: ("mbp", 0, 300, False, False),
+         220052: ("mbp", 0, 300, False, False), 225312: ("mbp", 0, 300, False, False),
+         220210: ("resp_rate", 0, 70, False, False), 224690: ("resp_rate", 0, 70, False, False),
+         220277: ("spo2", 0, 100, True, False), 223761: ("temperature", 70, 120, False, True),
+         223762: ("temperature", 10, 50, False, False)}
+
+
+def _vitals_per_charttime(csv: Path) -> pl.DataFrame:
+    """Polars, from the CSV: valid vital rows, identical rows collapsed, one mean per
+    (stay_id, vital, charttime), with the source rows (n_rows) and distinct rows (n_distinct)."""
+    items = pl.DataFrame({"itemid": list(ITEMS), "vital": [v[0] for v in ITEMS.values()],
+                          "lo": [float(v[1]) for v in ITEMS.values()], "hi": [float(v[2]) for v in ITEMS.values()],
+                          "incl": [v[3] for v in ITEMS.values()], "f2c": [v[4] for v in ITEMS.values()]},
+                         schema_overrides={"itemid": pl.Int32})
+    src = (pl.read_csv(csv, columns=list(COLS), infer_schema_length=0)
+           .with_columns(pl.col("stay_id").cast(pl.Int64), pl.col("itemid").cast(pl.Int32),
+                         pl.col("valuenum").cast(pl.Float64),
+                         pl.col("charttime").str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")))
+    ok = (pl.col("valuenum") > pl.col("lo")) & ((pl.col("valuenum") < pl.col("hi"))
+                                                | (pl.col("incl") & (pl.col("valuenum") == pl.col("hi"))))
+    rows = (src.join(items, on="itemid").filter(ok)
+            .group_by("stay_id", "charttime", "itemid", "valuenum", "vital", "f2c").agg(pl.len().alias("n"))
+            .with_columns(v=pl.when(pl.col("f2c")).then((pl.col("valuenum") - 32) / 1.8).otherwise(pl.col("valuenum"))))
+    return (rows.group_by("stay_id", "vital", "charttime")
+            .agg(pl.col("v").mean(), pl.col("n").sum().alias("n_rows"), pl.len().alias("n_distinct"))
+            .sort("stay_id", "charttime", "vital"))
+
+
+def _assert_cache_rows(parquet: Path, csv: Path) -> None:
+    got = pl.read_parquet(parquet)
+    want = _vitals_per_charttime(csv)
+    assert got.columns == ["stay_id", "vital", "charttime", "v", "n_rows", "n_distinct"]
+    assert got.height == want.height > 0
+    # written sorted by stay, charttime, vital (VITALSIGN_ORDER)
+    assert got.select("stay_id", "charttime", "vital").equals(want.select("stay_id", "charttime", "vital"))
+    assert got["n_rows"].cast(pl.Int64).equals(want["n_rows"].cast(pl.Int64))
+    assert got["n_distinct"].cast(pl.Int64).equals(want["n_distinct"].cast(pl.Int64))
+    assert (got["v"] - want["v"]).abs().max() < 1e-9
 
 
 def _frames(out: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -46,25 +91,17 @@ def test_same_cohort_with_and_without_cache_on_the_demo(mimic_demo_dir, tmp_path
     assert off["chartevents_cache"]["status"] == "off"
     assert first["chartevents_cache"]["status"] == "written"
     assert again["chartevents_cache"]["status"] == "hit"
-    # rows in the cache = data lines of the source, counted without DuckDB
-    with gzip.open(mimic_demo_dir / "icu/chartevents.csv.gz", "rt") as fh:
-        n_lines = sum(1 for _ in fh) - 1
-    assert first["chartevents_cache"]["rows"] == again["chartevents_cache"]["rows"] == n_lines
+    # rows in the cache = (stay, vital, charttime) groups of the source, counted without DuckDB
+    n_groups = _vitals_per_charttime(mimic_demo_dir / "icu/chartevents.csv.gz").height
+    assert first["chartevents_cache"]["rows"] == again["chartevents_cache"]["rows"] == n_groups
     base = _frames(tmp_path / "off")
     for d in ("first", "again"):
         got = _frames(tmp_path / d)
         assert got[0].equals(base[0]) and got[1].equals(base[1])
     assert first["attrition"] == off["attrition"] == again["attrition"]
     assert "chartevents Parquet cache: hit" in (tmp_path / "again" / "cohort_report.md").read_text()
-    # the cached rows are the source's rows, typed (an independent Polars read of the CSV)
-    parquet = next(cache.glob("*.parquet"))
-    src = (pl.read_csv(mimic_demo_dir / "icu/chartevents.csv.gz", columns=list(COLS), infer_schema_length=0)
-           .with_columns(pl.col("stay_id").cast(pl.Int64), pl.col("itemid").cast(pl.Int32),
-                         pl.col("valuenum").cast(pl.Float64),
-                         pl.col("charttime").str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")))
-    got = pl.read_parquet(parquet).select(COLS)
-    key = list(COLS)
-    assert got.sort(key, nulls_last=True).equals(src.sort(key, nulls_last=True))
+    # the cached rows are the vitals per charttime of the source (an independent Polars computation)
+    _assert_cache_rows(next(cache.glob("*.parquet")), mimic_demo_dir / "icu/chartevents.csv.gz")
 
 
 def test_changed_demo_source_rebuilds_and_matches_uncached(mimic_demo_dir, tmp_path):
@@ -81,12 +118,37 @@ def test_changed_demo_source_rebuilds_and_matches_uncached(mimic_demo_dir, tmp_p
     rep = run_etl(demo, tmp_path / "b", EtlOptions(**OPTS, chart_cache=str(cache)))
     assert rep["chartevents_cache"]["status"] == "rebuilt"
     assert rep["chartevents_cache"]["reason"] == "source size changed"
-    assert rep["chartevents_cache"]["rows"] == len(kept) - 1
+    _assert_cache_rows(next(cache.glob("*.parquet")), ce)
     run_etl(demo, tmp_path / "c", EtlOptions(**OPTS, chart_cache="off"))
     b, c = _frames(tmp_path / "b"), _frames(tmp_path / "c")
     assert b[0].equals(c[0]) and b[1].equals(c[1])
     assert not _frames(tmp_path / "a")[0].equals(b[0])  # the change reached the cohort
     assert len(list(cache.iterdir())) == 2  # one entry (Parquet + manifest) per source file
+
+
+def test_cache_of_another_itemid_set_or_etl_version_is_not_reused(mimic_demo_dir, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    a = run_etl(mimic_demo_dir, tmp_path / "a", EtlOptions(**OPTS, chart_cache=str(cache)))
+    assert a["chartevents_cache"]["status"] == "written"
+    # another ETL version: heart rate valid below 120 instead of 300 (the cached query's text changes)
+    orig = etl.mimic.vitalsign_sql
+    narrow = "(220045, 'heart_rate', 0, 120, false, false)"
+
+    def version_b(ce: str) -> str:
+        text = orig(ce)
+        assert "(220045, 'heart_rate', 0, 300, false, false)" in text
+        return text.replace("(220045, 'heart_rate', 0, 300, false, false)", narrow)
+
+    monkeypatch.setattr(etl.mimic, "vitalsign_sql", version_b)
+    b = run_etl(mimic_demo_dir, tmp_path / "b", EtlOptions(**OPTS, chart_cache=str(cache)))
+    assert (b["chartevents_cache"]["status"], b["chartevents_cache"]["reason"]) == (
+        "rebuilt", "cached query changed (itemids, valid ranges or ETL version)")
+    run_etl(mimic_demo_dir, tmp_path / "b_off", EtlOptions(**OPTS, chart_cache="off"))
+    fb, fb_off, fa = _frames(tmp_path / "b"), _frames(tmp_path / "b_off"), _frames(tmp_path / "a")
+    assert fb[0].equals(fb_off[0]) and fb[0]["heart_rate_max"].max() < 120 <= fa[0]["heart_rate_max"].max()
+    monkeypatch.setattr(etl.mimic, "vitalsign_sql", orig)  # back to this version: rebuilt again, same cohort as a
+    c = run_etl(mimic_demo_dir, tmp_path / "c", EtlOptions(**OPTS, chart_cache=str(cache)))
+    assert c["chartevents_cache"]["status"] == "rebuilt" and _frames(tmp_path / "c")[0].equals(fa[0])
 
 
 def _small_csv(path: Path, rows: list[tuple]) -> None:
@@ -106,11 +168,13 @@ def _src(tmp_path: Path, rows: list[tuple] = ROWS) -> Path:
     return src
 
 
-def _use(path: Path, cache: Path):
+def _use(path: Path, cache: Path | str, query=vitalsign_sql):
+    """use_cache on a small source; the per-charttime rows it gives (from the cache or the source)."""
     table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
     with contextlib.closing(connect()) as con:
-        res = use_cache(con, table, TYPES, COLS, str(cache))
-        rows = con.execute(f"SELECT * FROM {res.table.scan_sql(TYPES)} ORDER BY charttime").fetchall()
+        res = use_cache(con, table, TYPES, COLS, str(cache), query, VITALSIGN_ORDER)
+        rel = res.relation or f"({query(table.scan_sql(TYPES))})"
+        rows = con.execute(f"SELECT stay_id, vital, charttime, v FROM {rel} ORDER BY charttime").fetchall()
     return res, rows
 
 
@@ -118,7 +182,7 @@ def test_content_change_with_same_size_and_mtime_is_caught(tmp_path):
     src = _src(tmp_path)
     cache = tmp_path / "cache"
     res, rows = _use(src, cache)
-    assert res.status == "written" and res.rows == 3 and res.table.is_parquet
+    assert res.status == "written" and res.rows == 3 and res.relation.startswith("read_parquet(")
     assert [r[3] for r in rows] == [81.0, 90.0, 17.0]
     res, _ = _use(src, cache)
     assert res.status == "hit"
@@ -132,13 +196,17 @@ def test_content_change_with_same_size_and_mtime_is_caught(tmp_path):
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched only
     res, _ = _use(src, cache)
     assert (res.status, res.reason) == ("rebuilt", "source mtime changed")
+    # the same source under another query (another itemid set): rebuilt, its own rows
+    res, rows = _use(src, cache, lambda ce: f"SELECT * FROM ({vitalsign_sql(ce)}) WHERE vital = 'resp_rate'")
+    assert (res.status, res.reason, res.rows) == ("rebuilt", "cached query changed (itemids, valid ranges or ETL version)", 1)
+    assert [r[3] for r in rows] == [17.0]
 
 
 def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
     src = _src(tmp_path)
     cache = tmp_path / "cache"
     res, _ = _use(src, cache)
-    parquet = res.table.path
+    parquet = next(cache.glob("*.parquet"))
     pl.DataFrame({"stay_id": [1], "charttime": [None], "itemid": [1], "valuenum": [1.0]}).write_parquet(parquet)
     res, rows = _use(src, cache)
     assert (res.status, res.reason) == ("rebuilt", "cache file row count differs from its manifest")
@@ -154,12 +222,27 @@ def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
     assert doc["source"] == fingerprint(src) and doc["rows"] == 3
 
 
+def test_parquet_source_is_cached_and_checked_like_a_csv(tmp_path):
+    src = _src(tmp_path)
+    want = _use(src, "off")[1]  # read from the source, no cache
+    pq = src.with_suffix(".parquet")
+    pl.read_csv(src).write_parquet(pq)
+    src.unlink()
+    res, rows = _use(pq, tmp_path / "cache")
+    assert res.status == "written" and res.rows == 3 and rows == want
+    assert _use(pq, tmp_path / "cache")[0].status == "hit"
+    pl.read_csv(_src(tmp_path, ROWS[:2])).write_parquet(pq)  # rewritten with one row less
+    src.with_suffix(".csv").unlink()
+    res, rows = _use(pq, tmp_path / "cache")
+    assert res.status == "rebuilt" and res.rows == 2 and rows == want[:2]
+
+
 def test_unwritable_cache_reads_the_source(tmp_path):
     src = _src(tmp_path)
     blocker = tmp_path / "cache"
     blocker.write_text("a file, not a folder")
     res, rows = _use(src, blocker)
-    assert res.status == "unwritable" and res.table.path == src and len(rows) == 3
+    assert res.status == "unwritable" and res.relation is None and len(rows) == 3
 
 
 def test_auto_skips_small_sources_and_other_sources_refuse_the_option(mimic_demo_dir, tmp_path, monkeypatch):

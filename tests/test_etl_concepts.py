@@ -25,7 +25,7 @@ def test_every_concept_file_cites_its_source_and_ships():
     files = sorted(SQL.rglob("*.sql"))
     assert {f.relative_to(SQL).as_posix() for f in files} == {
         "charlson.sql", "mimic/stays.sql", "mimic/vital_rows.sql", "mimic/vitalsign.sql",
-        "mimic/first_day_vitalsign.sql", "mimic/diagnoses_same_admission.sql",
+        "mimic/vital_window.sql", "mimic/vital_per_stay.sql", "mimic/first_day_vitalsign.sql", "mimic/diagnoses_same_admission.sql",
         "mimic/diagnoses_earlier_admissions.sql", "eicu/stays.sql", "eicu/first_day_vitals.sql",
         "eicu/diagnosis_icd.sql", "eicu/comorbidity.sql", "meds/icustays.sql", "meds/admissions.sql",
         "meds/patients.sql", "meds/chartevents.sql", "meds/diagnoses_icd.sql",
@@ -64,19 +64,80 @@ def test_mimic_stays(mimic_con):
 
 def test_mimic_vital_rows_vitalsign_first_day(mimic_con):
     con, s = mimic_con
+    in_window = concept_sql("mimic", "vital_window", rows=s["chartevents"], from_hours=0.0)
     con.execute("CREATE OR REPLACE TEMP TABLE vital_rows AS " + concept_sql(
-        "mimic", "vital_rows", chartevents=s["chartevents"], from_hours=0.0))
+        "mimic", "vital_rows", chartevents=f"({in_window})"))
     con.execute("CREATE OR REPLACE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign", vital_rows="vital_rows"))
     # Polars: heart-rate rows (itemid 220045, 0 < value < 300) in [intime, intime + 24 h]: 3812
     # rows at 3812 distinct charttimes, over all 140 stays; no duplicated row
     assert con.execute("SELECT count(*), sum(n_rows) FROM vital_rows WHERE vital = 'heart_rate'").fetchall()[0] == (3812, 3812)
     assert con.execute("SELECT count(*), sum(n_rows), sum(n_distinct) FROM vitalsign "
                        "WHERE vital = 'heart_rate'").fetchall()[0] == (3812, 3812, 3812)
+    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + concept_sql("mimic", "vital_per_stay", vitalsign="vitalsign"))
+    assert con.execute("SELECT count(*), sum(n_rows) FROM vital_per_stay WHERE vital = 'heart_rate'").fetchall()[0] == (140, 3812)
     first = frame(con, concept_sql("mimic", "first_day_vitalsign"))
     assert first.columns == ["stay_id", *VITAL_COLUMNS]
     assert first.height == 140 and first["heart_rate_max"].max() == 160.0
     # Polars: mean over stays of the per-stay mean of per-charttime heart rates = 89.754069
     assert round(first["heart_rate_mean"].mean(), 6) == pytest.approx(89.754069, abs=1e-6)
+
+
+#: The first-day vitals as they were computed before issue 14's restructuring (window applied
+#: inside the distinct-row aggregation, then one value per charttime, then 21 filtered aggregates
+#: per stay): the reference the restructured concepts must equal, bit for bit.
+_OLD_VITALS = """
+WITH vital_item(itemid, vital, lo, hi, hi_incl, f2c) AS (VALUES
+    (220045, 'heart_rate', 0, 300, false, false), (220179, 'sbp', 0, 400, false, false),
+    (220050, 'sbp', 0, 400, false, false), (225309, 'sbp', 0, 400, false, false),
+    (220180, 'dbp', 0, 300, false, false), (220051, 'dbp', 0, 300, false, false),
+    (225310, 'dbp', 0, 300, false, false), (220181, 'mbp', 0, 300, false, false),
+    (220052, 'mbp', 0, 300, false, false), (225312, 'mbp', 0, 300, false, false),
+    (220210, 'resp_rate', 0, 70, false, false), (224690, 'resp_rate', 0, 70, false, false),
+    (220277, 'spo2', 0, 100, true, false), (223761, 'temperature', 70, 120, false, true),
+    (223762, 'temperature', 10, 50, false, false)),
+win AS (SELECT stay_id, intime + to_microseconds(CAST({h} * 3600e6 AS BIGINT)) AS t0,
+               intime + INTERVAL 24 HOUR AS t1 FROM kept),
+distinct_rows AS (
+    SELECT c.stay_id, c.charttime, c.itemid, c.valuenum, count(*) AS n_rows
+    FROM {ce} c JOIN vital_item m ON c.itemid = m.itemid JOIN win w ON c.stay_id = w.stay_id
+    WHERE c.valuenum > m.lo AND (c.valuenum < m.hi OR (m.hi_incl AND c.valuenum = m.hi))
+      AND c.charttime >= w.t0 AND c.charttime <= w.t1
+    GROUP BY c.stay_id, c.charttime, c.itemid, c.valuenum),
+vr AS (SELECT r.stay_id, m.vital, r.charttime, CASE WHEN m.f2c THEN (r.valuenum - 32) / 1.8 ELSE r.valuenum END AS v,
+              r.n_rows FROM distinct_rows r JOIN vital_item m ON r.itemid = m.itemid),
+vs AS (SELECT stay_id, vital, charttime, avg(v) AS v, sum(n_rows) AS n_rows, count(*) AS n_distinct
+       FROM vr GROUP BY stay_id, vital, charttime)
+SELECT stay_id, {cols}, sum(n_rows) AS n_rows, sum(n_distinct) AS n_distinct FROM vs GROUP BY stay_id ORDER BY stay_id
+"""
+
+
+@pytest.mark.parametrize("from_hours", [0.0, -6.0])
+def test_restructured_vitals_equal_the_previous_concepts(mimic_con, tmp_path, from_hours):
+    """Window before the aggregation (uncached) and after it (the cache's rows), one group per
+    (stay, vital) turned wide: the same bytes as the previous two-aggregation, 21-filter form."""
+    con, s = mimic_con
+    # the demo with identical copies of a third of its heart-rate rows (collapsed and counted) and
+    # a second, different SBP value at every SBP charttime (averaged per charttime)
+    base = f"(SELECT stay_id, charttime, itemid, valuenum FROM {s['chartevents']})"
+    ce = (f"({base} UNION ALL (SELECT * FROM {base} WHERE itemid = 220045 AND stay_id % 3 = 0) "
+          f"UNION ALL (SELECT stay_id, charttime, itemid, valuenum + 1.5 FROM {base} WHERE itemid IN (220179, 220050)))")
+    cols = ", ".join(f"round({agg}(v) FILTER (WHERE vital = '{c.rsplit('_', 1)[0]}'), 6) AS {c}"
+                     for c in VITAL_COLUMNS for agg in [{"mean": "avg", "min": "min", "max": "max"}[c.rsplit("_", 1)[1]]])
+    old = frame(con, _OLD_VITALS.format(h=from_hours, ce=ce, cols=cols))
+    assert old["n_rows"].sum() > old["n_distinct"].sum() > 0  # the collapse is exercised
+    opts = mimic.EtlOptions(vitals_from_hours=from_hours)
+    cached = tmp_path / "vitalsign.parquet"
+    con.execute(f"COPY ({mimic.vitalsign_sql(ce)}) TO '{cached}' (FORMAT parquet)")
+    for source in ("uncached", "cached"):
+        att = mimic.Attrition()
+        con.execute("DROP TABLE IF EXISTS vital_per_stay")
+        if source == "uncached":
+            new = mimic.first_day_vitals(con, ce, opts, att, "dup")
+        else:
+            new = mimic.first_day_vitals(con, None, opts, att, "dup", vitalsign=f"read_parquet('{cached}')")
+        assert new.sort("stay_id").equals(old.drop("n_rows", "n_distinct")), source
+        n_rows, n_distinct = int(old["n_rows"].sum()), int(old["n_distinct"].sum())
+        assert [(r["rows_in"], r["rows_out"]) for r in att.rows] == [(n_rows, n_distinct)]
 
 
 def test_mimic_diagnoses_relations(mimic_con):
