@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adam import adam as _adam
 
+from federation import kernels
 from federation.config import EngineConfig
 from federation.data import FederatedData
 
@@ -422,15 +423,21 @@ class StackedEngine:
         x_flat, y_flat = tr.packed_x, tr.packed_y
         base, zero_row = tr.offsets[order].unsqueeze(1), x_flat.shape[0] - 1
         n_steps = self.steps_per_epoch()
+        # the fused kernels (federation.kernels) read the int16 draws directly; the eager and
+        # autograd paths get 0/1 float masks
+        fused = local_loss is None and kernels.library() is not None
 
         def step_masks(epoch: int, step: int) -> list:
-            """The kept-unit masks of every segment of one step (None per segment: no dropout)."""
+            """The kept-unit masks of every segment of one step (None per segment: no dropout);
+            on the fused path the segment's int16 draws instead."""
             lo = step * bs
             a = int((n_rows > lo).sum())
             segs = self._segments(n_rows, lo, a)
             if not k_drop:
                 return [None] * len(segs)
             bits = self.streams.dropout_bits(round_idx, epoch, step, a, min(bs, max_rows - lo), units)
+            if fused:
+                return [bits[c0:c1, :w] for c0, c1, w in segs]
             return [keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop) for c0, c1, w in segs]
 
         # the next step's masks are drawn in a helper thread while this step computes (NumPy
@@ -456,7 +463,10 @@ class StackedEngine:
                 yb = y_flat.index_select(0, flat).view(c1 - c0, w)
                 real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
                 rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
-                if local_loss is None:
+                if fused:
+                    grads = self._grads_fused(
+                        {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, k_drop, scale)
+                elif local_loss is None:
                     grads = self._grads(
                         {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
                 else:
@@ -527,6 +537,36 @@ class StackedEngine:
         return {
             "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": dz1.sum(1),
             "w2": torch.bmm(h1.transpose(1, 2), q), "b2": q.sum(1).div_(s),
+            "w3": torch.bmm(h2.transpose(1, 2), dl.unsqueeze(-1)).mul_(s), "b3": dl.sum(1, keepdim=True),
+        }
+
+    def _grads_fused(self, p: StackedParams, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,
+                     real: torch.Tensor, bits: torch.Tensor | None, k_drop: int, scale: float) -> StackedParams:
+        """:meth:`_grads` with the element-wise passes of each layer fused (:mod:`federation.kernels`).
+
+        Same formulas: the forward's bias + ReLU + dropout is one pass per hidden layer reading the
+        int16 draws ``bits`` ``[c, w, h1 + h2]`` (:meth:`RandomStreams.dropout_bits`; None = no
+        dropout) directly; the backward's outer product, ReLU-and-dropout gradient and bias sum is
+        one pass per hidden layer. The activations and weight gradients equal :meth:`_grads` bit
+        for bit; the bias gradients sum the rows in another order (float rounding).
+        """
+        s = scale if bits is not None else 1.0
+        thr = k_drop - 32768
+        h1 = kernels.bias_relu_drop_(torch.bmm(x, p["w1"]), p["b1"], bits, 0, thr)
+        w2s = p["w2"] * s if s != 1.0 else p["w2"]
+        h2 = kernels.bias_relu_drop_(torch.bmm(h1, w2s), p["b2"], bits, self.hidden[0], thr)
+        w3s = p["w3"] * s
+        logits = torch.baddbmm(p["b3"].unsqueeze(1), h2, w3s).squeeze(-1)
+        dl = torch.sigmoid(logits).sub_(y)  # d BCE / d logit
+        if rows is not None:
+            dl.mul_(rows)
+        dl.div_(real.to(dl.dtype).unsqueeze(1))
+        q, gb2 = kernels.outer_relu_grad(dl, (w3s * s).squeeze(-1), h2, s)  # q = s * dL/dz2
+        dz1 = torch.matmul(q, p["w2"].transpose(1, 2))
+        gb1 = kernels.relu_grad_(dz1, h1)
+        return {
+            "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": gb1,
+            "w2": torch.bmm(h1.transpose(1, 2), q), "b2": gb2,
             "w3": torch.bmm(h2.transpose(1, 2), dl.unsqueeze(-1)).mul_(s), "b3": dl.sum(1, keepdim=True),
         }
 

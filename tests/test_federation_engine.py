@@ -22,7 +22,11 @@ def data(tmp_path_factory):
     return FederatedData.from_cohort(d)
 
 
-def test_stacked_equals_per_center_loop(data):
+@pytest.mark.parametrize("path", ["auto", "torch"])
+def test_stacked_equals_per_center_loop(data, path, monkeypatch):
+    """Both step paths (fused kernels where they build: ``auto``; eager PyTorch: ``torch``)
+    equal the per-center loop."""
+    monkeypatch.setenv("ABPS_KERNELS", path)
     torch.manual_seed(0)
     cfg = EngineConfig(batch_size=64)
     eng = StackedEngine(data, cfg, seed=3)
