@@ -8,15 +8,19 @@ conversion of the 16-bit dropout draws into float masks. Each kernel here does o
 share in **one pass** and reads the dropout draws directly (no float mask is ever built):
 
 * :func:`bias_relu_drop_` — ``z <- relu(z + b) * keep`` in place, ``keep = bits[..] >= thr``
-  (the rule of :meth:`federation.engine.RandomStreams.keep_masks`);
-* :func:`outer_relu_grad` — ``q = (h <= 0 ? 0 : dl * v)`` and ``sum_rows(q) / s`` (the last
-  hidden layer's pre-activation gradient and its bias gradient);
+  (the rule of :meth:`federation.engine.RandomStreams.keep_masks`), and for the last hidden
+  layer the logits ``z @ w3 + b3`` in the same pass;
+* :func:`outer_relu_grad` — ``q = (h <= 0 ? 0 : dl * v)``, ``sum_rows(q) / s`` and
+  ``s * sum_rows(h * dl)`` (the last hidden layer's pre-activation gradient, its bias gradient
+  and the output layer's weight gradient);
 * :func:`relu_grad_` — ``g <- (h <= 0 ? 0 : g)`` in place and ``sum_rows(g)`` (the first
   hidden layer's).
 
 The element-wise values are the same float operations in the same order as the eager PyTorch
-path (bit-identical, NaN propagation included); only the bias-gradient sums add the rows in a
-different order than ``torch.sum``, so they agree within float rounding (tests/test_federation_kernels.py).
+path (bit-identical, NaN propagation included); the sums (bias gradients, logits, the output
+weight gradient) add their terms in another order than ``torch.sum`` / MKL's GEMV, so they and
+everything downstream agree within float rounding (tests/test_federation_kernels.py).
+:func:`pcg64_words` gives NumPy's ``PCG64.random_raw`` words (the dropout draws) exactly.
 
 The kernels are plain C++ (no PyTorch headers: building takes about a second, not the minute a
 ``torch.utils.cpp_extension`` build takes), compiled on first use with the system's C++ compiler
@@ -42,9 +46,11 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 _SOURCE = r"""
@@ -53,10 +59,24 @@ _SOURCE = r"""
 
 extern "C" {
 
+// sum_j a[j] * b[j] in 16 independent lanes (vectorises without reassociation), then the lanes in order.
+static inline float dot16(const float* a, const float* b, int64_t h) {
+  float acc[16] = {0.f};
+  int64_t j = 0;
+  for (; j + 16 <= h; j += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[j + l] * b[j + l];
+  for (int l = 0; j < h; ++j, ++l) acc[l] += a[j] * b[j];
+  float t = 0.f;
+  for (int l = 0; l < 16; ++l) t += acc[l];
+  return t;
+}
+
 // z [c, w, h] float32 contiguous, in place: z = relu(z + b) * keep, keep = bits >= thr (1.0 / 0.0).
 // b [c, h]; bits: int16 at (center i, row r, unit j) = bits[i * cs + r * rs + j], or null (no dropout).
+// logits (optional, [c, w]) = lb[i] + sum_j z_new[i, r, j] * lw[i, j]  (the output layer, lw [c, h], lb [c]).
 void abps_bias_relu_drop(float* z, const float* b, const int16_t* bits, int64_t c, int64_t w, int64_t h,
-                         int64_t cs, int64_t rs, int32_t thr, int32_t nthreads) {
+                         int64_t cs, int64_t rs, int32_t thr, float* logits, const float* lw, const float* lb,
+                         int32_t nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t i = 0; i < c; ++i) {
     const float* bi = b + i * h;
@@ -75,18 +95,22 @@ void abps_bias_relu_drop(float* z, const float* b, const int16_t* bits, int64_t 
           zr[j] = v < 0.f ? 0.f : v;
         }
       }
+      if (logits) logits[i * w + r] = lb[i] + dot16(zr, lw + i * h, h);
     }
   }
 }
 
-// q [c, w, h] (output) = (hact <= 0 ? 0 : dl[i, r] * v[i, j]); gb [c, h] (output) = sum_r q / s.
+// q [c, w, h] (output) = (hact <= 0 ? 0 : dl[i, r] * v[i, j]); gb [c, h] (output) = sum_r q / s;
+// gw (optional, [c, h]) = s * sum_r hact[i, r, j] * dl[i, r]  (the output layer's weight gradient).
 void abps_outer_relu_grad(float* q, float* gb, const float* dl, const float* v, const float* hact,
-                          int64_t c, int64_t w, int64_t h, float s, int32_t nthreads) {
+                          int64_t c, int64_t w, int64_t h, float s, float* gw, int32_t nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int64_t i = 0; i < c; ++i) {
     float* g = gb + i * h;
+    float* g3 = gw ? gw + i * h : nullptr;
     const float* vi = v + i * h;
     for (int64_t j = 0; j < h; ++j) g[j] = 0.f;
+    if (g3) for (int64_t j = 0; j < h; ++j) g3[j] = 0.f;
     for (int64_t r = 0; r < w; ++r) {
       const float d = dl[i * w + r];
       const float* hr = hact + (i * w + r) * h;
@@ -96,8 +120,10 @@ void abps_outer_relu_grad(float* q, float* gb, const float* dl, const float* v, 
         qr[j] = x;
         g[j] += x;
       }
+      if (g3) for (int64_t j = 0; j < h; ++j) g3[j] += hr[j] * d;
     }
     for (int64_t j = 0; j < h; ++j) g[j] = g[j] / s;
+    if (g3) for (int64_t j = 0; j < h; ++j) g3[j] = g3[j] * s;
   }
 }
 
@@ -119,7 +145,42 @@ void abps_relu_grad(float* g, float* gb, const float* hact, int64_t c, int64_t w
   }
 }
 
-int32_t abps_kernels_version() { return 1; }
+// out_t [c, n, m] = transpose of in [c, m, n]; out_s (optional) [c, m, n] = in * s; 16 x 16 tiles.
+void abps_transpose(float* out_t, float* out_s, const float* in, int64_t c, int64_t m, int64_t n, float s,
+                    int32_t nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t i = 0; i < c; ++i) {
+    const float* a = in + i * m * n;
+    float* o = out_t + i * m * n;
+    for (int64_t r0 = 0; r0 < m; r0 += 16)
+      for (int64_t c0 = 0; c0 < n; c0 += 16) {
+        const int64_t r1 = r0 + 16 < m ? r0 + 16 : m, c1 = c0 + 16 < n ? c0 + 16 : n;
+        for (int64_t cc = c0; cc < c1; ++cc)
+          for (int64_t r = r0; r < r1; ++r) o[cc * m + r] = a[r * n + cc];
+      }
+    if (out_s) {
+      float* os = out_s + i * m * n;
+      for (int64_t k = 0; k < m * n; ++k) os[k] = a[k] * s;
+    }
+  }
+}
+
+// PCG64 (XSL-RR 128/64, NumPy's ``PCG64.random_raw``): state <- state * M + inc, then output.
+void abps_pcg64_fill(uint64_t* out, int64_t n, uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi,
+                     uint64_t inc_lo) {
+  typedef unsigned __int128 u128;
+  const u128 mult = ((u128)0x2360ED051FC65DA4ULL << 64) | 0x4385DF649FCCF645ULL;
+  u128 st = ((u128)state_hi << 64) | state_lo;
+  const u128 inc = ((u128)inc_hi << 64) | inc_lo;
+  for (int64_t k = 0; k < n; ++k) {
+    st = st * mult + inc;
+    const uint64_t x = (uint64_t)(st >> 64) ^ (uint64_t)st;
+    const unsigned rot = (unsigned)(st >> 122);
+    out[k] = (x >> rot) | (x << ((64u - rot) & 63u));
+  }
+}
+
+int32_t abps_kernels_version() { return 2; }
 }
 """
 
@@ -130,6 +191,7 @@ _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-sh
 _LIB: ctypes.CDLL | None = None
 _TRIED = False
 _ERROR: str | None = None
+_LOCK = threading.Lock()  # one build / load per process, also when the dropout helper thread asks first
 
 
 def mode() -> str:
@@ -221,10 +283,14 @@ def build(force: bool = False) -> Path:
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, f32, i32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
-    lib.abps_bias_relu_drop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, i32]
-    lib.abps_outer_relu_grad.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32, i32]
+    u64 = ctypes.c_uint64
+    lib.abps_bias_relu_drop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i32]
+    lib.abps_transpose.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, i32]
+    lib.abps_outer_relu_grad.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32, ptr, i32]
+    lib.abps_pcg64_fill.argtypes = [ptr, i64, u64, u64, u64, u64]
     lib.abps_relu_grad.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
-    for fn in (lib.abps_bias_relu_drop, lib.abps_outer_relu_grad, lib.abps_relu_grad):
+    for fn in (lib.abps_bias_relu_drop, lib.abps_outer_relu_grad, lib.abps_relu_grad, lib.abps_pcg64_fill,
+               lib.abps_transpose):
         fn.restype = None
     lib.abps_kernels_version.restype = i32
     return lib
@@ -242,14 +308,16 @@ def library() -> ctypes.CDLL | None:
     if m == "torch":
         return None
     if not _TRIED:
-        _TRIED = True
-        try:
-            _LIB = _load(build())
-        except (RuntimeError, OSError) as e:
-            _ERROR = str(e)
-            if m == "auto":
-                warnings.warn(f"engine kernels unavailable, using the PyTorch path: {e}", RuntimeWarning,
-                              stacklevel=2)
+        with _LOCK:
+            if not _TRIED:
+                try:
+                    _LIB = _load(build())
+                except (RuntimeError, OSError) as e:
+                    _ERROR = str(e)
+                    if m == "auto":
+                        warnings.warn(f"engine kernels unavailable, using the PyTorch path: {e}", RuntimeWarning,
+                                      stacklevel=2)
+                _TRIED = True
     if _LIB is None and m == "cpp":
         raise RuntimeError(f"ABPS_KERNELS=cpp but the engine kernels are unavailable: {_ERROR}")
     return _LIB
@@ -266,7 +334,8 @@ def reset() -> None:
     """Forget the loaded kernels and any build failure, so the next :func:`library` call
     selects (and builds) again; for tests and for a changed ``ABPS_KERNELS`` / ``CXX``."""
     global _LIB, _TRIED, _ERROR
-    _LIB, _TRIED, _ERROR = None, False, None
+    with _LOCK:
+        _LIB, _TRIED, _ERROR = None, False, None
 
 
 def available() -> bool:
@@ -280,8 +349,10 @@ def _f32(name: str, t: torch.Tensor) -> None:
 
 
 def bias_relu_drop_(z: torch.Tensor, b: torch.Tensor, bits: torch.Tensor | None = None, col: int = 0,
-                    thr: int = 0) -> torch.Tensor:
-    """In place ``z <- relu(z + b[:, None, :]) * keep`` for one hidden layer; returns ``z``.
+                    thr: int = 0, out_w: torch.Tensor | None = None,
+                    out_b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """In place ``z <- relu(z + b[:, None, :]) * keep`` for one hidden layer, and optionally the
+    output layer's logits from the new ``z`` in the same pass.
 
     Args:
         z: ``[c, w, h]`` float32 pre-activation (contiguous; overwritten).
@@ -290,6 +361,10 @@ def bias_relu_drop_(z: torch.Tensor, b: torch.Tensor, bits: torch.Tensor | None 
             strides with a unit stride of 1), of which units ``col .. col + h - 1`` belong to
             this layer; None = no dropout.
         thr: a unit is kept when its draw is ``>= thr`` (``k - 32768`` for drop count ``k``).
+        out_w, out_b: ``[c, h]`` / ``[c]`` output weights and bias: also return
+            ``logits [c, w] = z_new @ out_w + out_b`` (16 partial sums per row, then in order).
+    Returns:
+        ``(z, logits or None)``.
     Raises:
         ValueError: wrong dtype, layout or shapes.
     """
@@ -306,20 +381,36 @@ def bias_relu_drop_(z: torch.Tensor, b: torch.Tensor, bits: torch.Tensor | None 
             raise ValueError(f"bits: expected int16 [{c}, {w}, >= {col + h}] with unit stride 1, "
                              f"got {bits.dtype} {tuple(bits.shape)} strides {bits.stride()}")
         ptr, cs, rs = bits.data_ptr() + col * bits.element_size(), bits.stride(0), bits.stride(1)
-    lib.abps_bias_relu_drop(z.data_ptr(), b.data_ptr(), ptr, c, w, h, cs, rs, int(thr), torch.get_num_threads())
-    return z
+    logits = None
+    if out_w is not None and out_b is not None:
+        _f32("out_w", out_w)
+        _f32("out_b", out_b)
+        if out_w.shape != (c, h) or out_b.numel() != c:
+            raise ValueError(f"out_w / out_b: expected {(c, h)} / {c} values, got {tuple(out_w.shape)} / "
+                             f"{out_b.numel()}")
+        logits = torch.empty(c, w, dtype=z.dtype)
+    lib.abps_bias_relu_drop(z.data_ptr(), b.data_ptr(), ptr, c, w, h, cs, rs, int(thr),
+                            None if logits is None else logits.data_ptr(),
+                            None if logits is None else out_w.data_ptr(),  # type: ignore[union-attr]
+                            None if logits is None else out_b.data_ptr(),  # type: ignore[union-attr]
+                            torch.get_num_threads())
+    return z, logits
 
 
-def outer_relu_grad(dl: torch.Tensor, v: torch.Tensor, h: torch.Tensor, s: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradient at the last hidden layer's pre-activation and its bias gradient.
+def outer_relu_grad(dl: torch.Tensor, v: torch.Tensor, h: torch.Tensor, s: float,
+                    out_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gradient at the last hidden layer's pre-activation and its bias gradient (and optionally
+    the output layer's weight gradient) in one pass over ``h``.
 
     Args:
         dl: ``[c, w]`` loss gradient per logit; v: ``[c, H]`` output weights (times the dropout
             scale, as the caller folds it); h: ``[c, w, H]`` stored activation (ReLU and dropout
-            applied: a unit passes gradient iff ``h > 0``); s: divisor of the bias gradient.
+            applied: a unit passes gradient iff ``h > 0``); s: divisor of the bias gradient and
+            multiplier of the output weight gradient.
+        out_grad: also return ``s * sum_w(h * dl[..., None])`` ``[c, H]``.
     Returns:
-        ``(q [c, w, H], sum_w(q) / s [c, H])`` with ``q = dl[..., None] * v[:, None, :]`` where
-        ``h > 0``, else 0.
+        ``(q [c, w, H], sum_w(q) / s [c, H], output weight gradient or None)`` with
+        ``q = dl[..., None] * v[:, None, :]`` where ``h > 0``, else 0.
     """
     lib = _require()
     for name, t in (("dl", dl), ("v", v), ("h", h)):
@@ -329,9 +420,10 @@ def outer_relu_grad(dl: torch.Tensor, v: torch.Tensor, h: torch.Tensor, s: float
         raise ValueError(f"dl / v: expected {(c, w)} / {(c, hh)}, got {tuple(dl.shape)} / {tuple(v.shape)}")
     q = torch.empty_like(h)
     gb = torch.empty(c, hh, dtype=h.dtype)
+    gw = torch.empty(c, hh, dtype=h.dtype) if out_grad else None
     lib.abps_outer_relu_grad(q.data_ptr(), gb.data_ptr(), dl.data_ptr(), v.data_ptr(), h.data_ptr(), c, w, hh,
-                             float(s), torch.get_num_threads())
-    return q, gb
+                             float(s), None if gw is None else gw.data_ptr(), torch.get_num_threads())
+    return q, gb, gw
 
 
 def relu_grad_(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -346,3 +438,31 @@ def relu_grad_(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     gb = torch.empty(c, hh, dtype=h.dtype)
     lib.abps_relu_grad(g.data_ptr(), gb.data_ptr(), h.data_ptr(), c, w, hh, torch.get_num_threads())
     return gb
+
+
+def transpose(a: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Contiguous ``[c, n, m]`` copy of the batched transpose of ``a`` ``[c, m, n]`` (contiguous
+    float32; the values of ``a.transpose(1, 2).contiguous()``) and, when ``scale`` is given,
+    ``a * scale`` from the same pass (else None)."""
+    lib = _require()
+    _f32("a", a)
+    c, m, n = a.shape
+    out = torch.empty(c, n, m, dtype=a.dtype)
+    scaled = torch.empty_like(a) if scale is not None else None
+    lib.abps_transpose(out.data_ptr(), None if scaled is None else scaled.data_ptr(), a.data_ptr(), c, m, n,
+                       1.0 if scale is None else float(scale), torch.get_num_threads())
+    return out, scaled
+
+
+def pcg64_words(state: int, inc: int, n: int) -> "np.ndarray":
+    """``n`` uint64 outputs of NumPy's ``PCG64`` from its 128-bit ``state`` and ``inc`` (as in
+    ``PCG64.state["state"]``): the values ``random_raw(n)`` returns, about 4x faster.
+
+    Raises:
+        RuntimeError: the kernels are not in use.
+    """
+    lib = _require()
+    out = np.empty(n, dtype=np.uint64)
+    m = (1 << 64) - 1
+    lib.abps_pcg64_fill(out.ctypes.data, n, (state >> 64) & m, state & m, (inc >> 64) & m, inc & m)
+    return out

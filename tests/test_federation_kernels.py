@@ -51,15 +51,15 @@ def test_bias_relu_drop_equals_eager_ops_bit_for_bit():
     thr = K_DROP - 32768
     for z, b, col, keep in ((z1, b1, 0, keep1), (z2, b2, z1.shape[-1], keep2)):
         eager = (z + b.unsqueeze(1)).relu_().mul_(keep)
-        fused = kernels.bias_relu_drop_(z.clone(), b, bits, col, thr)
+        fused = kernels.bias_relu_drop_(z.clone(), b, bits, col, thr)[0]
         assert torch.equal(fused, eager)
         assert 0.15 < float((keep == 0).float().mean()) < 0.25  # the draws really drop ~20 %
-        no_drop = kernels.bias_relu_drop_(z.clone(), b)
+        no_drop = kernels.bias_relu_drop_(z.clone(), b)[0]
         assert torch.equal(no_drop, (z + b.unsqueeze(1)).relu_())
     # NaN propagates as in the eager ops (relu(NaN) = NaN, NaN * 0 = NaN): divergence stays visible
     z = z1.clone()
     z[0, 0, :] = float("nan")
-    out = kernels.bias_relu_drop_(z, b1, bits, 0, thr)
+    out = kernels.bias_relu_drop_(z, b1, bits, 0, thr)[0]
     assert bool(out[0, 0].isnan().all()) and not bool(out[1:].isnan().any())
 
 
@@ -67,15 +67,20 @@ def test_bias_relu_drop_equals_eager_ops_bit_for_bit():
 def test_backward_kernels_equal_threshold_backward_and_sums():
     z1, z2, b1, b2, bits = _tensors(seed=1)
     thr = K_DROP - 32768
-    h1 = kernels.bias_relu_drop_(z1, b1, bits, 0, thr)
-    h2 = kernels.bias_relu_drop_(z2, b2, bits, z1.shape[-1], thr)
+    h1 = kernels.bias_relu_drop_(z1, b1, bits, 0, thr)[0]
+    h2 = kernels.bias_relu_drop_(z2, b2, bits, z1.shape[-1], thr)[0]
     g = torch.Generator().manual_seed(2)
     dl = torch.randn(h2.shape[:2], generator=g)
     v = torch.randn(h2.shape[0], h2.shape[2], generator=g)
-    q, gb2 = kernels.outer_relu_grad(dl, v, h2, SCALE)
+    q, gb2, none = kernels.outer_relu_grad(dl, v, h2, SCALE)
+    assert none is None
     q_ref = torch.ops.aten.threshold_backward(dl.unsqueeze(-1) * v.unsqueeze(1), h2, 0.0)
     assert torch.equal(q, q_ref)
     assert torch.allclose(gb2, q_ref.sum(1) / SCALE, rtol=1e-5, atol=1e-5)
+    q2, gb2b, gw3 = kernels.outer_relu_grad(dl, v, h2, SCALE, out_grad=True)
+    assert torch.equal(q2, q) and torch.equal(gb2b, gb2)
+    assert torch.allclose(gw3, torch.bmm(h2.transpose(1, 2), dl.unsqueeze(-1)).squeeze(-1) * SCALE,
+                          rtol=1e-5, atol=1e-5)
     # by hand for one center and unit: only units with h2 > 0 contribute
     c, j = 2, 3
     on = h2[c, :, j] > 0
@@ -85,6 +90,29 @@ def test_backward_kernels_equal_threshold_backward_and_sums():
     gb1 = kernels.relu_grad_(gin, h1)
     assert torch.equal(gin, g_ref)
     assert torch.allclose(gb1, g_ref.sum(1), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_pcg64_words_equal_numpy_random_raw():
+    """The dropout draws: the kernels' PCG64 gives NumPy's ``random_raw`` words exactly."""
+    import numpy as np
+
+    for seed, n in ((0, 1), (12345, 1000), (2**62 + 7, 4097)):
+        bg = np.random.PCG64(seed)
+        st = bg.state["state"]
+        assert np.array_equal(kernels.pcg64_words(st["state"], st["inc"], n), bg.random_raw(n))
+
+
+@needs_kernels
+def test_transpose_and_scale_equal_eager_bit_for_bit():
+    """W2^T (for the backward's bmm) and s W2 (the forward's) from one pass, odd shapes too."""
+    g = torch.Generator().manual_seed(5)
+    for shape in ((3, 128, 64), (2, 37, 19), (1, 5, 33)):
+        a = torch.randn(shape, generator=g)
+        t, scaled = kernels.transpose(a, SCALE)
+        assert torch.equal(t, a.transpose(1, 2).contiguous()) and t.is_contiguous()
+        assert torch.equal(scaled, a * SCALE)
+        assert kernels.transpose(a)[1] is None
 
 
 @needs_kernels
@@ -115,11 +143,14 @@ def test_fused_step_equals_eager_step(data):
         re = real if r is not None else torch.full((c,), w)
         ref = eng._grads(p, x, y, r, re, keep if use_drop else None, SCALE)
         fused = eng._grads_fused(p, x, y, r, re, bits if use_drop else None, K_DROP, SCALE)
-        for k in p:
-            if k.startswith("w") or k == "b3":  # same ops in the same order
-                assert torch.equal(fused[k], ref[k]), k
-            else:  # bias sums: another row order
-                assert torch.allclose(fused[k], ref[k], atol=1e-7, rtol=1e-5), (k, float((fused[k] - ref[k]).abs().max()))
+        for k in p:  # the logits, bias and w3 sums add their terms in another order: float rounding
+            assert torch.allclose(fused[k], ref[k], atol=1e-7, rtol=1e-5), (k, float((fused[k] - ref[k]).abs().max()))
+        # the logits (fused into layer 2's pass) by hand for one center and row
+        h2, logits = kernels.bias_relu_drop_(
+            torch.bmm(kernels.bias_relu_drop_(torch.bmm(x, p["w1"]), p["b1"])[0], p["w2"]), p["b2"], None, 0, 0,
+            p["w3"].squeeze(-1).contiguous(), p["b3"])
+        ref_logit = float((h2[1, 2].double() * p["w3"][1, :, 0].double()).sum() + p["b3"][1, 0].double())
+        assert float(logits[1, 2]) == pytest.approx(ref_logit, rel=1e-5, abs=1e-6)
 
 
 def _train(data, rounds=2, seed=6):
