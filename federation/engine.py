@@ -92,11 +92,18 @@ class RandomStreams:
         cid = torch.arange(n, dtype=torch.int64) if centers is None else centers.to(torch.int64)
         base = _hash32(torch.tensor([mix_seed(self.seed, round_idx, epoch) & _M32], dtype=torch.int64))
         c = _hash32(base ^ cid)  # per-center key
-        r = torch.arange(max_rows, dtype=torch.int64)
-        key = _hash32(_hash32(c.unsqueeze(1) ^ r.unsqueeze(0)) ^ 0x5BD1E995)
-        pad = r.unsqueeze(0) >= n_rows.unsqueeze(1)
-        key = torch.where(pad, (1 << 32) + r.unsqueeze(0), key)
-        return torch.argsort(key, dim=1, stable=True)
+        # keys of the real rows only (a federation of unequal sizes has far fewer real rows than
+        # n * max_rows): row r of center i sorts by hash(c_i ^ r), ties by r; one stable sort of
+        # (i, key) over the packed rows orders every center at once. Padding positions keep
+        # their order after the real rows (what sorting them with keys above 2^32 gave).
+        counts = n_rows.to(torch.int64).clamp(0, max_rows)
+        owner = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), counts)
+        r = torch.arange(owner.numel(), dtype=torch.int64) - (torch.cumsum(counts, 0) - counts)[owner]
+        key = _hash32(_hash32(c[owner] ^ r) ^ 0x5BD1E995)
+        order = torch.argsort((owner << 32) | key, stable=True)
+        perm = torch.arange(max_rows, dtype=torch.int64).repeat(n, 1)
+        perm[owner, r] = r[order]  # sorted position j belongs to the same center as position j
+        return perm
 
     def dropout_bits(self, round_idx: int, epoch: int, step: int, n: int, rows: int, units: int) -> torch.Tensor:
         """``[n, rows, units]`` int16 uniform draws of one step (keyed by (seed, round, epoch, step)).
@@ -559,9 +566,7 @@ class StackedEngine:
         s = scale if bits is not None else 1.0
         thr = k_drop - 32768
         h1 = kernels.bias_relu_drop_(torch.bmm(x, p["w1"]), p["b1"], bits, 0, thr)[0]
-        # s W2 for the forward and a contiguous W2^T for the backward from one pass over W2 (bmm
-        # with a contiguous transposed operand is 25-30 % faster than with a transposed view)
-        w2t, w2s = kernels.transpose(p["w2"], s)
+        w2s = p["w2"] * s if s != 1.0 else p["w2"]
         w3s = p["w3"].squeeze(-1) * s  # [c, h2]
         # layer 2's bias + ReLU + dropout and the output layer's logits in one pass
         h2, logits = kernels.bias_relu_drop_(torch.bmm(h1, w2s), p["b2"], bits, self.hidden[0], thr, w3s, p["b3"])
@@ -571,7 +576,7 @@ class StackedEngine:
         dl.div_(real.to(dl.dtype).unsqueeze(1))
         # q = s * dL/dz2, b2's gradient and w3's in one pass
         q, gb2, gw3 = kernels.outer_relu_grad(dl, w3s * s, h2, s, out_grad=True)
-        dz1 = torch.bmm(q, w2t)
+        dz1 = torch.matmul(q, p["w2"].transpose(1, 2))  # (a contiguous W2^T costs more than it saves)
         gb1 = kernels.relu_grad_(dz1, h1)
         return {
             "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": gb1,

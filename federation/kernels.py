@@ -145,26 +145,6 @@ void abps_relu_grad(float* g, float* gb, const float* hact, int64_t c, int64_t w
   }
 }
 
-// out_t [c, n, m] = transpose of in [c, m, n]; out_s (optional) [c, m, n] = in * s; 16 x 16 tiles.
-void abps_transpose(float* out_t, float* out_s, const float* in, int64_t c, int64_t m, int64_t n, float s,
-                    int32_t nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t i = 0; i < c; ++i) {
-    const float* a = in + i * m * n;
-    float* o = out_t + i * m * n;
-    for (int64_t r0 = 0; r0 < m; r0 += 16)
-      for (int64_t c0 = 0; c0 < n; c0 += 16) {
-        const int64_t r1 = r0 + 16 < m ? r0 + 16 : m, c1 = c0 + 16 < n ? c0 + 16 : n;
-        for (int64_t cc = c0; cc < c1; ++cc)
-          for (int64_t r = r0; r < r1; ++r) o[cc * m + r] = a[r * n + cc];
-      }
-    if (out_s) {
-      float* os = out_s + i * m * n;
-      for (int64_t k = 0; k < m * n; ++k) os[k] = a[k] * s;
-    }
-  }
-}
-
 // PCG64 (XSL-RR 128/64, NumPy's ``PCG64.random_raw``): state <- state * M + inc, then output.
 void abps_pcg64_fill(uint64_t* out, int64_t n, uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi,
                      uint64_t inc_lo) {
@@ -285,12 +265,10 @@ def _load(path: Path) -> ctypes.CDLL:
     i64, f32, i32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
     u64 = ctypes.c_uint64
     lib.abps_bias_relu_drop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i32]
-    lib.abps_transpose.argtypes = [ptr, ptr, ptr, i64, i64, i64, f32, i32]
     lib.abps_outer_relu_grad.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32, ptr, i32]
     lib.abps_pcg64_fill.argtypes = [ptr, i64, u64, u64, u64, u64]
     lib.abps_relu_grad.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
-    for fn in (lib.abps_bias_relu_drop, lib.abps_outer_relu_grad, lib.abps_relu_grad, lib.abps_pcg64_fill,
-               lib.abps_transpose):
+    for fn in (lib.abps_bias_relu_drop, lib.abps_outer_relu_grad, lib.abps_relu_grad, lib.abps_pcg64_fill):
         fn.restype = None
     lib.abps_kernels_version.restype = i32
     return lib
@@ -438,20 +416,6 @@ def relu_grad_(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     gb = torch.empty(c, hh, dtype=h.dtype)
     lib.abps_relu_grad(g.data_ptr(), gb.data_ptr(), h.data_ptr(), c, w, hh, torch.get_num_threads())
     return gb
-
-
-def transpose(a: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Contiguous ``[c, n, m]`` copy of the batched transpose of ``a`` ``[c, m, n]`` (contiguous
-    float32; the values of ``a.transpose(1, 2).contiguous()``) and, when ``scale`` is given,
-    ``a * scale`` from the same pass (else None)."""
-    lib = _require()
-    _f32("a", a)
-    c, m, n = a.shape
-    out = torch.empty(c, n, m, dtype=a.dtype)
-    scaled = torch.empty_like(a) if scale is not None else None
-    lib.abps_transpose(out.data_ptr(), None if scaled is None else scaled.data_ptr(), a.data_ptr(), c, m, n,
-                       1.0 if scale is None else float(scale), torch.get_num_threads())
-    return out, scaled
 
 
 def pcg64_words(state: int, inc: int, n: int) -> "np.ndarray":

@@ -104,18 +104,6 @@ def test_pcg64_words_equal_numpy_random_raw():
 
 
 @needs_kernels
-def test_transpose_and_scale_equal_eager_bit_for_bit():
-    """W2^T (for the backward's bmm) and s W2 (the forward's) from one pass, odd shapes too."""
-    g = torch.Generator().manual_seed(5)
-    for shape in ((3, 128, 64), (2, 37, 19), (1, 5, 33)):
-        a = torch.randn(shape, generator=g)
-        t, scaled = kernels.transpose(a, SCALE)
-        assert torch.equal(t, a.transpose(1, 2).contiguous()) and t.is_contiguous()
-        assert torch.equal(scaled, a * SCALE)
-        assert kernels.transpose(a)[1] is None
-
-
-@needs_kernels
 def test_kernels_refuse_wrong_layouts():
     z1, _, b1, _, bits = _tensors()
     with pytest.raises(ValueError, match="contiguous float32"):
