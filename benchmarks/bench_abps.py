@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 
+    from federation import kernels
     from federation.data import FederatedData
     from federation.synthetic import generate_fedprox_cohort
 
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "abps_over_fedavg_cpu": abps["cpu_seconds_per_round"] / fedavg["cpu_seconds_per_round"],
         "target_abps_over_fedavg": TARGET_RATIO,
         "matching_only_s": _time_matching(data.n_centers),
+        "engine_kernels": kernels.available(),
     }
     text = json.dumps(doc, indent=2)
     print(text)
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"FedAvg {fedavg['seconds_per_round']:.3f} s/round, ABPS {abps['seconds_per_round']:.3f} s/round "
           f"(Shapley credit {abps.get('after_exchange_s', float('nan')):.3f} s): ratio {doc['abps_over_fedavg']:.2f}x "
           f"(CPU time {doc['abps_over_fedavg_cpu']:.2f}x), target <= {TARGET_RATIO}x: {ok}; "
-          f"n = {data.n_centers}, {a.threads} thread(s), load {doc['load_1min_after']:.1f} on {os.cpu_count()} CPUs",
+          f"n = {data.n_centers}, {a.threads} thread(s), load {doc['load_1min_after']:.1f} on {os.cpu_count()} CPUs; "
+          f"engine step: {'fused C++ kernels' if doc['engine_kernels'] else 'eager PyTorch'}",
           flush=True)
     if a.out:
         from etl.io import atomic_write_text

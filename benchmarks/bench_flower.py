@@ -306,12 +306,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-flower", action="store_true")
     ap.add_argument("--ab-prefetch", action="store_true",
                     help="also run abps with the engine's dropout-mask helper thread off (abps-sync), interleaved")
+    ap.add_argument("--ab-kernels", action="store_true",
+                    help="also run abps on the eager PyTorch step (ABPS_KERNELS=torch, abps-torch), interleaved")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()[0]
     data = federated_data(a.clients, a.seed)
-    passes: dict[str, list[dict[str, Any]]] = {"abps": [], "loop": [], "flower": [], "abps-sync": []}
+    passes: dict[str, list[dict[str, Any]]] = {"abps": [], "loop": [], "flower": [], "abps-sync": [],
+                                               "abps-torch": []}
     skipped = None
     if a.no_flower:
         skipped = "--no-flower"
@@ -325,6 +328,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.ab_prefetch:  # abps-sync, abps, abps-sync around the rest: the helper thread's effect, same load
         phases = [("abps-sync", lambda: _without_prefetch(run_ours, data, a.ours_rounds, a.seed)), *phases,
                   ("abps-sync", lambda: _without_prefetch(run_ours, data, a.ours_rounds, a.seed))]
+    if a.ab_kernels:  # abps-torch, abps, abps-torch around the rest: the fused kernels' effect, same load
+        phases = [("abps-torch", lambda: _eager_step(run_ours, data, a.ours_rounds, a.seed)), *phases,
+                  ("abps-torch", lambda: _eager_step(run_ours, data, a.ours_rounds, a.seed))]
     for name, fn in phases:
         passes[name].append(fn())
         torch.set_num_threads(a.threads)  # Flower's in-process client calls set 1
@@ -351,7 +357,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "flwr": _flwr_version(), "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_1min_before": load0, "load_1min_after": os.getloadavg()[0],
         "flower": flw, "loop": s["loop"], "abps": s["abps"], "flower_skipped": skipped,
-        "loop_x_vs_abps": loop / ours, "abps_sync": s["abps-sync"],
+        "loop_x_vs_abps": loop / ours, "abps_sync": s["abps-sync"], "abps_torch_step": s["abps-torch"],
+        "engine_kernels": _kernels_in_use(),
         "target_abps_x_vs_flower": TARGET_X_FLOWER, "target_abps_s_per_round": TARGET_ROUND_S,
     }
     if flw is not None:
@@ -379,6 +386,26 @@ def _without_prefetch(fn, *args):
         return fn(*args)
     finally:
         StackedEngine.prefetch_bytes = saved
+
+
+def _eager_step(fn, *args):
+    """``fn(*args)`` with the engine on its eager PyTorch step (``ABPS_KERNELS=torch``)."""
+    saved = os.environ.get("ABPS_KERNELS")
+    os.environ["ABPS_KERNELS"] = "torch"
+    try:
+        return fn(*args)
+    finally:
+        if saved is None:
+            os.environ.pop("ABPS_KERNELS", None)
+        else:
+            os.environ["ABPS_KERNELS"] = saved
+
+
+def _kernels_in_use() -> bool:
+    """Whether the abps runs used the fused C++ kernels (:mod:`federation.kernels`)."""
+    from federation import kernels
+
+    return kernels.available()
 
 
 def _flwr_version() -> str | None:
@@ -409,6 +436,11 @@ def _table(doc: dict[str, Any]) -> str:
         lines.append(f"  target: abps >= {TARGET_X_FLOWER:.0f}x Flower -> {doc['abps_x_vs_flower']:.1f}x ({ok})")
     else:
         lines.append(f"  abps vs per-client loop: {doc['loop_x_vs_abps']:.1f}x (Flower not measured)")
+    lines.append(f"  abps step: {'fused C++ kernels' if doc['engine_kernels'] else 'eager PyTorch (kernels unavailable)'}")
+    if doc.get("abps_torch_step"):
+        eager = doc["abps_torch_step"]["median_s_per_round"]
+        lines.append(f"  abps on the eager PyTorch step (ABPS_KERNELS=torch): {eager:.3f} s/round "
+                     f"(kernels: {doc['abps']['median_s_per_round']:.3f}, {eager / doc['abps']['median_s_per_round']:.2f}x)")
     if doc.get("abps_sync"):
         sync = doc["abps_sync"]["median_s_per_round"]
         lines.append(f"  abps without the dropout helper thread: {sync:.3f} s/round "

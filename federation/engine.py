@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adam import adam as _adam
 
+from federation import kernels
 from federation.config import EngineConfig
 from federation.data import FederatedData
 
@@ -91,11 +92,18 @@ class RandomStreams:
         cid = torch.arange(n, dtype=torch.int64) if centers is None else centers.to(torch.int64)
         base = _hash32(torch.tensor([mix_seed(self.seed, round_idx, epoch) & _M32], dtype=torch.int64))
         c = _hash32(base ^ cid)  # per-center key
-        r = torch.arange(max_rows, dtype=torch.int64)
-        key = _hash32(_hash32(c.unsqueeze(1) ^ r.unsqueeze(0)) ^ 0x5BD1E995)
-        pad = r.unsqueeze(0) >= n_rows.unsqueeze(1)
-        key = torch.where(pad, (1 << 32) + r.unsqueeze(0), key)
-        return torch.argsort(key, dim=1, stable=True)
+        # keys of the real rows only (a federation of unequal sizes has far fewer real rows than
+        # n * max_rows): row r of center i sorts by hash(c_i ^ r), ties by r; one stable sort of
+        # (i, key) over the packed rows orders every center at once. Padding positions keep
+        # their order after the real rows (what sorting them with keys above 2^32 gave).
+        counts = n_rows.to(torch.int64).clamp(0, max_rows)
+        owner = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), counts)
+        r = torch.arange(owner.numel(), dtype=torch.int64) - (torch.cumsum(counts, 0) - counts)[owner]
+        key = _hash32(_hash32(c[owner] ^ r) ^ 0x5BD1E995)
+        order = torch.argsort((owner << 32) | key, stable=True)
+        perm = torch.arange(max_rows, dtype=torch.int64).repeat(n, 1)
+        perm[owner, r] = r[order]  # sorted position j belongs to the same center as position j
+        return perm
 
     def dropout_bits(self, round_idx: int, epoch: int, step: int, n: int, rows: int, units: int) -> torch.Tensor:
         """``[n, rows, units]`` int16 uniform draws of one step (keyed by (seed, round, epoch, step)).
@@ -105,7 +113,11 @@ class RandomStreams:
         """
         numel = n * rows * units
         bg = np.random.PCG64(mix_seed(self.seed, round_idx, epoch, step, 0xD0))
-        words = bg.random_raw((numel + 3) // 4)
+        if kernels.library() is not None:  # the same words from federation.kernels (about 4x faster)
+            st = bg.state["state"]
+            words = kernels.pcg64_words(st["state"], st["inc"], (numel + 3) // 4)
+        else:
+            words = bg.random_raw((numel + 3) // 4)
         return torch.from_numpy(words.view(np.int16)[:numel]).view(n, rows, units)
 
     def keep_masks(
@@ -422,15 +434,21 @@ class StackedEngine:
         x_flat, y_flat = tr.packed_x, tr.packed_y
         base, zero_row = tr.offsets[order].unsqueeze(1), x_flat.shape[0] - 1
         n_steps = self.steps_per_epoch()
+        # the fused kernels (federation.kernels) read the int16 draws directly; the eager and
+        # autograd paths get 0/1 float masks
+        fused = local_loss is None and kernels.library() is not None
 
         def step_masks(epoch: int, step: int) -> list:
-            """The kept-unit masks of every segment of one step (None per segment: no dropout)."""
+            """The kept-unit masks of every segment of one step (None per segment: no dropout);
+            on the fused path the segment's int16 draws instead."""
             lo = step * bs
             a = int((n_rows > lo).sum())
             segs = self._segments(n_rows, lo, a)
             if not k_drop:
                 return [None] * len(segs)
             bits = self.streams.dropout_bits(round_idx, epoch, step, a, min(bs, max_rows - lo), units)
+            if fused:
+                return [bits[c0:c1, :w] for c0, c1, w in segs]
             return [keep_from_bits(bits[c0:c1, :w], self.hidden, k_drop) for c0, c1, w in segs]
 
         # the next step's masks are drawn in a helper thread while this step computes (NumPy
@@ -456,7 +474,10 @@ class StackedEngine:
                 yb = y_flat.index_select(0, flat).view(c1 - c0, w)
                 real = (n_rows[c0:c1] - lo).clamp(max=w)  # [c] real rows of each center's batch
                 rows = None if bool((real == w).all()) else torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
-                if local_loss is None:
+                if fused:
+                    grads = self._grads_fused(
+                        {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, k_drop, scale)
+                elif local_loss is None:
                     grads = self._grads(
                         {k: ps[k][c0:c1] for k in PARAM_NAMES}, xb, yb, rows, real, keep_seg, scale)
                 else:
@@ -528,6 +549,39 @@ class StackedEngine:
             "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": dz1.sum(1),
             "w2": torch.bmm(h1.transpose(1, 2), q), "b2": q.sum(1).div_(s),
             "w3": torch.bmm(h2.transpose(1, 2), dl.unsqueeze(-1)).mul_(s), "b3": dl.sum(1, keepdim=True),
+        }
+
+    def _grads_fused(self, p: StackedParams, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,
+                     real: torch.Tensor, bits: torch.Tensor | None, k_drop: int, scale: float) -> StackedParams:
+        """:meth:`_grads` with the element-wise passes of each layer fused (:mod:`federation.kernels`).
+
+        Same formulas: the forward's bias + ReLU + dropout is one pass per hidden layer reading the
+        int16 draws ``bits`` ``[c, w, h1 + h2]`` (:meth:`RandomStreams.dropout_bits`; None = no
+        dropout) directly, the second one also computing the logits; the backward's outer
+        product, ReLU-and-dropout gradient and bias sum is one pass per hidden layer (the second
+        also giving w3's gradient). Layer 1's activations equal :meth:`_grads`'s bit for bit; the
+        sums (logits, bias and w3 gradients) add their terms in another order, so the rest agrees
+        within float rounding (tests/test_federation_kernels.py).
+        """
+        s = scale if bits is not None else 1.0
+        thr = k_drop - 32768
+        h1 = kernels.bias_relu_drop_(torch.bmm(x, p["w1"]), p["b1"], bits, 0, thr)[0]
+        w2s = p["w2"] * s if s != 1.0 else p["w2"]
+        w3s = p["w3"].squeeze(-1) * s  # [c, h2]
+        # layer 2's bias + ReLU + dropout and the output layer's logits in one pass
+        h2, logits = kernels.bias_relu_drop_(torch.bmm(h1, w2s), p["b2"], bits, self.hidden[0], thr, w3s, p["b3"])
+        dl = torch.sigmoid(logits).sub_(y)  # d BCE / d logit
+        if rows is not None:
+            dl.mul_(rows)
+        dl.div_(real.to(dl.dtype).unsqueeze(1))
+        # q = s * dL/dz2, b2's gradient and w3's in one pass
+        q, gb2, gw3 = kernels.outer_relu_grad(dl, w3s * s, h2, s, out_grad=True)
+        dz1 = torch.matmul(q, p["w2"].transpose(1, 2))  # (a contiguous W2^T costs more than it saves)
+        gb1 = kernels.relu_grad_(dz1, h1)
+        return {
+            "w1": torch.bmm(x.transpose(1, 2), dz1), "b1": gb1,
+            "w2": torch.bmm(h1.transpose(1, 2), q), "b2": gb2,
+            "w3": gw3.unsqueeze(-1), "b3": dl.sum(1, keepdim=True),  # type: ignore[union-attr]
         }
 
     def _grads_autograd(self, p: StackedParams, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,

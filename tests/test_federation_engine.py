@@ -22,7 +22,11 @@ def data(tmp_path_factory):
     return FederatedData.from_cohort(d)
 
 
-def test_stacked_equals_per_center_loop(data):
+@pytest.mark.parametrize("path", ["auto", "torch"])
+def test_stacked_equals_per_center_loop(data, path, monkeypatch):
+    """Both step paths (fused kernels where they build: ``auto``; eager PyTorch: ``torch``)
+    equal the per-center loop."""
+    monkeypatch.setenv("ABPS_KERNELS", path)
     torch.manual_seed(0)
     cfg = EngineConfig(batch_size=64)
     eng = StackedEngine(data, cfg, seed=3)
@@ -53,6 +57,25 @@ def test_permutations_are_per_center_and_valid():
     alone = rs.permutations(torch.tensor([3]), 7, 2, 1, centers=torch.tensor([1]))
     assert torch.equal(alone[0], perm[1])
     assert not torch.equal(rs.permutations(n_rows, 7, 3, 1), perm)
+
+
+def test_permutations_equal_the_dense_key_sort():
+    """The packed computation (keys of real rows only) gives the dense definition's result: every
+    position of center i keyed hash(c_i ^ r) if real, 2^32 + r if padding, stably sorted."""
+    from federation.engine import _M32, _hash32, mix_seed
+
+    rs = RandomStreams(3)
+    g = torch.Generator().manual_seed(0)
+    n_rows = (torch.rand(40, generator=g) ** 3 * 300).long()
+    n_rows[0], n_rows[5], n_rows[6] = 300, 0, 1
+    centers = torch.randperm(40, generator=g)
+    base = _hash32(torch.tensor([mix_seed(3, 2, 1) & _M32], dtype=torch.int64))
+    c = _hash32(base ^ centers)
+    r = torch.arange(300)
+    key = _hash32(_hash32(c.unsqueeze(1) ^ r.unsqueeze(0)) ^ 0x5BD1E995)
+    key = torch.where(r.unsqueeze(0) >= n_rows.unsqueeze(1), (1 << 32) + r.unsqueeze(0), key)
+    dense = torch.argsort(key, dim=1, stable=True)
+    assert torch.equal(rs.permutations(n_rows, 300, 2, 1, centers=centers), dense)
 
 
 def test_dropout_rate_and_scale():

@@ -1,0 +1,432 @@
+"""Fused element-wise CPU kernels of the stacked engine's hand-written training step.
+
+The engine's step (:meth:`federation.engine.StackedEngine._grads`) spends, besides its batched
+matmuls, several full passes over each ``[c, B, h]`` activation: bias add, ReLU, dropout
+multiply in the forward pass; the outer product ``dL/dlogit * w3``, the ReLU-and-dropout
+gradient (``threshold_backward``) and the bias-gradient sum in the backward pass, plus the
+conversion of the 16-bit dropout draws into float masks. Each kernel here does one layer's
+share in **one pass** and reads the dropout draws directly (no float mask is ever built):
+
+* :func:`bias_relu_drop_` — ``z <- relu(z + b) * keep`` in place, ``keep = bits[..] >= thr``
+  (the rule of :meth:`federation.engine.RandomStreams.keep_masks`), and for the last hidden
+  layer the logits ``z @ w3 + b3`` in the same pass;
+* :func:`outer_relu_grad` — ``q = (h <= 0 ? 0 : dl * v)``, ``sum_rows(q) / s`` and
+  ``s * sum_rows(h * dl)`` (the last hidden layer's pre-activation gradient, its bias gradient
+  and the output layer's weight gradient);
+* :func:`relu_grad_` — ``g <- (h <= 0 ? 0 : g)`` in place and ``sum_rows(g)`` (the first
+  hidden layer's).
+
+The element-wise values are the same float operations in the same order as the eager PyTorch
+path (bit-identical, NaN propagation included); the sums (bias gradients, logits, the output
+weight gradient) add their terms in another order than ``torch.sum`` / MKL's GEMV, so they and
+everything downstream agree within float rounding (tests/test_federation_kernels.py).
+:func:`pcg64_words` gives NumPy's ``PCG64.random_raw`` words (the dropout draws) exactly.
+
+The kernels are plain C++ (no PyTorch headers: building takes about a second, not the minute a
+``torch.utils.cpp_extension`` build takes), compiled on first use with the system's C++ compiler
+into a per-user cache (``$ABPS_KERNELS_CACHE``, else ``$XDG_CACHE_HOME/abps/kernels``, else
+``~/.cache/abps/kernels``; keyed by a hash of source, flags, compiler and machine), loaded with
+``ctypes``, and parallelised over centers with OpenMP (the same ``libgomp`` PyTorch loaded, at
+``torch.get_num_threads()`` threads). Selection, ``ABPS_KERNELS``:
+
+* ``auto`` (default): use the kernels when they build and load, otherwise the eager PyTorch path
+  (one warning, no failure): the product never requires a compiler;
+* ``cpp``: require them (an error naming the build failure if they cannot be built);
+* ``torch``: never use them.
+
+Source: docs/decisions.md, "Fused CPU kernels for the engine step (issue 14)".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_SOURCE = r"""
+#include <cstdint>
+#include <cstring>
+
+extern "C" {
+
+// sum_j a[j] * b[j] in 16 independent lanes (vectorises without reassociation), then the lanes in order.
+static inline float dot16(const float* a, const float* b, int64_t h) {
+  float acc[16] = {0.f};
+  int64_t j = 0;
+  for (; j + 16 <= h; j += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[j + l] * b[j + l];
+  for (int l = 0; j < h; ++j, ++l) acc[l] += a[j] * b[j];
+  float t = 0.f;
+  for (int l = 0; l < 16; ++l) t += acc[l];
+  return t;
+}
+
+// z [c, w, h] float32 contiguous, in place: z = relu(z + b) * keep, keep = bits >= thr (1.0 / 0.0).
+// b [c, h]; bits: int16 at (center i, row r, unit j) = bits[i * cs + r * rs + j], or null (no dropout).
+// logits (optional, [c, w]) = lb[i] + sum_j z_new[i, r, j] * lw[i, j]  (the output layer, lw [c, h], lb [c]).
+void abps_bias_relu_drop(float* z, const float* b, const int16_t* bits, int64_t c, int64_t w, int64_t h,
+                         int64_t cs, int64_t rs, int32_t thr, float* logits, const float* lw, const float* lb,
+                         int32_t nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t i = 0; i < c; ++i) {
+    const float* bi = b + i * h;
+    for (int64_t r = 0; r < w; ++r) {
+      float* zr = z + (i * w + r) * h;
+      if (bits) {
+        const int16_t* br = bits + i * cs + r * rs;
+        for (int64_t j = 0; j < h; ++j) {
+          float v = zr[j] + bi[j];
+          v = v < 0.f ? 0.f : v;               // relu, NaN passes (as clamp_min)
+          zr[j] = v * (br[j] >= thr ? 1.f : 0.f);
+        }
+      } else {
+        for (int64_t j = 0; j < h; ++j) {
+          float v = zr[j] + bi[j];
+          zr[j] = v < 0.f ? 0.f : v;
+        }
+      }
+      if (logits) logits[i * w + r] = lb[i] + dot16(zr, lw + i * h, h);
+    }
+  }
+}
+
+// q [c, w, h] (output) = (hact <= 0 ? 0 : dl[i, r] * v[i, j]); gb [c, h] (output) = sum_r q / s;
+// gw (optional, [c, h]) = s * sum_r hact[i, r, j] * dl[i, r]  (the output layer's weight gradient).
+void abps_outer_relu_grad(float* q, float* gb, const float* dl, const float* v, const float* hact,
+                          int64_t c, int64_t w, int64_t h, float s, float* gw, int32_t nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t i = 0; i < c; ++i) {
+    float* g = gb + i * h;
+    float* g3 = gw ? gw + i * h : nullptr;
+    const float* vi = v + i * h;
+    for (int64_t j = 0; j < h; ++j) g[j] = 0.f;
+    if (g3) for (int64_t j = 0; j < h; ++j) g3[j] = 0.f;
+    for (int64_t r = 0; r < w; ++r) {
+      const float d = dl[i * w + r];
+      const float* hr = hact + (i * w + r) * h;
+      float* qr = q + (i * w + r) * h;
+      for (int64_t j = 0; j < h; ++j) {
+        float x = hr[j] <= 0.f ? 0.f : d * vi[j];
+        qr[j] = x;
+        g[j] += x;
+      }
+      if (g3) for (int64_t j = 0; j < h; ++j) g3[j] += hr[j] * d;
+    }
+    for (int64_t j = 0; j < h; ++j) g[j] = g[j] / s;
+    if (g3) for (int64_t j = 0; j < h; ++j) g3[j] = g3[j] * s;
+  }
+}
+
+// g [c, w, h] in place: g = (hact <= 0 ? 0 : g); gb [c, h] (output) = sum_r g.
+void abps_relu_grad(float* g, float* gb, const float* hact, int64_t c, int64_t w, int64_t h, int32_t nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t i = 0; i < c; ++i) {
+    float* acc = gb + i * h;
+    for (int64_t j = 0; j < h; ++j) acc[j] = 0.f;
+    for (int64_t r = 0; r < w; ++r) {
+      const float* hr = hact + (i * w + r) * h;
+      float* gr = g + (i * w + r) * h;
+      for (int64_t j = 0; j < h; ++j) {
+        float x = hr[j] <= 0.f ? 0.f : gr[j];
+        gr[j] = x;
+        acc[j] += x;
+      }
+    }
+  }
+}
+
+// PCG64 (XSL-RR 128/64, NumPy's ``PCG64.random_raw``): state <- state * M + inc, then output.
+void abps_pcg64_fill(uint64_t* out, int64_t n, uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi,
+                     uint64_t inc_lo) {
+  typedef unsigned __int128 u128;
+  const u128 mult = ((u128)0x2360ED051FC65DA4ULL << 64) | 0x4385DF649FCCF645ULL;
+  u128 st = ((u128)state_hi << 64) | state_lo;
+  const u128 inc = ((u128)inc_hi << 64) | inc_lo;
+  for (int64_t k = 0; k < n; ++k) {
+    st = st * mult + inc;
+    const uint64_t x = (uint64_t)(st >> 64) ^ (uint64_t)st;
+    const unsigned rot = (unsigned)(st >> 122);
+    out[k] = (x >> rot) | (x << ((64u - rot) & 63u));
+  }
+}
+
+int32_t abps_kernels_version() { return 2; }
+}
+"""
+
+#: compiler flags; -ffp-contract=off keeps every product and sum a separately rounded float op
+#: (no fused multiply-add), so the element-wise values equal PyTorch's eager ones.
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+
+_LIB: ctypes.CDLL | None = None
+_TRIED = False
+_ERROR: str | None = None
+_LOCK = threading.Lock()  # one build / load per process, also when the dropout helper thread asks first
+
+
+def mode() -> str:
+    """The ``ABPS_KERNELS`` selection: ``auto`` (default), ``cpp`` or ``torch``.
+
+    Raises:
+        ValueError: any other value (names the variable and the allowed values).
+    """
+    m = os.environ.get("ABPS_KERNELS", "auto").strip().lower() or "auto"
+    if m not in ("auto", "cpp", "torch"):
+        raise ValueError(f"ABPS_KERNELS={m!r}: expected auto, cpp or torch")
+    return m
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept (``$ABPS_KERNELS_CACHE``, else the user cache)."""
+    env = os.environ.get("ABPS_KERNELS_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "abps" / "kernels"
+
+
+def _compiler() -> str | None:
+    """``$CXX`` when set (and only it), else the first of g++, c++, clang++ on the PATH."""
+    env = os.environ.get("CXX", "").strip()
+    names = (env,) if env else ("g++", "c++", "clang++")
+    for name in names:
+        if shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_id() -> str:
+    """The CPU model and flags (``-march=native`` code must not run on another CPU)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
+        return "\n".join(lines)
+    except OSError:
+        return platform.processor()
+
+
+def build(force: bool = False) -> Path:
+    """Compile the kernels into the cache (once; an existing build is reused) and return the
+    shared library's path.
+
+    The library is written to a temporary name and renamed, so concurrent processes (pytest-xdist
+    workers, sweep workers) never load a half-written file.
+
+    Raises:
+        RuntimeError: no C++ compiler, or the compiler failed (its last output lines quoted).
+    """
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from e
+    key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), version, platform.machine(), _cpu_id()])
+                         .encode()).hexdigest()[:16]
+    out_dir = cache_dir() / key
+    lib = out_dir / "libabps_kernels.so"
+    if lib.exists() and not force:
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = out_dir / "abps_kernels.cpp"
+    fd, tmp_src = tempfile.mkstemp(suffix=".cpp", dir=out_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(_SOURCE)
+    os.replace(tmp_src, src)
+    fd, tmp_lib = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *_FLAGS, str(src), "-o", tmp_lib], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            raise RuntimeError(f"{cxx} failed to build the engine kernels (exit {proc.returncode}): {tail}")
+        os.replace(tmp_lib, lib)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"{cxx} did not finish building the engine kernels in {e.timeout} s") from e
+    finally:
+        if os.path.exists(tmp_lib):
+            os.unlink(tmp_lib)
+    return lib
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, f32, i32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
+    u64 = ctypes.c_uint64
+    lib.abps_bias_relu_drop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i32]
+    lib.abps_outer_relu_grad.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32, ptr, i32]
+    lib.abps_pcg64_fill.argtypes = [ptr, i64, u64, u64, u64, u64]
+    lib.abps_relu_grad.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
+    for fn in (lib.abps_bias_relu_drop, lib.abps_outer_relu_grad, lib.abps_relu_grad, lib.abps_pcg64_fill):
+        fn.restype = None
+    lib.abps_kernels_version.restype = i32
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None when the eager path is to be used (``ABPS_KERNELS=torch``,
+    or ``auto`` and the build / load failed: warned once per process).
+
+    Raises:
+        RuntimeError: ``ABPS_KERNELS=cpp`` and the kernels cannot be built or loaded.
+    """
+    global _LIB, _TRIED, _ERROR
+    m = mode()
+    if m == "torch":
+        return None
+    if not _TRIED:
+        with _LOCK:
+            if not _TRIED:
+                try:
+                    _LIB = _load(build())
+                except (RuntimeError, OSError) as e:
+                    _ERROR = str(e)
+                    if m == "auto":
+                        warnings.warn(f"engine kernels unavailable, using the PyTorch path: {e}", RuntimeWarning,
+                                      stacklevel=2)
+                _TRIED = True
+    if _LIB is None and m == "cpp":
+        raise RuntimeError(f"ABPS_KERNELS=cpp but the engine kernels are unavailable: {_ERROR}")
+    return _LIB
+
+
+def _require() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the engine kernels are not in use (ABPS_KERNELS=torch or the build failed)")
+    return lib
+
+
+def reset() -> None:
+    """Forget the loaded kernels and any build failure, so the next :func:`library` call
+    selects (and builds) again; for tests and for a changed ``ABPS_KERNELS`` / ``CXX``."""
+    global _LIB, _TRIED, _ERROR
+    with _LOCK:
+        _LIB, _TRIED, _ERROR = None, False, None
+
+
+def available() -> bool:
+    """True when the fused kernels will be used (see :func:`library`)."""
+    return library() is not None
+
+
+def _f32(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous float32 tensor, got {t.dtype} strides {t.stride()}")
+
+
+def bias_relu_drop_(z: torch.Tensor, b: torch.Tensor, bits: torch.Tensor | None = None, col: int = 0,
+                    thr: int = 0, out_w: torch.Tensor | None = None,
+                    out_b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """In place ``z <- relu(z + b[:, None, :]) * keep`` for one hidden layer, and optionally the
+    output layer's logits from the new ``z`` in the same pass.
+
+    Args:
+        z: ``[c, w, h]`` float32 pre-activation (contiguous; overwritten).
+        b: ``[c, h]`` bias (contiguous).
+        bits: ``[c, w, U]`` int16 dropout draws (:meth:`RandomStreams.dropout_bits`; any
+            strides with a unit stride of 1), of which units ``col .. col + h - 1`` belong to
+            this layer; None = no dropout.
+        thr: a unit is kept when its draw is ``>= thr`` (``k - 32768`` for drop count ``k``).
+        out_w, out_b: ``[c, h]`` / ``[c]`` output weights and bias: also return
+            ``logits [c, w] = z_new @ out_w + out_b`` (16 partial sums per row, then in order).
+    Returns:
+        ``(z, logits or None)``.
+    Raises:
+        ValueError: wrong dtype, layout or shapes.
+    """
+    lib = _require()
+    _f32("z", z)
+    _f32("b", b)
+    c, w, h = z.shape
+    if b.shape != (c, h):
+        raise ValueError(f"b: expected shape {(c, h)}, got {tuple(b.shape)}")
+    if bits is None:
+        ptr, cs, rs = None, 0, 0
+    else:
+        if bits.dtype != torch.int16 or bits.stride(2) != 1 or bits.shape[:2] != (c, w) or bits.shape[2] < col + h:
+            raise ValueError(f"bits: expected int16 [{c}, {w}, >= {col + h}] with unit stride 1, "
+                             f"got {bits.dtype} {tuple(bits.shape)} strides {bits.stride()}")
+        ptr, cs, rs = bits.data_ptr() + col * bits.element_size(), bits.stride(0), bits.stride(1)
+    logits = None
+    if out_w is not None and out_b is not None:
+        _f32("out_w", out_w)
+        _f32("out_b", out_b)
+        if out_w.shape != (c, h) or out_b.numel() != c:
+            raise ValueError(f"out_w / out_b: expected {(c, h)} / {c} values, got {tuple(out_w.shape)} / "
+                             f"{out_b.numel()}")
+        logits = torch.empty(c, w, dtype=z.dtype)
+    lib.abps_bias_relu_drop(z.data_ptr(), b.data_ptr(), ptr, c, w, h, cs, rs, int(thr),
+                            None if logits is None else logits.data_ptr(),
+                            None if logits is None else out_w.data_ptr(),  # type: ignore[union-attr]
+                            None if logits is None else out_b.data_ptr(),  # type: ignore[union-attr]
+                            torch.get_num_threads())
+    return z, logits
+
+
+def outer_relu_grad(dl: torch.Tensor, v: torch.Tensor, h: torch.Tensor, s: float,
+                    out_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Gradient at the last hidden layer's pre-activation and its bias gradient (and optionally
+    the output layer's weight gradient) in one pass over ``h``.
+
+    Args:
+        dl: ``[c, w]`` loss gradient per logit; v: ``[c, H]`` output weights (times the dropout
+            scale, as the caller folds it); h: ``[c, w, H]`` stored activation (ReLU and dropout
+            applied: a unit passes gradient iff ``h > 0``); s: divisor of the bias gradient and
+            multiplier of the output weight gradient.
+        out_grad: also return ``s * sum_w(h * dl[..., None])`` ``[c, H]``.
+    Returns:
+        ``(q [c, w, H], sum_w(q) / s [c, H], output weight gradient or None)`` with
+        ``q = dl[..., None] * v[:, None, :]`` where ``h > 0``, else 0.
+    """
+    lib = _require()
+    for name, t in (("dl", dl), ("v", v), ("h", h)):
+        _f32(name, t)
+    c, w, hh = h.shape
+    if dl.shape != (c, w) or v.shape != (c, hh):
+        raise ValueError(f"dl / v: expected {(c, w)} / {(c, hh)}, got {tuple(dl.shape)} / {tuple(v.shape)}")
+    q = torch.empty_like(h)
+    gb = torch.empty(c, hh, dtype=h.dtype)
+    gw = torch.empty(c, hh, dtype=h.dtype) if out_grad else None
+    lib.abps_outer_relu_grad(q.data_ptr(), gb.data_ptr(), dl.data_ptr(), v.data_ptr(), h.data_ptr(), c, w, hh,
+                             float(s), None if gw is None else gw.data_ptr(), torch.get_num_threads())
+    return q, gb, gw
+
+
+def relu_grad_(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """In place ``g <- g`` where ``h > 0`` else 0 (``threshold_backward(g, h, 0)``); returns the
+    bias gradient ``sum_w(g)`` ``[c, H]``. ``g``, ``h``: ``[c, w, H]`` contiguous float32."""
+    lib = _require()
+    _f32("g", g)
+    _f32("h", h)
+    if g.shape != h.shape:
+        raise ValueError(f"g / h: shapes differ, {tuple(g.shape)} / {tuple(h.shape)}")
+    c, w, hh = h.shape
+    gb = torch.empty(c, hh, dtype=h.dtype)
+    lib.abps_relu_grad(g.data_ptr(), gb.data_ptr(), h.data_ptr(), c, w, hh, torch.get_num_threads())
+    return gb
+
+
+def pcg64_words(state: int, inc: int, n: int) -> "np.ndarray":
+    """``n`` uint64 outputs of NumPy's ``PCG64`` from its 128-bit ``state`` and ``inc`` (as in
+    ``PCG64.state["state"]``): the values ``random_raw(n)`` returns, about 4x faster.
+
+    Raises:
+        RuntimeError: the kernels are not in use.
+    """
+    lib = _require()
+    out = np.empty(n, dtype=np.uint64)
+    m = (1 << 64) - 1
+    lib.abps_pcg64_fill(out.ctypes.data, n, (state >> 64) & m, state & m, (inc >> 64) & m, inc & m)
+    return out
