@@ -26,13 +26,18 @@ def _finite_double(scores: torch.Tensor, mask: torch.Tensor | None = None) -> to
     return s
 
 
+def u_auroc(rank_sum: torch.Tensor, n_pos: torch.Tensor, n_neg: torch.Tensor) -> torch.Tensor:
+    """AUROC from the Mann-Whitney quantities (float64, any shape): ``(R - P (P + 1) / 2) / (P N)``
+    with ``R`` the sum of the positives' 1-based mid-ranks, ``P`` / ``N`` the positive / negative
+    counts; NaN where ``P`` or ``N`` is 0 (Mann & Whitney 1947; Hanley & McNeil 1982, Eq. 2)."""
+    auc = (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+
+
 def _mann_whitney(rank: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     """``[m]`` AUROC from 1-based ranks ``[m, rows]`` and bool positive / negative members;
     NaN where a row has no positive or no negative member."""
-    n_pos = pos.sum(1).double()
-    n_neg = neg.sum(1).double()
-    auc = ((rank * pos).sum(1) - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
-    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+    return u_auroc((rank * pos).sum(1), pos.sum(1).double(), neg.sum(1).double())
 
 
 def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
