@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from federation.metrics import _finite_double, batched_auroc, u_auroc
+from federation.metrics import CountedAuroc, batched_auroc
 
 
 def _check(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> None:
@@ -205,7 +205,7 @@ def bootstrap_mean_auroc(
     Each replicate draws, for every center, as many rows with replacement from that center's
     own real rows as it has, recomputes every center's AUROC (batched over replicates x
     centers) and takes the mean over centers with both classes. A replicate's AUROC is computed
-    from how often it draws each row, along the rows' order sorted once (:class:`_TieGroups`):
+    from how often it draws each row, along the rows' order sorted once (:class:`federation.metrics.CountedAuroc`):
     equal, to the last bit, to :func:`federation.metrics.batched_auroc` of the resampled rows.
 
     Args:
@@ -218,7 +218,7 @@ def bootstrap_mean_auroc(
         ``(low, high)``; NaN when no replicate has a defined mean.
     """
     n, rows = scores.shape
-    tied = _TieGroups(scores, mask, labels > 0.5)
+    tied = CountedAuroc(scores, mask, labels > 0.5)
     parts = []
     for idx in _resample_within_center(mask, n_boot, seed):  # blocks of replicates (bounded memory)
         b = idx.shape[0]
@@ -252,49 +252,6 @@ def _resample_within_center(mask: torch.Tensor, n_boot: int, seed: int) -> Itera
     for lo in range(0, n_boot, block):
         u = torch.rand(min(block, n_boot - lo), n, rows, generator=g, dtype=torch.float64)
         yield (u * counts).floor().long().clamp_max(rows - 1)
-
-
-class _TieGroups:
-    """Rows of scores sorted once, for the AUROC of many weighted resamples of them.
-
-    A bootstrap replicate that draws real row ``i`` of a center ``c_i`` times gives each drawn
-    copy the mid-rank ``below_i + (tied_i + 1) / 2`` among the drawn rows (``below_i``: drawn rows
-    with a lower score, ``tied_i``: drawn rows with the same score, itself included), i.e.
-    ``(C(left_i) + C(right_i) + 1) / 2`` with ``C(p)`` the running sum of the counts before sorted
-    position ``p`` and ``[left_i, right_i)`` the tie group of row ``i``. The rank sum
-    ``sum_i c_i y_i rank_i`` is a sum of half-integers below 2^52, exact in float64, as are the
-    class counts, so the AUROC (:func:`federation.metrics.u_auroc`) equals, bit for bit, the one of
-    the resampled rows sorted afresh (:func:`federation.metrics.batched_auroc`), without a sort per
-    replicate.
-
-    Args:
-        scores: ``[m, rows]`` scores (finite on real rows).
-        mask: ``[m, rows]`` bool, True on real rows (the others are never drawn).
-        positive: ``[m, rows]`` bool labels.
-
-    Raises:
-        NonFiniteError: a real score is NaN or infinite.
-    """
-
-    def __init__(self, scores: torch.Tensor, mask: torch.Tensor, positive: torch.Tensor) -> None:
-        s = _finite_double(scores, mask)
-        s = torch.where(mask, s, torch.full_like(s, math.inf))  # padding sorts last (never drawn)
-        s_sorted, self.order = torch.sort(s, dim=1, stable=True)
-        self.left = torch.searchsorted(s_sorted, s_sorted, right=False)  # first position of the tie group
-        self.right = torch.searchsorted(s_sorted, s_sorted, right=True)  # one past its last position
-        self.positive = positive.gather(1, self.order).to(torch.float64)
-
-    def auroc(self, counts: torch.Tensor) -> torch.Tensor:
-        """``[b, m]`` AUROC of ``b`` resamples given as ``[b, m, rows]`` float64 draw counts per
-        row (columns in the order of ``scores``; 0 on padding)."""
-        b = counts.shape[0]
-        w = counts.gather(2, self.order[None].expand(b, -1, -1))
-        run = torch.nn.functional.pad(torch.cumsum(w, dim=2), (1, 0))  # [b, m, rows + 1]: C(p)
-        twice_rank = (run.gather(2, self.left[None].expand(b, -1, -1))
-                      + run.gather(2, self.right[None].expand(b, -1, -1)) + 1.0)
-        w_pos = w * self.positive
-        n_pos = w_pos.sum(2)
-        return u_auroc((w_pos * twice_rank).sum(2) * 0.5, n_pos, w.sum(2) - n_pos)
 
 
 @dataclass(frozen=True)
@@ -357,10 +314,10 @@ def subgroup_gaps(
              for j in range(k)]
     real = int(mask.sum())
     z_real, y_real, g_real = logits[mask].reshape(1, -1), labels[mask].reshape(1, -1) > 0.5, groups[mask]
-    every = _TieGroups(z_real, torch.ones_like(y_real), y_real)
+    every = CountedAuroc(z_real, torch.ones_like(y_real), y_real)
     # each group's own rows, sorted once: a replicate's group AUROC reads only their counts
     sel = {j: torch.nonzero(g_real == j).reshape(-1) for j in range(k) if not small[j]}
-    tied = {j: _TieGroups(z_real[:, c], torch.ones(1, c.numel(), dtype=torch.bool), y_real[:, c])
+    tied = {j: CountedAuroc(z_real[:, c], torch.ones(1, c.numel(), dtype=torch.bool), y_real[:, c])
             for j, c in sel.items()}
     # position among the real rows of each (center, row) slot; padded slots are never drawn
     slot = torch.full((n * rows,), -1, dtype=torch.long)

@@ -129,7 +129,7 @@ def test_subgroup_gaps_match_sklearn_and_suppress_small_groups(centers):
 
 
 def test_bootstrap_counts_equal_resorting_every_replicate_bit_for_bit(centers):
-    """The bootstrap intervals, computed from draw counts along one sort (federation.clinical._TieGroups),
+    """The bootstrap intervals, computed from draw counts along one sort (federation.metrics.CountedAuroc),
     equal those of the definition: every replicate's resampled rows gathered and sorted afresh
     (batched_auroc per center; batched_auroc per subgroup and overall, pooled), ties and padding
     included, to the last bit."""

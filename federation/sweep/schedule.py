@@ -19,7 +19,9 @@ from federation.sweep.cells import Cell
 __all__ = ["SECONDS_PER_ROUND", "FIXED_SECONDS", "expected_seconds", "longest_first"]
 
 #: seconds per round of a cell at n = 230, 1 torch thread (idle Table 1 sweep of session 4 and the
-#: per-method profile of session 5, docs/benchmarks.md); only their ratios matter (the order)
+#: per-method profile of session 5, docs/benchmarks.md); only their ratios matter (the order).
+#: Centralized trains 2-3 s a round on the pooled rows but stops after about 12: its figure makes its
+#: 50 expected rounds last the 33 s it took
 SECONDS_PER_ROUND: dict[str, float] = {
     "local": 0.50, "fedavg": 0.55, "fedprox": 0.80, "feddyn": 1.00, "moon": 1.15, "decefl": 0.65,
     "defta": 0.75, "wpfed": 0.75, "bnn-fl": 2.40, "abps": 0.80, "abps+p": 0.85, "abps+q": 0.85,
