@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -14,8 +16,11 @@ from etl.images import ImageDataset
 REPO = Path(__file__).resolve().parents[1]
 
 # `abps etl` records the project's latest cohort (cli/project.py); the tests' ETL runs go to a
-# scratch record, never to the checkout's own .abps/state.json (subprocesses inherit this)
-os.environ["ABPS_STATE"] = os.path.join(tempfile.mkdtemp(prefix="abps-test-state-"), "state.json")
+# scratch record, never to the checkout's own .abps/state.json (subprocesses inherit this); the
+# scratch folder is removed when this test process ends
+_STATE_DIR = tempfile.mkdtemp(prefix="abps-test-state-")
+atexit.register(shutil.rmtree, _STATE_DIR, ignore_errors=True)
+os.environ["ABPS_STATE"] = os.path.join(_STATE_DIR, "state.json")
 SHARED = Path(os.environ.get("ABPS_SHARED", REPO.parent / "shared"))
 MIMIC_DEMO = SHARED / "data" / "mimic-iv-demo"
 EICU_DEMO = SHARED / "data" / "eicu-demo"
