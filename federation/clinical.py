@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from federation.metrics import batched_auroc, grouped_auroc
+from federation.metrics import CountedAuroc, batched_auroc
 
 
 def _check(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> None:
@@ -204,7 +204,9 @@ def bootstrap_mean_auroc(
 
     Each replicate draws, for every center, as many rows with replacement from that center's
     own real rows as it has, recomputes every center's AUROC (batched over replicates x
-    centers) and takes the mean over centers with both classes.
+    centers) and takes the mean over centers with both classes. A replicate's AUROC is computed
+    from how often it draws each row, along the rows' order sorted once (:class:`federation.metrics.CountedAuroc`):
+    equal, to the last bit, to :func:`federation.metrics.batched_auroc` of the resampled rows.
 
     Args:
         scores, labels, mask: ``[n, rows]`` as for :func:`federation.metrics.batched_auroc`
@@ -216,13 +218,14 @@ def bootstrap_mean_auroc(
         ``(low, high)``; NaN when no replicate has a defined mean.
     """
     n, rows = scores.shape
+    tied = CountedAuroc(scores, mask, labels > 0.5)
     parts = []
     for idx in _resample_within_center(mask, n_boot, seed):  # blocks of replicates (bounded memory)
         b = idx.shape[0]
-        m = mask[None].expand(b, n, rows)
-        s = scores[None].expand(b, n, rows).gather(2, idx).masked_fill(~m, 0.0)
-        y = labels[None].expand(b, n, rows).gather(2, idx).masked_fill(~m, 0.0)
-        auc = batched_auroc(s.reshape(-1, rows), y.reshape(-1, rows), m.reshape(-1, rows)).reshape(b, n)
+        # how often each real row is drawn (a padded position draws nothing)
+        counts = torch.zeros(b, n, rows, dtype=torch.float64).scatter_add_(
+            2, idx, mask[None].expand(b, n, rows).to(torch.float64))
+        auc = tied.auroc(counts)  # [b, n]
         parts.append(torch.nanmean(auc, dim=1))
     means = torch.cat(parts)
     means = means[torch.isfinite(means)]
@@ -304,23 +307,31 @@ def subgroup_gaps(
     ece_g = batched_ece(prob.reshape(1, -1).expand(k, -1), y_rep, gm, n_bins)
     n_g = gm.sum(1)
     pos_g = (gm & (y_rep > 0.5)).sum(1)
-    # bootstrap of the gaps: one resample per replicate shared by the overall figure and every group
-    # bootstrap of the gaps: one resample per replicate shared by the overall figure and every group;
-    # only real rows enter a replicate (a resampled index always lands on a real row of its
-    # center): compacting them away from the padding keeps every AUROC and shortens each sort
+    # bootstrap of the gaps: one resample per replicate shared by the overall figure and every group.
+    # Only real rows enter a replicate (a resampled index always lands on a real row of its center),
+    # so the real rows are sorted once, pooled, and a replicate is the count of draws of each row
     small = [int(n_g[j]) < min_size or int(pos_g[j]) < min_events or int(n_g[j] - pos_g[j]) < min_events
              for j in range(k)]
+    real = int(mask.sum())
+    z_real, y_real, g_real = logits[mask].reshape(1, -1), labels[mask].reshape(1, -1) > 0.5, groups[mask]
+    every = CountedAuroc(z_real, torch.ones_like(y_real), y_real)
+    # each group's own rows, sorted once: a replicate's group AUROC reads only their counts
+    sel = {j: torch.nonzero(g_real == j).reshape(-1) for j in range(k) if not small[j]}
+    tied = {j: CountedAuroc(z_real[:, c], torch.ones(1, c.numel(), dtype=torch.bool), y_real[:, c])
+            for j, c in sel.items()}
+    # position among the real rows of each (center, row) slot; padded slots are never drawn
+    slot = torch.full((n * rows,), -1, dtype=torch.long)
+    slot[mask.reshape(-1)] = torch.arange(real)
+    base = (torch.arange(n) * rows)[None, :, None]
     gaps: list[list[torch.Tensor]] = [[] for _ in range(k)]
     for idx in _resample_within_center(mask, n_boot, seed):  # blocks of replicates (bounded memory)
         b = idx.shape[0]
-        s_b = logits[None].expand(b, n, rows).gather(2, idx)[:, mask]  # [b, real rows]
-        y_b = labels[None].expand(b, n, rows).gather(2, idx)[:, mask]
-        grp_b = groups[None].expand(b, n, rows).gather(2, idx)[:, mask]
-        # one sort per replicate shared by the overall figure (code k: every row) and every group
-        auc_b = grouped_auroc(s_b, y_b, grp_b, k)  # [b, k + 1]; column k: every row
-        for j in range(k):  # a handful of groups, not centers
-            if not small[j]:
-                gaps[j].append(auc_b[:, j] - auc_b[:, k])
+        drawn = slot[base + idx][:, mask]  # [b, real rows drawn]: positions among the real rows
+        counts = torch.zeros(b, real, dtype=torch.float64).scatter_add_(
+            1, drawn, torch.ones(b, real, dtype=torch.float64))[:, None, :]  # [b, 1, real]
+        auc_every = every.auroc(counts)[:, 0]  # [b]: every row of the replicate
+        for j, c in sel.items():  # a handful of groups, not centers
+            gaps[j].append(tied[j].auroc(counts[..., c])[:, 0] - auc_every)
     q = torch.tensor([0.025, 0.975], dtype=torch.float64)
     out = []
     for j, name in enumerate(names):

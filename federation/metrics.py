@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from federation.checks import NonFiniteError
 
@@ -26,13 +27,18 @@ def _finite_double(scores: torch.Tensor, mask: torch.Tensor | None = None) -> to
     return s
 
 
+def u_auroc(rank_sum: torch.Tensor, n_pos: torch.Tensor, n_neg: torch.Tensor) -> torch.Tensor:
+    """AUROC from the Mann-Whitney quantities (float64, any shape): ``(R - P (P + 1) / 2) / (P N)``
+    with ``R`` the sum of the positives' 1-based mid-ranks, ``P`` / ``N`` the positive / negative
+    counts; NaN where ``P`` or ``N`` is 0 (Mann & Whitney 1947; Hanley & McNeil 1982, Eq. 2)."""
+    auc = (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
+    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+
+
 def _mann_whitney(rank: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     """``[m]`` AUROC from 1-based ranks ``[m, rows]`` and bool positive / negative members;
     NaN where a row has no positive or no negative member."""
-    n_pos = pos.sum(1).double()
-    n_neg = neg.sum(1).double()
-    auc = ((rank * pos).sum(1) - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
-    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))
+    return u_auroc((rank * pos).sum(1), pos.sum(1).double(), neg.sum(1).double())
 
 
 def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -64,14 +70,57 @@ def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
     return _mann_whitney(mid_rank, (y > 0.5) & valid, (y <= 0.5) & valid)
 
 
+class CountedAuroc:
+    """Rows of scores sorted once, for the AUROC of many resamples or subsets of them given as counts.
+
+    A resample (e.g. a bootstrap replicate, federation/clinical.py) that draws real row ``i`` of a
+    row of scores ``c_i`` times gives each drawn copy the mid-rank ``below_i + (tied_i + 1) / 2`` among the drawn rows (``below_i``: drawn rows
+    with a lower score, ``tied_i``: drawn rows with the same score, itself included), i.e.
+    ``(C(left_i) + C(right_i) + 1) / 2`` with ``C(p)`` the running sum of the counts before sorted
+    position ``p`` and ``[left_i, right_i)`` the tie group of row ``i``. The rank sum
+    ``sum_i c_i y_i rank_i`` is a sum of half-integers below 2^52, exact in float64, as are the
+    class counts, so the AUROC (:func:`u_auroc`) equals, bit for bit, the one of the resampled
+    rows sorted afresh (:func:`batched_auroc`), without a sort per resample. A 0/1 count is a subset (a subgroup: :func:`grouped_auroc`).
+
+    Args:
+        scores: ``[m, rows]`` scores (finite on real rows).
+        mask: ``[m, rows]`` bool, True on real rows (the others are never drawn).
+        positive: ``[m, rows]`` bool labels.
+
+    Raises:
+        NonFiniteError: a real score is NaN or infinite.
+    """
+
+    def __init__(self, scores: torch.Tensor, mask: torch.Tensor, positive: torch.Tensor) -> None:
+        s = _finite_double(scores, mask)
+        s = torch.where(mask, s, torch.full_like(s, float("inf")))  # padding sorts last (never drawn)
+        s_sorted, self.order = torch.sort(s, dim=1, stable=True)
+        self.left = torch.searchsorted(s_sorted, s_sorted, right=False)  # first position of the tie group
+        self.right = torch.searchsorted(s_sorted, s_sorted, right=True)  # one past its last position
+        self.positive = positive.gather(1, self.order).to(torch.float64)
+
+    def auroc(self, counts: torch.Tensor) -> torch.Tensor:
+        """``[b, m]`` AUROC of ``b`` resamples given as ``[b, m, rows]`` float64 draw counts per
+        row (columns in the order of ``scores``; 0 on padding)."""
+        b = counts.shape[0]
+        w = counts.gather(2, self.order[None].expand(b, -1, -1))
+        run = F.pad(torch.cumsum(w, dim=2), (1, 0))  # [b, m, rows + 1]: C(p)
+        twice_rank = (run.gather(2, self.left[None].expand(b, -1, -1))
+                      + run.gather(2, self.right[None].expand(b, -1, -1)) + 1.0)
+        w_pos = w * self.positive
+        n_pos = w_pos.sum(2)
+        return u_auroc((w_pos * twice_rank).sum(2) * 0.5, n_pos, w.sum(2) - n_pos)
+
+
 def grouped_auroc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, k: int) -> torch.Tensor:
     """AUROC of every subgroup of every row from one sort per row (Mann-Whitney form).
 
     Equal to ``batched_auroc(scores, labels, mask & (groups == j))`` for each ``j`` (ties get the
     average rank inside the subgroup), but the rows are sorted and their tie groups located once
-    and shared by the ``k`` subgroups: the rank of a member inside its subgroup is the number of
-    members strictly below its score plus half of (the members tied with it + 1), both read from
-    a running count of members along the shared order.
+    and shared by the ``k`` subgroups (:class:`CountedAuroc` with each subgroup's 0/1 membership as
+    counts): the rank of a member inside its subgroup is the number of members strictly below its
+    score plus half of (the members tied with it + 1), both read from a running count of members
+    along the shared order.
 
     Args:
         scores: ``[m, rows]`` finite real-valued scores (every position is a real row).
@@ -88,21 +137,9 @@ def grouped_auroc(scores: torch.Tensor, labels: torch.Tensor, groups: torch.Tens
     Raises:
         NonFiniteError: a score is NaN or infinite.
     """
-    s = _finite_double(scores)
-    s_sorted, order = torch.sort(s, dim=1, stable=True)
-    left = torch.searchsorted(s_sorted, s_sorted, right=False)  # first position of the tie group
-    right = torch.searchsorted(s_sorted, s_sorted, right=True)  # one past its last position
-    y = labels.gather(1, order) > 0.5
-    g = groups.gather(1, order)
-    zero = torch.zeros(s.shape[0], 1, dtype=torch.float64)
-    out = torch.empty(s.shape[0], k + 1, dtype=torch.float64)
-    for j in range(k + 1):  # a handful of subgroups, not centers; j == k: every position
-        member = g == j if j < k else torch.ones_like(y)
-        below_at = torch.cat([zero, torch.cumsum(member, dim=1, dtype=torch.float64)], dim=1)  # [m, rows + 1]
-        below = below_at.gather(1, left)
-        tied = below_at.gather(1, right) - below
-        out[:, j] = _mann_whitney(below + (tied + 1.0) / 2.0, member & y, member & ~y)
-    return out
+    rows = CountedAuroc(scores, torch.ones_like(groups, dtype=torch.bool), labels > 0.5)
+    member = torch.stack([groups == j for j in range(k)] + [torch.ones_like(groups, dtype=torch.bool)])
+    return rows.auroc(member.to(torch.float64)).T  # [k + 1, m] -> [m, k + 1]
 
 
 @dataclass(frozen=True)

@@ -126,3 +126,39 @@ def test_subgroup_gaps_match_sklearn_and_suppress_small_groups(centers):
         assert r.auroc_gap == pytest.approx(r.auroc - overall, abs=1e-12)
         assert r.auroc_gap_ci[0] <= r.auroc_gap_ci[1]
     assert rows[2].suppressed and rows[2].n == 1 and math.isnan(rows[2].auroc)
+
+
+def test_bootstrap_counts_equal_resorting_every_replicate_bit_for_bit(centers):
+    """The bootstrap intervals, computed from draw counts along one sort (federation.metrics.CountedAuroc),
+    equal those of the definition: every replicate's resampled rows gathered and sorted afresh
+    (batched_auroc per center; batched_auroc per subgroup and overall, pooled), ties and padding
+    included, to the last bit."""
+    from federation.clinical import _resample_within_center
+    from federation.metrics import batched_auroc
+
+    s, y, m = _padded(centers)
+    n, rows = s.shape
+    rng = np.random.default_rng(4)
+    groups = torch.full(s.shape, -1, dtype=torch.long)
+    groups[m] = torch.as_tensor(rng.integers(-1, 3, int(m.sum())))  # -1: in no group, still in "overall"
+    n_boot, seed = 60, 9
+    q = torch.tensor([0.025, 0.975], dtype=torch.float64)
+    means, gaps = [], {j: [] for j in range(3)}
+    for idx in _resample_within_center(m, n_boot, seed):
+        b = idx.shape[0]
+        mb = m[None].expand(b, n, rows)
+        sb = s[None].expand(b, n, rows).gather(2, idx).masked_fill(~mb, 0.0)
+        yb = y[None].expand(b, n, rows).gather(2, idx).masked_fill(~mb, 0.0)
+        gb = groups[None].expand(b, n, rows).gather(2, idx)
+        means.append(torch.nanmean(batched_auroc(sb.reshape(-1, rows), yb.reshape(-1, rows),
+                                                 mb.reshape(-1, rows)).reshape(b, n), dim=1))
+        sp, yp, gp = sb[:, m], yb[:, m], gb[:, m]  # pooled real draws [b, real]
+        every = batched_auroc(sp, yp, torch.ones_like(sp, dtype=torch.bool))
+        for j in gaps:
+            gaps[j].append(batched_auroc(sp, yp, gp == j) - every)
+    want = tuple(torch.quantile(torch.cat(means), q).tolist())
+    assert bootstrap_mean_auroc(s, y, m, n_boot=n_boot, seed=seed) == want
+    got = subgroup_gaps(s, y, m, groups, ["a", "b", "c"], min_size=5, min_events=1, n_boot=n_boot, seed=seed)
+    for j, r in enumerate(got):
+        assert not r.suppressed
+        assert r.auroc_gap_ci == tuple(torch.quantile(torch.cat(gaps[j]), q).tolist()), r.group

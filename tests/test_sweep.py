@@ -95,9 +95,18 @@ def test_entry_config_file_and_key_order_do_not_change_the_hash(tmp_path):
 def test_sweep_files_load():
     spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
     cells = sw.expand_cells(spec, base, "c")
-    # the paper's 20 rows (with centralized) + the random-partners ablation (issue 12) + abps-drift (issue 17)
-    # + the SAGE selector (issue 18)
-    assert len(cells) == 23 * 5 and len({c.label for c in cells}) == 23
+    # the paper's rows (20 with the centralized reference) + the random-partners ablation (issue 12): issue 14's
+    # Table 1 sweep; abps-drift (issue 17) and the SAGE selector (issue 18) are in table1-extras.yaml
+    from federation.methods.registry import paper_order
+
+    labels = list(dict.fromkeys(c.label for c in cells))
+    assert len(paper_order()) == 20 and len(cells) == 21 * 5
+    assert [x for x in labels if x != "random-partners"] == list(paper_order()) and "random-partners" in labels
+    assert all(c.config.max_rounds == (100 if c.config.early_stopping.enabled else 50) for c in cells)
+    extras, base_x = sw.load_sweep(CONFIGS / "table1-extras.yaml")
+    cells_x = sw.expand_cells(extras, base_x, "c")
+    assert [e.method for e in extras.methods] == ["abps-drift", "sage"] and len(cells_x) == 2 * 5
+    assert (extras.experiment, extras.seeds, extras.resources) == (spec.experiment, spec.seeds, spec.resources)
     spec, base = sw.load_sweep(CONFIGS / "demo.yaml")
     cells = sw.expand_cells(spec, base, "c")
     assert [c.label for c in cells[::2]] == ["fedavg", "abps", "abps-x", "abps-div"]
@@ -319,3 +328,60 @@ def test_engine_option_is_renamed(tmp_path, capsys):
         main(["sweep", "--config", str(p), "--engine", "ray", "--cohort", str(tmp_path)])
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --engine is now called --executor (local or ray)"
+
+
+def test_longest_expected_cells_go_first():
+    """The pool / Ray get the cells longest-expected-first (LPT); ties keep the sweep's order."""
+    from federation.sweep.schedule import FIXED_SECONDS, SECONDS_PER_ROUND
+
+    spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
+    cells = sw.expand_cells(spec, base, "c")
+    order = sw.longest_first(cells)
+    assert sorted(c.index for c in order) == list(range(len(cells)))
+    assert [c.method for c in order[:5]] == ["bnn-fl"] * 5 and [c.seed for c in order[:5]] == spec.seeds
+    costs = [sw.expected_seconds(c) for c in order]
+    assert costs == sorted(costs, reverse=True)
+    fedavg = next(c for c in cells if c.method == "fedavg")
+    assert sw.expected_seconds(fedavg) == FIXED_SECONDS + 50 * SECONDS_PER_ROUND["fedavg"]
+    es = next(c for c in cells if c.method == "fedavg-x")  # early stopping, at most 100 rounds: 50 expected
+    assert sw.expected_seconds(es) == FIXED_SECONDS + 50 * SECONDS_PER_ROUND["fedavg-x"]
+    extras, base_x = sw.load_sweep(CONFIGS / "table1-extras.yaml")
+    assert sw.longest_first(sw.expand_cells(extras, base_x, "c"))[0].method == "sage"
+
+
+def test_cell_order_on_the_pool_changes_no_number(cohort):
+    """Cells are pure functions: a shuffled order on the 2-process pool (workers reused across cells)
+    gives the same summaries and histories as the longest-first order."""
+    import random
+
+    from federation.sweep.executors import run_pool
+
+    spec = _spec({"seeds": [1, 2], "rounds": 2, "methods": ["fedavg", "abps-x", "fedprox"]})
+    cells = sw.expand_cells(spec, CONFIGS, "c")
+    shuffled = list(cells)
+    random.Random(5).shuffle(shuffled)
+    assert [c.index for c in shuffled] != [c.index for c in sw.longest_first(cells)]
+    got = []
+    for order in (sw.longest_first(cells), shuffled):
+        res = {c.index: p["result"] for kind, c, p in run_pool(order, str(cohort), 1, 2, lambda n: None)
+               if kind == "done"}
+        assert sorted(res) == list(range(len(cells))) and all(r is not None for r in res.values())
+        # JSON text: a one-class center's NaN figures compare equal as text (NaN != NaN as floats)
+        got.append({i: json.dumps([r["summary"], r["history"], r["per_center"]], sort_keys=True)
+                    for i, r in res.items()})
+    assert got[0] == got[1]
+    assert got[0][0] != got[0][1]  # fedavg seed 1 vs seed 2: the seed matters
+
+
+def test_table1_benchmark_reports_cell_seconds_by_row(cohort, capsys):
+    """benchmarks/bench_table1.py on a tiny reduced sweep: the JSON carries each row's mean seconds
+    inside the workers and the line says the run is reduced (not the target's workload)."""
+    from benchmarks import bench_table1
+
+    doc = bench_table1.main(["--cohort", str(cohort), "--methods", "fedavg,local", "--seeds", "1",
+                             "--rounds", "1", "--workers", "1"])
+    assert doc["cells"] == doc["ran"] == 2 and doc["failed"] == 0 and doc["reduced"]
+    assert sorted(doc["cell_s_mean_by_row"]) == ["fedavg", "local"]
+    assert doc["cell_s_total"] == pytest.approx(sum(doc["cell_s_mean_by_row"].values()))
+    assert 0 < doc["cell_s_total"] <= doc["wall_s"] and doc["target_min"] == 30.0
+    assert "REDUCED run, not the target workload" in capsys.readouterr().out

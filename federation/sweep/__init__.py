@@ -3,7 +3,8 @@ or on Ray, logged to MLflow from the driver as they run, resumable.
 
 Modules: :mod:`~federation.sweep.spec` (the sweep file), :mod:`~federation.sweep.cells` (expansion,
 hashes, the pure cell function), :mod:`~federation.sweep.executors` (serial, process pool, Ray),
-:mod:`~federation.sweep.log` (the MLflow runs, through :class:`federation.tracking.Tracker`) and
+:mod:`~federation.sweep.log` (the MLflow runs, through :class:`federation.tracking.Tracker`),
+:mod:`~federation.sweep.schedule` (longest-expected-first order of the cells on a pool or Ray) and
 :mod:`~federation.sweep.driver` (:func:`run_sweep`).
 
 A sweep file (``configs/table1.yaml``) names the methods, the seeds and optional ``options``
@@ -42,10 +43,11 @@ from federation.data import cohort_id
 from federation.sweep.cells import Cell, canonical_json, config_hash, expand_cells, run_cell, sweep_hash
 from federation.sweep.driver import SweepOutcome, run_sweep
 from federation.sweep.log import cell_params, finished_cells
+from federation.sweep.schedule import expected_seconds, longest_first
 from federation.sweep.spec import MethodEntry, Resources, SweepSpec, load_sweep
 
 __all__ = [
     "MethodEntry", "Resources", "SweepSpec", "Cell", "SweepOutcome", "load_sweep", "expand_cells",
     "config_hash", "cohort_id", "canonical_json", "run_cell", "run_sweep", "finished_cells", "cell_params",
-    "sweep_hash",
+    "sweep_hash", "expected_seconds", "longest_first",
 ]

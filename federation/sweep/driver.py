@@ -12,6 +12,7 @@ from federation.data import FederatedData, cohort_id
 from federation.sweep.cells import Cell, expand_cells, sweep_hash
 from federation.sweep.executors import Event, check_reachable, run_pool, run_ray, run_serial
 from federation.sweep.log import CellLog, cell_params, finished_cells, open_parent, stale_runs
+from federation.sweep.schedule import longest_first
 from federation.sweep.spec import SweepSpec
 from federation.tracking import EXECUTOR_TAG, Tracker
 
@@ -32,6 +33,7 @@ class SweepOutcome:
         summaries: key -> final summary of the cells computed now.
         dropped: per distinct ``min_train`` of the cells, the centers the cohort loses (counts
             only, :attr:`FederatedData.dropped`) and the number kept.
+        seconds: key -> wall seconds of the cell's run inside its worker (``run_cell``'s ``seconds``).
     """
 
     parent_run_id: str
@@ -42,6 +44,7 @@ class SweepOutcome:
     failed: dict[tuple[str, int], str] = field(default_factory=dict)
     summaries: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     dropped: list[dict[str, int]] = field(default_factory=list)
+    seconds: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 class _SweepProgress:
@@ -151,14 +154,15 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                 events: Iterable[Event]
                 if not todo:
                     events = iter(())
-                elif executor == "ray":
-                    events = run_ray(todo, cohort_dir, threads, workers, address, spec.resources.num_cpus)
+                elif executor == "ray":  # longest expected cells first: the workers end together
+                    events = run_ray(longest_first(todo), cohort_dir, threads, workers, address,
+                                     spec.resources.num_cpus)
                     bar.submit(len(todo))
                 elif workers == 1:
                     bar.submit(len(todo))
                     events = run_serial(todo, cohort_dir, threads, log.event)
                 else:
-                    events = run_pool(todo, cohort_dir, threads, workers, bar.submit)
+                    events = run_pool(longest_first(todo), cohort_dir, threads, workers, bar.submit)
                 for kind, cell, payload in events:
                     if kind != "done":
                         log.event(kind, cell, payload)
@@ -171,6 +175,7 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                         continue
                     out.ran[cell.key] = log.finish(cell, res)
                     out.summaries[cell.key] = res["summary"]
+                    out.seconds[cell.key] = float(res.get("seconds", 0.0))
                     bar.finish(True, f"{cell.run_name} AUROC {res['summary']['final_auroc_mean']:.3f}")
         finally:
             log.abort()  # cells still open (an interrupted driver) end FAILED
