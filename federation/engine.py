@@ -436,7 +436,8 @@ class StackedEngine:
         n_steps = self.steps_per_epoch()
         # the fused kernels (federation.kernels) read the int16 draws directly; the eager and
         # autograd paths get 0/1 float masks
-        fused = local_loss is None and kernels.library() is not None
+        fused = (local_loss is None and all(ps[k].dtype == torch.float32 for k in PARAM_NAMES)
+                 and kernels.library() is not None)
 
         def step_masks(epoch: int, step: int) -> list:
             """The kept-unit masks of every segment of one step (None per segment: no dropout);
