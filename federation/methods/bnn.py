@@ -182,8 +182,11 @@ class StackedBayesEngine(StackedEngine):
             return torch.sigmoid(forward({k: params[mu_key(k)] for k in PARAM_NAMES}, x)[0])
         tag = 0xE0 + ("train", "val", "test").index(split)
         acc = torch.zeros(x.shape[0], x.shape[1])
+        mu = {k: params[mu_key(k)] for k in PARAM_NAMES}
+        sigma = {k: self.sigma(params, k) for k in PARAM_NAMES}  # once, not once per draw
         for s in range(samples):
-            w = self.sample(params, self._noise(tag, self.n, round_idx, s, 0))
+            eps = self._noise(tag, self.n, round_idx, s, 0)
+            w = {k: mu[k] + sigma[k] * eps[k] for k in PARAM_NAMES}  # = self.sample(params, eps)
             acc += torch.sigmoid(forward(w, x)[0])
         return acc / samples
 
