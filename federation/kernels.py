@@ -321,6 +321,14 @@ def available() -> bool:
     return library() is not None
 
 
+def step_name() -> str:
+    """``"fused"`` when the C++ kernels are loaded in this process, else ``"eager"``: recorded on
+    every run (tag ``abps.engine_step``) because the two paths sum in a different order, so their
+    parameters agree within float rounding, not bit for bit. Methods with an extra local loss
+    (FedProx, FedDyn, MOON) and non-float32 parameters take the eager / autograd step either way."""
+    return "fused" if library() is not None else "eager"
+
+
 def _f32(name: str, t: torch.Tensor) -> None:
     if t.dtype != torch.float32 or not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous float32 tensor, got {t.dtype} strides {t.stride()}")

@@ -59,6 +59,7 @@ LABEL_TAG = "abps.label"
 SWEEP_TAG = "abps.sweep_hash"
 CELL_SECONDS_TAG = "abps.cell_seconds"
 EXECUTOR_TAG = "abps.executor"
+ENGINE_STEP_TAG = "abps.engine_step"  # federation.kernels.step_name(): fused C++ kernels or eager
 BENCHMARK_TAG = "benchmark"
 SELECTOR_TAG = "selector"  # SAGE runs: the selector's display name
 ARM_TAG = "arm"  # variance-correction runs: the arm (plain / corrected)

@@ -53,6 +53,8 @@ def test_train_fedavg_writes_results_and_mlflow(cohort, tmp_path, ml_uri):
     assert len(parents) == 1 and len(children) == 2
     child = children[0]
     assert child.data.params["engine.lr"] == "0.001" and child.data.params["method"] == "fedavg"
+    from federation import kernels
+    assert child.data.tags["abps.engine_step"] == kernels.step_name()  # which step computed it
     for key in ("val_auroc_mean", "test_auroc_mean", "val_auroc_std", "cum_bytes", "rel_bandwidth"):
         assert key in child.data.metrics
     hist = client.get_metric_history(child.info.run_id, "cum_bytes")

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from etl.errors import InputError
 from federation.config import RunConfig, build_config, deep_merge, load_yaml
 from federation.data import FederatedData
+from federation import kernels
 from federation.methods import get_method
 from federation.runner import run_one
 from federation.sweep.spec import SweepSpec
@@ -192,7 +193,8 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
         ``{"summary": RunResult.summary(), "history": [per-round metrics], "per_center":
         {center_id: {...}}, "artifacts": {name: json}, "seconds": wall time of the run,
         "started_ms" / "ended_ms": epoch ms of the run's start and end, "round_ms": epoch ms at
-        the end of each round}``; only aggregates, no row-level value. Each round is also
+        the end of each round, "engine_step": fused C++ kernels or eager
+        (:func:`federation.kernels.step_name`)}``; only aggregates, no row-level value. Each round is also
         reported through the live-progress hook when one is set (:func:`set_round_hook`).
     """
     torch.set_num_threads(int(threads))
@@ -213,4 +215,4 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
     res = run_one(cfg, data, int(seed), on_round)
     return {"summary": res.summary(), "history": res.history, "per_center": res.per_center,
             "artifacts": res.artifacts, "seconds": time.perf_counter() - t0, "started_ms": started,
-            "ended_ms": _now_ms(), "round_ms": round_ms}
+            "ended_ms": _now_ms(), "round_ms": round_ms, "engine_step": kernels.step_name()}

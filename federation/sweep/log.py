@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from federation.sweep.cells import Cell
-from federation.tracking import (CELL_SECONDS_TAG, COHORT_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
+from federation.tracking import (CELL_SECONDS_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
                                  KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, flatten)
 
 __all__ = ["cell_params", "finished_cells", "stale_runs", "open_parent", "CellLog"]
@@ -117,7 +117,10 @@ class CellLog:
                     if int(row["round"]) > last:  # rounds the live log has not seen
                         tr.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ms)
                 tr.log_final(result["summary"])
-                tr.set_tags({CELL_SECONDS_TAG: f"{result.get('seconds', 0.0):.2f}"})
+                tags = {CELL_SECONDS_TAG: f"{result.get('seconds', 0.0):.2f}"}
+                if result.get("engine_step"):
+                    tags[ENGINE_STEP_TAG] = result["engine_step"]  # the worker's step (fused / eager)
+                tr.set_tags(tags)
                 tr.log_json(result["per_center"], "per_center.json")
                 for name, obj in (result.get("artifacts") or {}).items():
                     tr.log_json(obj, name)
