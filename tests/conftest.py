@@ -46,3 +46,26 @@ def tiny_images():
     return ImageDataset(rng.integers(0, 256, (640, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 640),
                         rng.integers(0, 256, (100, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, 100),
                         10, "tiny")
+
+
+@pytest.fixture
+def step_inputs():
+    """Factory ``make(eng, data, width=37)`` of one engine step's random inputs (step tests of the
+    eager, autograd and fused paths): parameters ``p`` = the engine's initial draw + 0.05 N(0, 1),
+    ``x`` [c, width, d], ``y`` [c, width] Bernoulli(0.3), ``real`` [c] real rows per center in
+    1..width and ``rows`` [c, width] their mask; all from generator seed 0."""
+    import types
+
+    import torch
+
+    def make(eng, data, width: int = 37):
+        g = torch.Generator().manual_seed(0)
+        p = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in eng.init_params().items()}
+        c = data.n_centers
+        x = torch.randn(c, width, data.d, generator=g)
+        y = (torch.rand(c, width, generator=g) < 0.3).float()
+        real = torch.randint(1, width + 1, (c,), generator=g)
+        rows = torch.arange(width).unsqueeze(0) < real.unsqueeze(1)
+        return types.SimpleNamespace(p=p, x=x, y=y, real=real, rows=rows, c=c, w=width, units=sum(eng.hidden))
+
+    return make

@@ -102,17 +102,12 @@ def test_engine_is_deterministic(data):
     assert not torch.equal(a["w1"], pc["w1"])
 
 
-def test_hand_gradients_equal_autograd(data):
+def test_hand_gradients_equal_autograd(data, step_inputs):
     """The no-autograd step (ReLU/dropout folded, scale moved into the weights) gives autograd's
     gradients, with partial rows and dropout."""
     eng = StackedEngine(data, EngineConfig(), seed=4)
-    g = torch.Generator().manual_seed(0)
-    p = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in eng.init_params().items()}
-    c, w, units = data.n_centers, 37, sum(eng.hidden)
-    x = torch.randn(c, w, data.d, generator=g)
-    y = (torch.rand(c, w, generator=g) < 0.3).float()
-    real = torch.randint(1, w + 1, (c,), generator=g)
-    rows = torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
+    s = step_inputs(eng, data)
+    p, x, y, real, rows, c, w, units = s.p, s.x, s.y, s.real, s.rows, s.c, s.w, s.units
     keep = eng.streams.keep_masks(0, 0, 0, c, w, eng.hidden, 0.2)
     scale = 65536 / (65536 - round(0.2 * 65536))
     # the 0/1 masks are the non-zeros of the dropout multipliers the per-center loop uses

@@ -115,16 +115,11 @@ def test_kernels_refuse_wrong_layouts():
 
 
 @needs_kernels
-def test_fused_step_equals_eager_step(data):
+def test_fused_step_equals_eager_step(data, step_inputs):
     """The engine's fused step gives the eager step's gradients (partial rows, dropout, none)."""
     eng = StackedEngine(data, EngineConfig(), seed=4)
-    g = torch.Generator().manual_seed(0)
-    p = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in eng.init_params().items()}
-    c, w, units = data.n_centers, 37, sum(eng.hidden)
-    x = torch.randn(c, w, data.d, generator=g)
-    y = (torch.rand(c, w, generator=g) < 0.3).float()
-    real = torch.randint(1, w + 1, (c,), generator=g)
-    rows = torch.arange(w).unsqueeze(0) < real.unsqueeze(1)
+    s = step_inputs(eng, data)
+    p, x, y, real, rows, c, w, units = s.p, s.x, s.y, s.real, s.rows, s.c, s.w, s.units
     bits = eng.streams.dropout_bits(0, 0, 0, c, w, units)
     keep = keep_from_bits(bits, eng.hidden, K_DROP)
     for r, use_drop in ((rows, True), (None, True), (rows, False)):
