@@ -40,8 +40,8 @@ from typing import Callable
 
 import duckdb
 
-from etl.io import atomic_write_text
-from etl.sources import Table
+from etl.io import atomic_write_text, user_cache_dir
+from etl.sources import Table, sql_path
 
 #: Bump when the cached layout changes: every older entry is then rebuilt (2: a derived
 #: relation, the query's hash in the manifest, rows sorted by stay and charttime).
@@ -57,11 +57,9 @@ HASH_BYTES = 2**20
 
 
 def default_cache_dir() -> Path:
-    """``$ABPS_CACHE_DIR``, else ``$XDG_CACHE_HOME/abps``, else ``~/.cache/abps``; plus ``chartevents``."""
-    if os.environ.get("ABPS_CACHE_DIR"):
-        return Path(os.environ["ABPS_CACHE_DIR"]) / "chartevents"
-    base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "abps" / "chartevents"
+    """``$ABPS_CACHE_DIR``, else ``$XDG_CACHE_HOME/abps``, else ``~/.cache/abps``; plus ``chartevents``
+    (:func:`etl.io.user_cache_dir`)."""
+    return user_cache_dir("chartevents")
 
 
 def fingerprint(path: Path) -> dict:
@@ -109,8 +107,8 @@ def _entry(cache_dir: Path, source: Path) -> tuple[Path, Path]:
 
 def _parquet_rows(con: duckdb.DuckDBPyConnection, path: Path) -> int | None:
     try:
-        q = str(path).replace("'", "''")
-        return int(con.execute(f"SELECT sum(num_rows) FROM parquet_file_metadata('{q}')").fetchall()[0][0])
+        return int(con.execute(f"SELECT sum(num_rows) FROM parquet_file_metadata('{sql_path(path)}')")
+                   .fetchall()[0][0])
     except (duckdb.Error, TypeError):
         return None
 
@@ -132,8 +130,7 @@ def _mismatch(manifest: dict, want: dict, con: duckdb.DuckDBPyConnection, parque
 
 
 def _read_sql(parquet: Path) -> str:
-    q = str(parquet).replace("'", "''")
-    return f"read_parquet('{q}')"
+    return f"read_parquet('{sql_path(parquet)}')"
 
 
 def query_sha256(query: Callable[[str], str], order_by: str = "") -> str:
@@ -188,7 +185,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         cache_dir.mkdir(parents=True, exist_ok=True)
         manifest_path.unlink(missing_ok=True)  # the old entry is invalid from here on
         tmp = parquet.with_name(parquet.name + f".tmp{os.getpid()}")
-        q = str(tmp).replace("'", "''")
+        q = sql_path(tmp)
         select = f"SELECT * FROM ({query(table.scan_sql(types))})" + (f" ORDER BY {order_by}" if order_by else "")
         try:
             rows = con.execute(f"COPY ({select}) TO '{q}' "

@@ -69,3 +69,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_write_bytes`)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def user_cache_dir(kind: str) -> Path:
+    """The per-user cache folder of one kind of cached artefact (``chartevents``: the ETL's
+    Parquet cache; ``kernels``: the engine's compiled kernels): ``$ABPS_CACHE_DIR/<kind>``, else
+    ``$XDG_CACHE_HOME/abps/<kind>``, else ``~/.cache/abps/<kind>``. Nothing is created."""
+    if os.environ.get("ABPS_CACHE_DIR"):
+        return Path(os.environ["ABPS_CACHE_DIR"]) / kind
+    base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "abps" / kind

@@ -62,7 +62,7 @@ class Table:
         return f"(SELECT DISTINCT * FROM {scan})" if self.distinct else scan
 
     def _raw_scan(self, types: dict[str, str]) -> str:
-        path = str(self.path).replace("'", "''")
+        path = sql_path(self.path)
         if self.is_parquet:
             casts = []
             for c, kind in zip(self.columns, self.kinds or ("",) * len(self.columns)):
@@ -83,7 +83,7 @@ class Table:
 
     def varchar_scan(self) -> str:
         """A scan of this file with every column as stored (CSV: all VARCHAR); for diagnosis."""
-        path = str(self.path).replace("'", "''")
+        path = sql_path(self.path)
         if self.is_parquet:
             return f"read_parquet('{path}')"
         cols = ", ".join(f"'{c}': 'VARCHAR'" for c in self.columns)
@@ -106,7 +106,7 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
     if memory_limit is not None:
         con.execute(f"SET memory_limit = '{memory_limit.strip()}'")
     if scratch is not None:
-        con.execute(f"SET temp_directory = '{_quote(scratch / 'duckdb_tmp')}'")
+        con.execute(f"SET temp_directory = '{sql_path(scratch / 'duckdb_tmp')}'")
     con.execute("SET preserve_insertion_order = false")
     return con
 
@@ -184,7 +184,7 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     if path.suffix == ".parquet":
         try:
             with contextlib.closing(connect()) as con:
-                desc = con.sql(f"DESCRIBE SELECT * FROM read_parquet('{_quote(path)}')").fetchall()
+                desc = con.sql(f"DESCRIBE SELECT * FROM read_parquet('{sql_path(path)}')").fetchall()
         except duckdb.Error as exc:
             raise InputError(f"{path}: unreadable Parquet ({exc.__class__.__name__})") from None
         cols = tuple(r[0].lower() for r in desc)
@@ -201,7 +201,9 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     return Table(name, path, cols, kinds)
 
 
-def _quote(path: Path) -> str:
+def sql_path(path: Path | str) -> str:
+    """``path`` as the inside of a SQL string literal (single quotes doubled), for DuckDB's
+    ``read_csv('...')`` / ``read_parquet('...')`` / ``COPY ... TO '...'``."""
     return str(path).replace("'", "''")
 
 

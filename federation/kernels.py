@@ -24,8 +24,8 @@ everything downstream agree within float rounding (tests/test_federation_kernels
 
 The kernels are plain C++ (no PyTorch headers: building takes about a second, not the minute a
 ``torch.utils.cpp_extension`` build takes), compiled on first use with the system's C++ compiler
-into a per-user cache (``$ABPS_KERNELS_CACHE``, else ``$XDG_CACHE_HOME/abps/kernels``, else
-``~/.cache/abps/kernels``; keyed by a hash of source, flags, compiler and machine), loaded with
+into a per-user cache (``$ABPS_KERNELS_CACHE``, else ``$ABPS_CACHE_DIR/kernels``, else
+``$XDG_CACHE_HOME/abps/kernels``, else ``~/.cache/abps/kernels``; keyed by a hash of source, flags, compiler and machine), loaded with
 ``ctypes``, and parallelised over centers with OpenMP (the same ``libgomp`` PyTorch loaded, at
 ``torch.get_num_threads()`` threads). Selection, ``ABPS_KERNELS``:
 
@@ -52,6 +52,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from etl.io import user_cache_dir
 
 _SOURCE = r"""
 #include <cstdint>
@@ -187,12 +189,11 @@ def mode() -> str:
 
 
 def cache_dir() -> Path:
-    """Where built kernels are kept (``$ABPS_KERNELS_CACHE``, else the user cache)."""
+    """Where built kernels are kept: ``$ABPS_KERNELS_CACHE``, else the project's user cache
+    (:func:`etl.io.user_cache_dir`: ``$ABPS_CACHE_DIR/kernels``, ``$XDG_CACHE_HOME/abps/kernels``
+    or ``~/.cache/abps/kernels``)."""
     env = os.environ.get("ABPS_KERNELS_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "abps" / "kernels"
+    return Path(env) if env else user_cache_dir("kernels")
 
 
 def _compiler() -> str | None:
