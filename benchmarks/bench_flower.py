@@ -389,16 +389,12 @@ def _without_prefetch(fn, *args):
 
 
 def _eager_step(fn, *args):
-    """``fn(*args)`` with the engine on its eager PyTorch step (``ABPS_KERNELS=torch``)."""
-    saved = os.environ.get("ABPS_KERNELS")
-    os.environ["ABPS_KERNELS"] = "torch"
-    try:
+    """``fn(*args)`` with the engine on its eager PyTorch step (``ABPS_KERNELS=torch``; the
+    environment is restored afterwards)."""
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"ABPS_KERNELS": "torch"}):
         return fn(*args)
-    finally:
-        if saved is None:
-            os.environ.pop("ABPS_KERNELS", None)
-        else:
-            os.environ["ABPS_KERNELS"] = saved
 
 
 def _kernels_in_use() -> bool:
