@@ -22,19 +22,22 @@ weight gradient) add their terms in another order than ``torch.sum`` / MKL's GEM
 everything downstream agree within float rounding (tests/test_federation_kernels.py).
 :func:`pcg64_words` gives NumPy's ``PCG64.random_raw`` words (the dropout draws) exactly.
 
-The kernels are plain C++ (no PyTorch headers: building takes about a second, not the minute a
-``torch.utils.cpp_extension`` build takes), compiled on first use with the system's C++ compiler
+The kernels are plain C++ in ``federation/csrc/abps_kernels.cpp`` (package data; no PyTorch
+headers, so a build takes about a second), compiled on first use with the system's C++ compiler
 into a per-user cache (``$ABPS_KERNELS_CACHE``, else ``$ABPS_CACHE_DIR/kernels``, else
-``$XDG_CACHE_HOME/abps/kernels``, else ``~/.cache/abps/kernels``; keyed by a hash of source, flags, compiler and machine), loaded with
-``ctypes``, and parallelised over centers with OpenMP (the same ``libgomp`` PyTorch loaded, at
-``torch.get_num_threads()`` threads). Selection, ``ABPS_KERNELS``:
+``$XDG_CACHE_HOME/abps/kernels``, else ``~/.cache/abps/kernels``; keyed by a hash of source,
+flags, compiler and, for ``-march=native``, the CPU), loaded with ``ctypes`` with the signatures of
+:data:`SIGNATURES`, and parallelised over centers with OpenMP (the ``libgomp`` PyTorch loaded, at
+``torch.get_num_threads()`` threads). ``ABPS_KERNELS_MARCH`` picks the ``-march`` level (default
+``native``; e.g. ``x86-64-v3`` for one build that runs on every AVX2 machine). Selection,
+``ABPS_KERNELS``:
 
 * ``auto`` (default): use the kernels when they build and load, otherwise the eager PyTorch path
   (one warning, no failure): the product never requires a compiler;
 * ``cpp``: require them (an error naming the build failure if they cannot be built);
 * ``torch``: never use them.
 
-Source: docs/decisions.md, "Fused CPU kernels for the engine step (issue 14)".
+Design and figures: docs/decisions.md, "Fused CPU kernels for the engine step".
 """
 
 from __future__ import annotations
@@ -55,122 +58,81 @@ import torch
 
 from etl.io import user_cache_dir
 
-_SOURCE = r"""
-#include <cstdint>
-#include <cstring>
+#: the C++ source, shipped as package data (``federation/csrc/abps_kernels.cpp``).
+SOURCE_PATH = Path(__file__).parent / "csrc" / "abps_kernels.cpp"
 
-extern "C" {
+#: version the library must report (``abps_kernels_version``); bump with any change of the table.
+VERSION = 3
 
-// sum_j a[j] * b[j] in 16 independent lanes (vectorises without reassociation), then the lanes in order.
-static inline float dot16(const float* a, const float* b, int64_t h) {
-  float acc[16] = {0.f};
-  int64_t j = 0;
-  for (; j + 16 <= h; j += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += a[j + l] * b[j + l];
-  for (int l = 0; j < h; ++j, ++l) acc[l] += a[j] * b[j];
-  float t = 0.f;
-  for (int l = 0; l < 16; ++l) t += acc[l];
-  return t;
+#: The one signature table: every exported function, its C return type and its parameters (C type,
+#: name). The ctypes ``argtypes`` / ``restype`` and the generated header ``abps_kernels.h`` (which the
+#: .cpp includes, so a definition that drifts from this table does not compile) both come from it.
+SIGNATURES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "abps_bias_relu_drop": ("void", (
+        ("float*", "z"), ("const float*", "b"), ("const int16_t*", "bits"), ("int64_t", "c"), ("int64_t", "w"),
+        ("int64_t", "h"), ("int64_t", "cs"), ("int64_t", "rs"), ("int32_t", "thr"), ("float*", "logits"),
+        ("const float*", "lw"), ("const float*", "lb"), ("int32_t", "nthreads"))),
+    "abps_outer_relu_grad": ("void", (
+        ("float*", "q"), ("float*", "gb"), ("const float*", "dl"), ("const float*", "v"), ("const float*", "hact"),
+        ("int64_t", "c"), ("int64_t", "w"), ("int64_t", "h"), ("float", "s"), ("float*", "gw"),
+        ("int32_t", "nthreads"))),
+    "abps_relu_grad": ("void", (
+        ("float*", "g"), ("float*", "gb"), ("const float*", "hact"), ("int64_t", "c"), ("int64_t", "w"),
+        ("int64_t", "h"), ("int32_t", "nthreads"))),
+    "abps_pcg64_fill": ("void", (
+        ("uint64_t*", "out"), ("int64_t", "n"), ("uint64_t", "state_hi"), ("uint64_t", "state_lo"),
+        ("uint64_t", "inc_hi"), ("uint64_t", "inc_lo"))),
+    "abps_kernels_version": ("int32_t", ()),
 }
 
-// z [c, w, h] float32 contiguous, in place: z = relu(z + b) * keep, keep = bits >= thr (1.0 / 0.0).
-// b [c, h]; bits: int16 at (center i, row r, unit j) = bits[i * cs + r * rs + j], or null (no dropout).
-// logits (optional, [c, w]) = lb[i] + sum_j z_new[i, r, j] * lw[i, j]  (the output layer, lw [c, h], lb [c]).
-void abps_bias_relu_drop(float* z, const float* b, const int16_t* bits, int64_t c, int64_t w, int64_t h,
-                         int64_t cs, int64_t rs, int32_t thr, float* logits, const float* lw, const float* lb,
-                         int32_t nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t i = 0; i < c; ++i) {
-    const float* bi = b + i * h;
-    for (int64_t r = 0; r < w; ++r) {
-      float* zr = z + (i * w + r) * h;
-      if (bits) {
-        const int16_t* br = bits + i * cs + r * rs;
-        for (int64_t j = 0; j < h; ++j) {
-          float v = zr[j] + bi[j];
-          v = v < 0.f ? 0.f : v;               // relu, NaN passes (as clamp_min)
-          zr[j] = v * (br[j] >= thr ? 1.f : 0.f);
-        }
-      } else {
-        for (int64_t j = 0; j < h; ++j) {
-          float v = zr[j] + bi[j];
-          zr[j] = v < 0.f ? 0.f : v;
-        }
-      }
-      if (logits) logits[i * w + r] = lb[i] + dot16(zr, lw + i * h, h);
-    }
-  }
-}
+_CTYPES = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "uint64_t": ctypes.c_uint64,
+           "float": ctypes.c_float}
 
-// q [c, w, h] (output) = (hact <= 0 ? 0 : dl[i, r] * v[i, j]); gb [c, h] (output) = sum_r q / s;
-// gw (optional, [c, h]) = s * sum_r hact[i, r, j] * dl[i, r]  (the output layer's weight gradient).
-void abps_outer_relu_grad(float* q, float* gb, const float* dl, const float* v, const float* hact,
-                          int64_t c, int64_t w, int64_t h, float s, float* gw, int32_t nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t i = 0; i < c; ++i) {
-    float* g = gb + i * h;
-    float* g3 = gw ? gw + i * h : nullptr;
-    const float* vi = v + i * h;
-    for (int64_t j = 0; j < h; ++j) g[j] = 0.f;
-    if (g3) for (int64_t j = 0; j < h; ++j) g3[j] = 0.f;
-    for (int64_t r = 0; r < w; ++r) {
-      const float d = dl[i * w + r];
-      const float* hr = hact + (i * w + r) * h;
-      float* qr = q + (i * w + r) * h;
-      for (int64_t j = 0; j < h; ++j) {
-        float x = hr[j] <= 0.f ? 0.f : d * vi[j];
-        qr[j] = x;
-        g[j] += x;
-      }
-      if (g3) for (int64_t j = 0; j < h; ++j) g3[j] += hr[j] * d;
-    }
-    for (int64_t j = 0; j < h; ++j) g[j] = g[j] / s;
-    if (g3) for (int64_t j = 0; j < h; ++j) g3[j] = g3[j] * s;
-  }
-}
 
-// g [c, w, h] in place: g = (hact <= 0 ? 0 : g); gb [c, h] (output) = sum_r g.
-void abps_relu_grad(float* g, float* gb, const float* hact, int64_t c, int64_t w, int64_t h, int32_t nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t i = 0; i < c; ++i) {
-    float* acc = gb + i * h;
-    for (int64_t j = 0; j < h; ++j) acc[j] = 0.f;
-    for (int64_t r = 0; r < w; ++r) {
-      const float* hr = hact + (i * w + r) * h;
-      float* gr = g + (i * w + r) * h;
-      for (int64_t j = 0; j < h; ++j) {
-        float x = hr[j] <= 0.f ? 0.f : gr[j];
-        gr[j] = x;
-        acc[j] += x;
-      }
-    }
-  }
-}
+def _ctype(c_type: str):
+    """ctypes type of one C type of :data:`SIGNATURES` (every pointer is passed as an address)."""
+    if c_type.endswith("*"):
+        return ctypes.c_void_p
+    if c_type == "void":
+        return None
+    return _CTYPES[c_type]
 
-// PCG64 (XSL-RR 128/64, NumPy's ``PCG64.random_raw``): state <- state * M + inc, then output.
-void abps_pcg64_fill(uint64_t* out, int64_t n, uint64_t state_hi, uint64_t state_lo, uint64_t inc_hi,
-                     uint64_t inc_lo) {
-  typedef unsigned __int128 u128;
-  const u128 mult = ((u128)0x2360ED051FC65DA4ULL << 64) | 0x4385DF649FCCF645ULL;
-  u128 st = ((u128)state_hi << 64) | state_lo;
-  const u128 inc = ((u128)inc_hi << 64) | inc_lo;
-  for (int64_t k = 0; k < n; ++k) {
-    st = st * mult + inc;
-    const uint64_t x = (uint64_t)(st >> 64) ^ (uint64_t)st;
-    const unsigned rot = (unsigned)(st >> 122);
-    out[k] = (x >> rot) | (x << ((64u - rot) & 63u));
-  }
-}
 
-int32_t abps_kernels_version() { return 2; }
-}
-"""
+def header() -> str:
+    """The C header ``abps_kernels.h`` declaring every function of :data:`SIGNATURES`."""
+    lines = ["// Generated from federation/kernels.py SIGNATURES; do not edit.", "#pragma once",
+             "#include <cstdint>", 'extern "C" {']
+    for name, (ret, params) in SIGNATURES.items():
+        args = ", ".join(f"{t} {n}" for t, n in params) or "void"
+        lines.append(f"{ret} {name}({args});")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
-#: compiler flags; -ffp-contract=off keeps every product and sum a separately rounded float op
-#: (no fused multiply-add), so the element-wise values equal PyTorch's eager ones.
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+
+def march() -> str:
+    """The ``-march`` target of the build, ``$ABPS_KERNELS_MARCH`` (default ``native``).
+
+    ``native`` tunes for this CPU (the build is keyed on its model and flags); a named level such
+    as ``x86-64-v3`` (AVX2 + FMA), ``x86-64-v2`` or ``x86-64`` gives one library that runs on every
+    CPU of that level, e.g. for a Ray cluster with mixed nodes sharing one cache.
+
+    Raises:
+        ValueError: a value with characters a compiler flag cannot hold.
+    """
+    m = os.environ.get("ABPS_KERNELS_MARCH", "native").strip() or "native"
+    if not all(ch.isalnum() or ch in "-_." for ch in m):
+        raise ValueError(f"ABPS_KERNELS_MARCH={m!r}: expected a -march value such as native or x86-64-v3")
+    return m
+
+
+def flags() -> list[str]:
+    """Compiler flags of the build. ``-ffp-contract=off`` keeps every product and sum a separately
+    rounded float op (no fused multiply-add), so the element-wise values equal PyTorch's eager ones."""
+    return ["-O3", f"-march={march()}", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=c++17"]
+
 
 _LIB: ctypes.CDLL | None = None
+_BUILT: dict[str, str] = {}   # compiler and flags of the loaded library (build_info)
 _TRIED = False
 _ERROR: str | None = None
 _LOCK = threading.Lock()  # one build / load per process, also when the dropout helper thread asks first
@@ -233,22 +195,30 @@ def build(force: bool = False) -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"C++ compiler {cxx!r} does not run: {e}") from e
-    key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), version, platform.machine(), _cpu_id()])
+    try:
+        source = SOURCE_PATH.read_text()
+    except OSError as e:
+        raise RuntimeError(f"engine kernel source {SOURCE_PATH} is unreadable: {e.strerror}") from e
+    hdr, fl = header(), flags()
+    cpu = _cpu_id() if march() == "native" else ""   # a named -march level runs on any CPU of that level
+    key = hashlib.sha256("\0".join([source, hdr, " ".join(fl), version, platform.machine(), cpu])
                          .encode()).hexdigest()[:16]
     out_dir = cache_dir() / key
     lib = out_dir / "libabps_kernels.so"
+    _BUILT.update(compiler=(version.splitlines() or [cxx])[0].strip(), flags=" ".join(fl))
     if lib.exists() and not force:
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "abps_kernels.cpp"
-    fd, tmp_src = tempfile.mkstemp(suffix=".cpp", dir=out_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(_SOURCE)
-    os.replace(tmp_src, src)
+    for path, text in ((out_dir / "abps_kernels.h", hdr), (src, source)):
+        fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=out_dir)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
     fd, tmp_lib = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *_FLAGS, str(src), "-o", tmp_lib], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cxx, *fl, f"-I{out_dir}", str(src), "-o", tmp_lib], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
             raise RuntimeError(f"{cxx} failed to build the engine kernels (exit {proc.returncode}): {tail}")
@@ -262,16 +232,22 @@ def build(force: bool = False) -> Path:
 
 
 def _load(path: Path) -> ctypes.CDLL:
+    """Load the library and set every function's ctypes signature from :data:`SIGNATURES`.
+
+    Raises:
+        OSError: the library does not load, lacks a function, or reports another version.
+    """
     lib = ctypes.CDLL(str(path))
-    i64, f32, i32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int32, ctypes.c_void_p
-    u64 = ctypes.c_uint64
-    lib.abps_bias_relu_drop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i64, i32, ptr, ptr, ptr, i32]
-    lib.abps_outer_relu_grad.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32, ptr, i32]
-    lib.abps_pcg64_fill.argtypes = [ptr, i64, u64, u64, u64, u64]
-    lib.abps_relu_grad.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
-    for fn in (lib.abps_bias_relu_drop, lib.abps_outer_relu_grad, lib.abps_relu_grad, lib.abps_pcg64_fill):
-        fn.restype = None
-    lib.abps_kernels_version.restype = i32
+    for name, (ret, params) in SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError as e:
+            raise OSError(f"{path}: no function {name}") from e
+        fn.argtypes = [_ctype(t) for t, _ in params]
+        fn.restype = _ctype(ret)
+    got = lib.abps_kernels_version()
+    if got != VERSION:
+        raise OSError(f"{path}: kernels version {got}, expected {VERSION}")
     return lib
 
 
@@ -315,6 +291,7 @@ def reset() -> None:
     global _LIB, _TRIED, _ERROR
     with _LOCK:
         _LIB, _TRIED, _ERROR = None, False, None
+        _BUILT.clear()
 
 
 def available() -> bool:
@@ -328,6 +305,26 @@ def step_name() -> str:
     parameters agree within float rounding, not bit for bit. Methods with an extra local loss
     (FedProx, FedDyn, MOON) and non-float32 parameters take the eager / autograd step either way."""
     return "fused" if library() is not None else "eager"
+
+
+def build_info() -> dict[str, str]:
+    """What computed this process's engine steps, for run tags: ``step`` (``fused`` / ``eager``),
+    ``cpu_capability`` (the SIMD level PyTorch dispatches to: ``AVX512``, ``AVX2``, ``DEFAULT`` ...,
+    which ``ATEN_CPU_CAPABILITY`` can lower), the CPU model, and for the fused step the compiler and
+    flags of the kernel build. Runs that differ here agree within float rounding, not bit for bit."""
+    info = {"step": step_name(), "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
+            "cpu": _cpu_model(), "torch": torch.__version__}
+    if info["step"] == "fused":
+        info.update(kernel_compiler=_BUILT.get("compiler", "?"), kernel_flags=_BUILT.get("flags", "?"))
+    return info
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else :func:`platform.processor`."""
+    for line in _cpu_id().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def _f32(name: str, t: torch.Tensor) -> None:
