@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from etl.io import user_cache_dir
+from federation import provenance
 
 #: the C++ source, shipped as package data (``federation/csrc/abps_kernels.cpp``).
 SOURCE_PATH = Path(__file__).parent / "csrc" / "abps_kernels.cpp"
@@ -168,16 +169,6 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_id() -> str:
-    """The CPU model and flags (``-march=native`` code must not run on another CPU)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))][:2]
-        return "\n".join(lines)
-    except OSError:
-        return platform.processor()
-
-
 def build(force: bool = False) -> Path:
     """Compile the kernels into the cache (once; an existing build is reused) and return the
     shared library's path.
@@ -200,7 +191,7 @@ def build(force: bool = False) -> Path:
     except OSError as e:
         raise RuntimeError(f"engine kernel source {SOURCE_PATH} is unreadable: {e.strerror}") from e
     hdr, fl = header(), flags()
-    cpu = _cpu_id() if march() == "native" else ""   # a named -march level runs on any CPU of that level
+    cpu = provenance.cpu_id() if march() == "native" else ""   # a named -march level runs on any CPU of that level
     key = hashlib.sha256("\0".join([source, hdr, " ".join(fl), version, platform.machine(), cpu])
                          .encode()).hexdigest()[:16]
     out_dir = cache_dir() / key
@@ -308,23 +299,14 @@ def step_name() -> str:
 
 
 def build_info() -> dict[str, str]:
-    """What computed this process's engine steps, for run tags: ``step`` (``fused`` / ``eager``),
-    ``cpu_capability`` (the SIMD level PyTorch dispatches to: ``AVX512``, ``AVX2``, ``DEFAULT`` ...,
-    which ``ATEN_CPU_CAPABILITY`` can lower), the CPU model, and for the fused step the compiler and
-    flags of the kernel build. Runs that differ here agree within float rounding, not bit for bit."""
-    info = {"step": step_name(), "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
-            "cpu": _cpu_model(), "torch": torch.__version__}
-    if info["step"] == "fused":
+    """What computes this process's engine steps, for run tags: the machine
+    (:func:`federation.provenance.machine_info`), ``engine_step`` (``fused`` / ``eager``) and, for
+    the fused step, ``kernel_compiler`` and ``kernel_flags`` of the build. Runs that differ here
+    agree within float rounding, not bit for bit."""
+    info = {**provenance.machine_info(), "engine_step": step_name()}
+    if info["engine_step"] == "fused":
         info.update(kernel_compiler=_BUILT.get("compiler", "?"), kernel_flags=_BUILT.get("flags", "?"))
     return info
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else :func:`platform.processor`."""
-    for line in _cpu_id().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def _f32(name: str, t: torch.Tensor) -> None:

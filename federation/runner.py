@@ -29,8 +29,8 @@ from federation.ledger import Ledger
 from federation.loop import EvalSchedule, drive
 from federation.methods import Context, Method, get_method
 from federation.realworld import RealWorld
-from federation.tracking import (COHORT_TAG, ENGINE_STEP_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
-                                 SEED_TAG, Tracker, finite)
+from federation.tracking import (COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
+                                 SEED_TAG, Tracker, engine_tags, finite)
 from federation import kernels
 from federation.metrics import summarize
 from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
@@ -403,7 +403,7 @@ def run_training(
                 results.append(res)
                 if tracker:
                     tracker.log_final(res.summary())
-                    tracker.set_tags({ENGINE_STEP_TAG: kernels.step_name()})
+                    tracker.set_tags(engine_tags(kernels.build_info()))
                     log_clinical(tracker, res.clinical, res.rounds_run)
                     tracker.log_json(res.per_center, "per_center.json")
                     for name, obj in res.artifacts.items():

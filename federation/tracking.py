@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from etl.errors import InputError
+from federation import provenance
 
 _FORBIDDEN_KEYS = {"stay_id", "subject_id", "hadm_id"}
 _T = TypeVar("_T")
@@ -64,10 +65,25 @@ BENCHMARK_TAG = "benchmark"
 SELECTOR_TAG = "selector"  # SAGE runs: the selector's display name
 ARM_TAG = "arm"  # variance-correction runs: the arm (plain / corrected)
 GRID_CELL_TAG = "cell"  # variance-correction runs: the grid cell's label
+PLATFORM_TAG_PREFIX = "abps.platform."  # + cpu, cpu_capability, machine, threads, versions, engine_step, kernel_*
+#: the platform facts whose difference between compared runs the report names
+PLATFORM_COMPARED = ("cpu", "cpu_capability", "engine_step", "kernel_flags", "versions")
 
 #: final metrics of a clinical run, logged at step = rounds run (train and sweep alike)
 FINAL_KEYS = ("final_auroc_mean", "final_auroc_std", "final_val_auroc_mean", "rounds_run", "best_round",
               "total_bytes", "model_bytes", "probe_bytes", "metadata_bytes", "rel_bandwidth", "n_excluded_test")
+
+
+def platform_tags(info: dict[str, str]) -> dict[str, str]:
+    """Provenance facts (:func:`federation.provenance.machine_info`) -> tags under
+    :data:`PLATFORM_TAG_PREFIX`."""
+    return {PLATFORM_TAG_PREFIX + k: str(v) for k, v in info.items()}
+
+
+def engine_tags(info: dict[str, str]) -> dict[str, str]:
+    """Tags of a clinical run from :func:`federation.kernels.build_info` (computed where the run
+    ran): :data:`ENGINE_STEP_TAG` and the platform tags."""
+    return {ENGINE_STEP_TAG: info.get("engine_step", "?"), **platform_tags(info)}
 
 
 def default_tracking_uri() -> str:
@@ -226,10 +242,12 @@ class Tracker:
                parent_id: str | None = None, start_time_ms: int | None = None) -> str:
         """Create a RUNNING run and return its id (close it with :meth:`close`): nested under
         ``parent_id``, else under the innermost open run, else top-level. ``start_time_ms``
-        (epoch ms, default now) is when its work started."""
+        (epoch ms, default now) is when its work started. Every run carries this machine's
+        provenance tags (:func:`federation.provenance.machine_info`); a run computed elsewhere (a
+        Ray worker) overwrites them with its own."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-        all_tags = {MLFLOW_RUN_NAME: name, **(tags or {})}
+        all_tags = {MLFLOW_RUN_NAME: name, **platform_tags(provenance.machine_info()), **(tags or {})}
         parent = parent_id or (self._stack[-1] if self._stack else None)
         if parent:
             all_tags[MLFLOW_PARENT_RUN_ID] = parent

@@ -55,6 +55,16 @@ def test_train_fedavg_writes_results_and_mlflow(cohort, tmp_path, ml_uri):
     assert child.data.params["engine.lr"] == "0.001" and child.data.params["method"] == "fedavg"
     from federation import kernels
     assert child.data.tags["abps.engine_step"] == kernels.step_name()  # which step computed it
+    import torch
+
+    # where it was computed: SIMD level, CPU, library versions; the kernel build on the fused step
+    tags = child.data.tags
+    assert tags["abps.platform.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert tags["abps.platform.engine_step"] == kernels.step_name() and tags["abps.platform.cpu"]
+    assert f"torch={torch.__version__}" in tags["abps.platform.versions"]
+    if kernels.step_name() == "fused":
+        assert "-march=" in tags["abps.platform.kernel_flags"] and tags["abps.platform.kernel_compiler"]
+    assert parents[0].data.tags["abps.platform.cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     for key in ("val_auroc_mean", "test_auroc_mean", "val_auroc_std", "cum_bytes", "rel_bandwidth"):
         assert key in child.data.metrics
     hist = client.get_metric_history(child.info.run_id, "cum_bytes")

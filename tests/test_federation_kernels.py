@@ -243,7 +243,7 @@ def test_portable_build_gives_the_same_values(data, monkeypatch, tmp_path):
     kernels.reset()
     try:
         info = kernels.build_info()
-        assert "-march=x86-64-v3" in info["kernel_flags"] and info["step"] == "fused"
+        assert "-march=x86-64-v3" in info["kernel_flags"] and info["engine_step"] == "fused"
         portable = _train(data)
         assert all(torch.equal(native[k], portable[k]) for k in native)
         monkeypatch.setenv("ABPS_KERNELS_MARCH", "x86-64-v3; rm -rf /")

@@ -155,6 +155,28 @@ def _vv_runs(client, exp_id):
         client.set_terminated(rid, "FINISHED")
 
 
+def test_report_names_runs_from_different_platforms(store, tmp_path):
+    """Runs computed on another SIMD level or engine step are named in the notes with their
+    counts; runs that agree on every platform fact give no note."""
+    uri, client, exp_id = store
+    same = {"abps.platform.cpu_capability": "AVX512", "abps.platform.engine_step": "fused",
+            "abps.platform.cpu": "X", "abps.platform.kernel_flags": "-O3", "abps.platform.versions": "torch=2"}
+    for seed in (1, 2):
+        rid = _cell(client, exp_id, "fedavg", "fedavg", seed, 0.7, 1e6, t=1000 + seed)
+        client.set_tag(rid, "abps.platform.cpu", "X")
+        for k, v in same.items():
+            client.set_tag(rid, k, v)
+    doc = rp.write_report("hand", tmp_path / "a", uri, log_to_mlflow=False)
+    assert not any("platforms" in n for n in doc["notes"])
+    rid = _cell(client, exp_id, "abps", "abps", 1, 0.7, 1e6, t=2000)
+    for k, v in {**same, "abps.platform.cpu_capability": "AVX2", "abps.platform.engine_step": "eager"}.items():
+        client.set_tag(rid, k, v)
+    doc = rp.write_report("hand", tmp_path / "b", uri, log_to_mlflow=False)
+    (note,) = [n for n in doc["notes"] if "platforms" in n]
+    assert "cpu_capability: AVX2 (1 runs), AVX512 (2 runs)" in note and "engine_step: eager (1 runs), fused (2 runs)" in note
+    assert note.startswith("clinical runs: the 3 compared runs") and "Notes" in (tmp_path / "b" / "report.md").read_text()
+
+
 def test_empty_experiment_and_missing_experiment(store, tmp_path):
     uri, client, exp_id = store
     doc = rp.write_report("hand", tmp_path / "r", uri, log_to_mlflow=False)

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from federation.methods import get_method
-from federation.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, HASH_TAG, KIND_REPORT, KIND_SWEEP, KIND_TAG,
-                                 KIND_TRAIN, LABEL_TAG, METHOD_TAG, SEED_TAG, SELECTOR_TAG, Tracker)
+from federation.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_REPORT,
+                                 KIND_SWEEP, KIND_TAG, KIND_TRAIN, LABEL_TAG, METHOD_TAG, PLATFORM_COMPARED,
+                                 PLATFORM_TAG_PREFIX, SEED_TAG, SELECTOR_TAG, Tracker)
 
-__all__ = ["CellRun", "Collected", "dedupe_cells", "collect_runs"]
+__all__ = ["CellRun", "Collected", "dedupe_cells", "collect_runs", "platform_note"]
 
 
 @dataclass
@@ -34,6 +35,38 @@ class CellRun:
     partners_mean: float = math.nan  # ABPS final metrics partners_mean, run_acceptance_rate, centers_ever_rested
     acceptance_rate: float = math.nan
     centers_ever_rested: float = math.nan
+    platform: dict[str, str] = field(default_factory=dict)  # PLATFORM_COMPARED facts of the run
+
+
+def _platform(tags: dict[str, str]) -> dict[str, str]:
+    """The run's :data:`PLATFORM_COMPARED` facts (``unrecorded`` for runs made without them)."""
+    got = {k: tags.get(PLATFORM_TAG_PREFIX + k, "") for k in PLATFORM_COMPARED}
+    if not got["engine_step"] and tags.get(ENGINE_STEP_TAG):
+        got["engine_step"] = tags[ENGINE_STEP_TAG]
+    return {k: v or "unrecorded" for k, v in got.items()}
+
+
+def platform_note(platforms: Iterable[dict[str, str]]) -> str | None:
+    """A note when the compared runs were computed on different machines or code paths (CPU,
+    SIMD level, engine step, kernel build, library versions): the same seed then gives figures
+    that agree within float rounding, not bit for bit. None when they all agree.
+
+    Args:
+        platforms: one :data:`PLATFORM_COMPARED` mapping per run (as in :attr:`CellRun.platform`).
+    """
+    counts: dict[str, dict[str, int]] = {k: {} for k in PLATFORM_COMPARED}
+    n = 0
+    for p in platforms:
+        n += 1
+        for k in PLATFORM_COMPARED:
+            v = p.get(k, "unrecorded")
+            counts[k][v] = counts[k].get(v, 0) + 1
+    differ = {k: c for k, c in counts.items() if len(c) > 1}
+    if n == 0 or not differ:
+        return None
+    parts = [f"{k}: " + ", ".join(f"{v} ({c} runs)" for v, c in sorted(cs.items())) for k, cs in differ.items()]
+    return (f"the {n} compared runs were computed on different platforms ({'; '.join(parts)}): the same seed "
+            "then agrees within float rounding, not bit for bit (docs/reproducibility.md)")
 
 
 @dataclass
@@ -74,7 +107,7 @@ def _cell_from_run(r: Any) -> CellRun | None:
         rest_share=float(m.get("rest_share_mean", math.nan)),
         partners_mean=float(m.get("partners_mean", math.nan)),
         acceptance_rate=float(m.get("run_acceptance_rate", math.nan)),
-        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)))
+        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)), platform=_platform(t))
 
 
 def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
@@ -122,4 +155,10 @@ def collect_runs(tracker: Tracker) -> Collected:
                          "kept); give each cohort its own --experiment")
     out.cells, notes = dedupe_cells(cells)
     out.notes.extend(notes)
+    for kind, platforms in (("clinical", [c.platform for c in out.cells]),
+                            ("SAGE", [_platform(r.data.tags) for r in out.sage]),
+                            ("variance-correction", [_platform(r.data.tags) for r in out.vv])):
+        note = platform_note(platforms)
+        if note:
+            out.notes.append(f"{kind} runs: {note}")
     return out

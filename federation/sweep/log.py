@@ -14,7 +14,7 @@ from typing import Any
 
 from federation.sweep.cells import Cell
 from federation.tracking import (CELL_SECONDS_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
-                                 KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, flatten)
+                                 KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, engine_tags, flatten)
 
 __all__ = ["cell_params", "finished_cells", "stale_runs", "open_parent", "CellLog"]
 
@@ -120,6 +120,8 @@ class CellLog:
                 tags = {CELL_SECONDS_TAG: f"{result.get('seconds', 0.0):.2f}"}
                 if result.get("engine_step"):
                     tags[ENGINE_STEP_TAG] = result["engine_step"]  # the worker's step (fused / eager)
+                if result.get("platform"):
+                    tags.update(engine_tags(result["platform"]))  # the worker's machine and kernel build
                 tr.set_tags(tags)
                 tr.log_json(result["per_center"], "per_center.json")
                 for name, obj in (result.get("artifacts") or {}).items():
