@@ -62,6 +62,7 @@ def runs(
     from rich.table import Table
 
     from federation.report import collect_runs, mean_std, table1
+    from federation.report.abps_table1 import auroc_cell
     from federation.tracking import Tracker
 
     tracker = Tracker(tracking_uri, experiment, create=False)  # InputError naming a missing experiment
@@ -80,7 +81,8 @@ def runs(
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
         iso = mean_std(isolation.get(r.label, []))[0]
-        table.add_row(r.label, r.seeds, f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}",
+        auroc = (auroc_cell(r) if r.n_undefined else f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}")
+        table.add_row(r.label, r.seeds, auroc,
                       f"{_fmt(r.bandwidth, '.2f')}x", _fmt(iso, '.2f'))
     Console(width=max(100, Console().width)).print(table)
     if basis != "fedavg":

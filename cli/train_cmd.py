@@ -179,17 +179,23 @@ def train(
         typer.echo(note, err=True)
     s = doc["summary"]
 
-    def fmt(stat: dict) -> str:
-        return "undefined" if stat["mean"] is None else f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
-
     n = doc["n_centers"]
-    scored = min(n - r["n_excluded_test"] for r in doc["seeds"].values())
+    scored = min(r.get("n_scored_test", n - r["n_excluded_test"]) for r in doc["seeds"].values())
+    need = max(r.get("min_scored_test", 1) for r in doc["seeds"].values())
     auroc = doc.get("metric", "auroc") == "auroc"
-    scored_text = (f"{scored} of {n} centers whose test split holds both classes" if auroc
-                   else f"{scored} of {n} centers with test rows")
+    what = "centers whose test split holds both classes" if auroc else "centers with test rows"
+
+    def fmt(stat: dict) -> str:
+        if stat["mean"] is None:
+            return (f"undefined ({scored} of {n} {what}; a mean needs at least {need}: "
+                    "evaluation.min_centers / evaluation.min_center_share)")
+        return f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
+
+    seeds_text = f"{len(seed_list)} seed" + ("s" if len(seed_list) != 1 else "")
+    head = fmt(s["final_auroc_mean"])
+    over = "" if s["final_auroc_mean"]["mean"] is None else f"; mean over the {scored} of {n} {what}"
     typer.echo(
-        f"{cfg.method}: {'AUROC' if auroc else doc['metric']} "
-        f"{fmt(s['final_auroc_mean'])} (across {len(seed_list)} seeds; mean over the {scored_text}), "
+        f"{cfg.method}: {'AUROC' if auroc else doc['metric']} {head} (across {seeds_text}{over}), "
         f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
     )
     from federation.evaluation import clinical_line

@@ -8,6 +8,8 @@ CLI's ``--rounds`` overrides last. Unknown keys are errors (``extra="forbid"``).
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +67,21 @@ class EarlyStoppingConfig(_Strict):
 
 PREPROCESSING_MODES: tuple[str, ...] = ("auto", "per-center", "federated", "shrinkage", "pooled")
 """Numeric feature encodings of :class:`DataConfig` (see federation/data.py)."""
+
+
+class EvaluationConfig(_Strict):
+    """When a mean across centers is a headline: at least ``min_centers`` centers and
+    ``min_center_share`` of them (rounded up; never more than the federation has) must be
+    evaluable (AUROC: both classes in the center's test split). Below that the run's mean AUROC
+    is undefined (NaN, shown as "undefined (k of n centers)"); the per-center figures stay."""
+
+    min_centers: int = Field(5, ge=1)
+    min_center_share: float = Field(0.1, ge=0.0, le=1.0)
+
+    def required(self, n_centers: int) -> int:
+        """Evaluable centers a mean over ``n_centers`` needs: ``min(n, max(min_centers,
+        ceil(min_center_share * n)))``."""
+        return min(n_centers, max(self.min_centers, math.ceil(self.min_center_share * n_centers - 1e-9)))
 
 
 class DataConfig(_Strict):
@@ -222,6 +239,7 @@ class RunConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="method-specific, validated by the method")
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
     data: DataConfig = DataConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
     realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock (issue 20)")
 

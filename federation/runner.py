@@ -52,6 +52,8 @@ class RunResult:
     final_auroc_std: float
     final_val_auroc_mean: float
     n_excluded_test: int
+    n_scored_test: int   # centers whose test AUROC is defined (both classes)
+    min_scored_test: int  # how many the mean needs (RunConfig.evaluation); fewer -> mean undefined
     total_bytes: int
     model_bytes: int
     probe_bytes: int
@@ -283,6 +285,12 @@ def finalize_run(
             params[k].copy_(restored[k])
         best_round = best[1] + 1
     sv, st = summarize(last_val), summarize(last_test)
+    need = cfg.evaluation.required(data.n_centers)
+    scored = data.n_centers - st.n_excluded
+    if scored < need:   # a mean over too few centers is no headline: undefined, per-center figures kept
+        st = type(st)(math.nan, math.nan, st.n_excluded)
+    if data.n_centers - sv.n_excluded < need:
+        sv = type(sv)(math.nan, math.nan, sv.n_excluded)
     s_tr, s_va, s_te = (data.splits[s].n for s in ("train", "val", "test"))
     per_center = {
         cid: {"val_auroc": float(last_val[i]), "test_auroc": float(last_test[i]), "n_train": int(s_tr[i]),
@@ -296,7 +304,7 @@ def finalize_run(
     return RunResult(
         method=cfg.method, seed=seed, rounds_run=rounds_run, best_round=best_round,
         final_auroc_mean=st.mean, final_auroc_std=st.std, final_val_auroc_mean=sv.mean,
-        n_excluded_test=st.n_excluded, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
+        n_excluded_test=st.n_excluded, n_scored_test=scored, min_scored_test=need, total_bytes=ledger.total_bytes, model_bytes=ledger.model_bytes,
         probe_bytes=ledger.probe_bytes, metadata_bytes=ledger.metadata_bytes,
         rel_bandwidth=ledger.relative_bandwidth, history=history, per_center=per_center,
         params=keep() if keep is not None else None,

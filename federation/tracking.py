@@ -71,7 +71,8 @@ PLATFORM_COMPARED = ("cpu", "cpu_capability", "engine_step", "kernel_flags", "ve
 
 #: final metrics of a clinical run, logged at step = rounds run (train and sweep alike)
 FINAL_KEYS = ("final_auroc_mean", "final_auroc_std", "final_val_auroc_mean", "rounds_run", "best_round",
-              "total_bytes", "model_bytes", "probe_bytes", "metadata_bytes", "rel_bandwidth", "n_excluded_test")
+              "total_bytes", "model_bytes", "probe_bytes", "metadata_bytes", "rel_bandwidth", "n_excluded_test",
+              "n_scored_test", "min_scored_test")
 
 
 def platform_tags(info: dict[str, str]) -> dict[str, str]:

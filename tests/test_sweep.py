@@ -177,6 +177,10 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
     # each cell records which engine step computed it (fused kernels and eager differ in rounding)
     from federation import kernels
     assert {r.data.tags["abps.engine_step"] for r in finished} == {kernels.step_name()}
+    # every cell logs the clinical figures, as abps train does (metrics and the per-center table)
+    for r in finished:
+        assert any(k.startswith("clin_brier") for k in r.data.metrics), sorted(r.data.metrics)
+        assert "clinical_per_center.csv" in {a.path for a in client.list_artifacts(r.info.run_id)}
     # the resumed cell equals a direct computation
     cell = next(c for c in out2.cells if c.key == missing)
     direct = real(cell.config.model_dump(mode="json"), str(cohort), 2)

@@ -61,6 +61,9 @@ class Table1Row:
     bandwidth: float
     rounds_mean: float
     rest_share: float = math.nan  # mean over seeds of the per-seed mean rest share (partner-selection methods)
+    n_undefined: int = 0  # seeds whose mean AUROC is undefined (too few evaluable centers): then the row's too
+    n_scored_min: float = math.nan  # fewest evaluable centers of a seed
+    min_scored: float = math.nan  # evaluable centers a mean needs (the runs' evaluation setting)
 
 
 def _order_key(label: str, method: str) -> tuple[int, str]:
@@ -87,6 +90,8 @@ def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
     for label, runs in groups.items():
         method = runs[0].method
         a_mean, a_std = mean_std([c.final_auroc_mean for c in runs])
+        if any(not math.isfinite(c.final_auroc_mean) for c in runs):  # no mean over the seeds that have one
+            a_mean = a_std = math.nan
         b_mean = mean_std([c.model_bytes for c in runs])[0]
         bw = b_mean / fed_bytes if basis == "fedavg" else mean_std([c.rel_bandwidth for c in runs])[0]
         rows.append(Table1Row(
@@ -94,9 +99,22 @@ def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
             n_seeds=len(runs), seeds=" ".join(str(c.seed) for c in sorted(runs, key=lambda c: c.seed)),
             auroc_mean=a_mean, auroc_std=a_std, bytes_mean=b_mean, bandwidth=bw,
             rounds_mean=mean_std([c.rounds_run for c in runs])[0],
-            rest_share=mean_std([c.rest_share for c in runs])[0]))
+            rest_share=mean_std([c.rest_share for c in runs])[0],
+            n_undefined=sum(not math.isfinite(c.final_auroc_mean) for c in runs),
+            n_scored_min=min((c.n_scored for c in runs if math.isfinite(c.n_scored)), default=math.nan),
+            min_scored=max((c.min_scored for c in runs if math.isfinite(c.min_scored)), default=math.nan)))
     rows.sort(key=lambda r: _order_key(r.label, r.method))
     return rows, basis
+
+
+def auroc_cell(r: Table1Row) -> str:
+    """``0.780 ± 0.016``, or ``undefined (k of n seeds: j centers evaluable, m needed)`` when a
+    seed's mean rests on fewer evaluable centers than the run's ``evaluation`` setting allows."""
+    if r.n_undefined:
+        need = f", {r.min_scored:.0f} needed" if math.isfinite(r.min_scored) else ""
+        got = f": {r.n_scored_min:.0f} centers evaluable{need}" if math.isfinite(r.n_scored_min) else ""
+        return f"undefined ({r.n_undefined} of {r.n_seeds} seeds{got})"
+    return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}"
 
 
 def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
@@ -104,7 +122,7 @@ def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
     the paper's AUROC and bandwidth for the same row (:data:`PAPER_TABLE1`, ``–`` if not a paper row)."""
     head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share",
             "Paper: AUROC (bandwidth)"]
-    body = [(r.name, f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}", f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
+    body = [(r.name, auroc_cell(r), f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
              fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %",
              _paper_cell(r.label))
             for r in rows]

@@ -36,6 +36,8 @@ class CellRun:
     acceptance_rate: float = math.nan
     centers_ever_rested: float = math.nan
     platform: dict[str, str] = field(default_factory=dict)  # PLATFORM_COMPARED facts of the run
+    n_scored: float = math.nan  # centers with a defined test AUROC; the mean needs min_scored of them
+    min_scored: float = math.nan
 
 
 def _platform(tags: dict[str, str]) -> dict[str, str]:
@@ -94,14 +96,16 @@ def _label(method: str, params: dict[str, str]) -> str:
 
 def _cell_from_run(r: Any) -> CellRun | None:
     m, t = r.data.metrics, r.data.tags
-    if "final_auroc_mean" not in m or METHOD_TAG not in t or SEED_TAG not in t:
+    # a run whose mean is undefined (too few evaluable centers) logs no final_auroc_mean but its counts
+    if ("final_auroc_mean" not in m and "n_scored_test" not in m) or METHOD_TAG not in t or SEED_TAG not in t:
         return None
     method = t[METHOD_TAG]
     return CellRun(
         run_id=r.info.run_id, label=t.get(LABEL_TAG) or _label(method, r.data.params), method=method,
         seed=int(t[SEED_TAG]), cohort=t.get(COHORT_TAG),
         config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
-        final_auroc_mean=float(m["final_auroc_mean"]),
+        final_auroc_mean=float(m.get("final_auroc_mean", math.nan)),
+        n_scored=float(m.get("n_scored_test", math.nan)), min_scored=float(m.get("min_scored_test", math.nan)),
         model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
         rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)),
         rest_share=float(m.get("rest_share_mean", math.nan)),

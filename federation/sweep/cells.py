@@ -195,7 +195,8 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
         "started_ms" / "ended_ms": epoch ms of the run's start and end, "round_ms": epoch ms at
         the end of each round, "engine_step": fused C++ kernels or eager
         (:func:`federation.kernels.step_name`), "platform": the worker's
-        :func:`federation.kernels.build_info`}``; only aggregates, no row-level value. Each round is also
+        :func:`federation.kernels.build_info`, "clinical": the run's
+        :class:`federation.evaluation.ClinicalEvaluation` (aggregates only) or None}``; only aggregates, no row-level value. Each round is also
         reported through the live-progress hook when one is set (:func:`set_round_hook`).
     """
     torch.set_num_threads(int(threads))
@@ -217,4 +218,4 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
     return {"summary": res.summary(), "history": res.history, "per_center": res.per_center,
             "artifacts": res.artifacts, "seconds": time.perf_counter() - t0, "started_ms": started,
             "ended_ms": _now_ms(), "round_ms": round_ms, "engine_step": kernels.step_name(),
-            "platform": kernels.build_info()}
+            "platform": kernels.build_info(), "clinical": res.clinical}
