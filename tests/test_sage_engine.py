@@ -248,7 +248,7 @@ def test_train_steps_rejects_a_plan_with_a_gap():
 
 
 def test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients():
-    """Issue 15: the int8 evaluation path counts only if >= 99.5 % of predictions equal fp32's."""
+    """The int8 evaluation path counts only if >= 99.5 % of predictions equal fp32's (docs/sage.md)."""
     from etl.images import FASHION_MNIST_DIR, load_idx_dataset
     from federation.images.data import subsample
     from federation.images.int8 import predict_shared_int8
@@ -270,3 +270,60 @@ def test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients():
     assert cfg.eval_precision == "int8"
     with pytest.raises(InputError, match="eval_precision"):
         parse_config({"benchmark": "sage", "eval_precision": "int4"})
+
+
+def test_int8_weight_codes_cannot_saturate_int16_pairs():
+    """u8 255 x the largest weight codes, all of one sign per input channel: the convolution is exact.
+
+    Non-VNNI kernels (vpmaddubsw) add two u8 x s8 products into an int16 with saturation; codes
+    |q| <= 63 keep a pair at 2 * 255 * 63 = 32130 <= 32767 (codes of 127 give ~1 % of the true sum
+    there, 2 instead of 204 here).
+    """
+    import warnings
+
+    from federation.images import int8
+
+    groups, a = 2, 0.8 / 36                         # interior output 9 taps x (8 - 4) channels x a = 0.8
+    w = torch.zeros(64, 16, 3, 3)
+    w[:, :8] = a                                    # positive pairs
+    w[:, 8::2] = -a                                 # negative products beside zeros
+    previous, torch.backends.quantized.engine = torch.backends.quantized.engine, int8.ENGINE
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            mod = int8._qconv(w, torch.zeros(64), stride_groups=(1, groups))
+            assert int(mod.weight().int_repr().abs().max()) == int8.WEIGHT_QMAX <= 32767 // (2 * 255)
+            x = torch._make_per_tensor_quantized_tensor(torch.full((1, 32, 6, 6), 255, dtype=torch.uint8),
+                                                        1.0 / 255.0, 0)
+            out = mod(x.contiguous(memory_format=torch.channels_last)).int_repr()
+    finally:
+        torch.backends.quantized.engine = previous
+    # exact: int32 sum 9 * 4 * 255 * 63 = 578340, times (1/255) (a/63) = 0.8 = 204 / 255, far from a rounding tie
+    assert out[0, :, 1:-1, 1:-1].unique().tolist() == [204]
+
+
+#: the emulated AVX2 machine (no AVX-512, no VNNI): ATen, oneDNN and MKL each capped
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_int8_evaluation_agrees_with_fp32_under_emulated_avx2():
+    """The two int8 checks above, rerun in a fresh interpreter capped at AVX2: the non-VNNI kernels on any CPU.
+
+    oneDNN's verbose log shows which kernel ran the u8 convolutions: an AVX2 one, never a VNNI one.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DNNL_MAX_CPU_ISA", "DNNL_VERBOSE")}
+    env.update(AVX2_ENV, ONEDNN_VERBOSE="1")
+    here = Path(__file__).resolve()
+    tests = [f"{here}::test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients",
+             f"{here}::test_int8_weight_codes_cannot_saturate_int16_pairs"]
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *tests],
+                       cwd=here.parents[1], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    kernels = {ln.split(",")[6] for ln in p.stdout.splitlines()
+               if ln.startswith("onednn_verbose") and ",exec,cpu,convolution," in ln and "src:u8" in ln}
+    assert kernels and all("avx2" in k and "vnni" not in k for k in kernels), kernels
+    assert "2 passed" in p.stdout

@@ -1,19 +1,27 @@
-"""int8 evaluation of K stacked SAGE predictors on a shared test set (issue 15, evaluation speed).
+"""int8 evaluation of K stacked SAGE predictors on a shared test set (evaluation speed).
 
 Evaluation only (training, probing and mixing stay fp32). The two encoder convolutions, which hold
 ~85 % of the evaluation's multiply-adds, run as quantized oneDNN convolutions with a fused ReLU
-(``torch.ao.nn.intrinsic.quantized.ConvReLU2d``, backend ``x86``): weights int8 per output channel,
-activations uint8 with one scale per tensor. The dense layers (latent projection, head) stay fp32
-(``baddbmm``). Since every client's channels share one activation scale, each output channel is
-first equalised on a calibration slice of the test images (ReLU is positively homogeneous: a channel
-divided by its calibration maximum s_c, the next layer's weights on that channel multiplied by s_c;
-exact in real arithmetic), so every client uses the full uint8 range. Pixels enter exactly
-(uint8 / 255 is the quantization grid itself).
+(``torch.ao.nn.intrinsic.quantized.ConvReLU2d``, engine ``onednn``): weights int8 per output channel
+with codes in [-63, 63], activations uint8 with one scale per tensor. The dense layers (latent
+projection, head) stay fp32 (``baddbmm``). Since every client's channels share one activation scale,
+each output channel is first equalised on a calibration slice of the test images (ReLU is positively
+homogeneous: a channel divided by its calibration maximum s_c, the next layer's weights on that
+channel multiplied by s_c; exact in real arithmetic), so every client uses the full uint8 range.
+Pixels enter exactly (uint8 / 255 is the quantization grid itself).
 
-Acceptance (docs/sage.md, "Speed"): predictions must agree with the fp32 path on >= 99.5 % of test
-images (tests/test_sage_engine.py checks it on trained Fashion-MNIST clients).
+Same integers on every x86 ISA: CPUs without VNNI (AVX2, AVX-512 without VNNI, SSE4.1) multiply
+u8 x s8 with ``vpmaddubsw``, which adds two products into an int16 with saturation. With 7-bit
+weight codes a pair is at most 2 * 255 * 63 = 32,130 <= 32,767, so it never saturates and the int32
+accumulators equal VNNI's (full 8-bit codes reach 2 * 255 * 127 = 64,770 and lost 1.7-2.7 % of the
+predictions there). The engine is named ``onednn`` rather than ``x86`` because torch's ``x86`` engine
+sends convolutions to oneDNN only where cpuinfo reports AVX512-VNNI and to FBGEMM elsewhere, so the
+kernel would depend on the CPU (and FBGEMM is slow for many groups).
+
+Acceptance (docs/sage.md, "int8 evaluation across ISA levels"): predictions must agree with the fp32
+path on >= 99.5 % of test images (tests/test_sage_engine.py checks it on trained Fashion-MNIST
+clients, natively and under ``ONEDNN_MAX_CPU_ISA=AVX2``; ``benchmarks/bench_int8.py`` per ISA level).
 """
-
 from __future__ import annotations
 
 import warnings
@@ -25,8 +33,11 @@ from torch.ao.nn.intrinsic.quantized import ConvReLU2d
 
 from federation.images.models import _grouped_head, to_float
 
-#: quantized engine used for the grouped convolutions (oneDNN; fbgemm is slow for many groups).
-ENGINE = "x86"
+#: quantized engine of the grouped convolutions, named explicitly (``x86`` would pick FBGEMM on CPUs
+#: without AVX512-VNNI).
+ENGINE = "onednn"
+#: largest |int8 weight code|: 2 * 255 * 63 <= 32767, so no u8 x s8 pair saturates an int16 on any ISA.
+WEIGHT_QMAX = 63
 
 
 def _channel_max(h: Tensor) -> Tensor:
@@ -46,10 +57,11 @@ def predict_shared_int8(p: dict[str, Tensor], x: Tensor, chunk: int = 1000, cali
     Returns:
         long [K, N] predicted classes.
     Raises:
-        RuntimeError: the torch build has no ``x86`` quantized engine.
+        RuntimeError: the torch build has no ``onednn`` quantized engine.
     """
     if ENGINE not in torch.backends.quantized.supported_engines:
-        raise RuntimeError(f"int8 evaluation needs torch's '{ENGINE}' quantized engine")
+        raise RuntimeError(f"int8 evaluation needs torch's '{ENGINE}' quantized engine, which this build lacks "
+                           f"(it has {torch.backends.quantized.supported_engines}); use eval_precision: fp32")
     previous = torch.backends.quantized.engine
     torch.backends.quantized.engine = ENGINE
     try:
@@ -90,11 +102,11 @@ def _predict(p: dict[str, Tensor], x: Tensor, chunk: int, calibration: int) -> T
 
 
 def _qconv(w: Tensor, b: Tensor, stride_groups: tuple[int, int]) -> ConvReLU2d:
-    """A quantized conv + ReLU with per-channel int8 weights and a [0, 1] uint8 output grid."""
+    """A quantized conv + ReLU with per-channel int8 weights (codes in [-63, 63]) and a [0, 1] uint8 output grid."""
     stride, groups = stride_groups
     out_ch, in_per_group = w.shape[:2]
     mod = ConvReLU2d(in_per_group * groups, out_ch, w.shape[-1], stride=stride, padding=1, groups=groups)
-    scale = (w.abs().amax(dim=(1, 2, 3)) / 127.0).clamp(min=1e-12).to(torch.float64)
+    scale = (w.abs().amax(dim=(1, 2, 3)) / WEIGHT_QMAX).clamp(min=1e-12).to(torch.float64)
     qw = torch.quantize_per_channel(w, scale, torch.zeros(out_ch, dtype=torch.long), 0, torch.qint8)
     mod.set_weight_bias(qw, b)
     mod.scale, mod.zero_point = 1.0 / 255.0, 0
