@@ -210,8 +210,11 @@ def drop_small_centers(cohort: pl.DataFrame, min_stays: int, att: Attrition, nou
     att.add(f"{noun}s with >= {min_stays} stays", cohort.height, out.height,
             centers_in=sizes.height, centers_removed=sizes.height - keep.len(), centers_out=keep.len())
     if out.height == 0:
+        largest = int(sizes["len"].max() or 0)
+        wider = "--window-years 20 " if noun == "center" else ""
         raise InputError(f"empty cohort after the filter --min-center-stays {min_stays} "
-                         f"(largest {noun} has {int(sizes['len'].max() or 0)} stays)")
+                         f"(largest {noun} has {largest} stays of {cohort.height}); for a cohort this small "
+                         f"(e.g. a demo) try {wider}--min-center-stays 1")
     return out
 
 

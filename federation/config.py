@@ -71,17 +71,19 @@ PREPROCESSING_MODES: tuple[str, ...] = ("auto", "per-center", "federated", "shri
 
 class EvaluationConfig(_Strict):
     """When a mean across centers is a headline: at least ``min_centers`` centers and
-    ``min_center_share`` of them (rounded up; never more than the federation has) must be
-    evaluable (AUROC: both classes in the center's test split). Below that the run's mean AUROC
-    is undefined (NaN, shown as "undefined (k of n centers)"); the per-center figures stay."""
+    ``min_center_share`` of them (rounded up), but never more than half of the federation (rounded
+    up), must be evaluable (AUROC: both classes in the center's test split). Below that the run's
+    mean AUROC is undefined (NaN, shown as "undefined (k of n centers)"); the per-center figures
+    stay."""
 
     min_centers: int = Field(5, ge=1)
     min_center_share: float = Field(0.1, ge=0.0, le=1.0)
 
     def required(self, n_centers: int) -> int:
-        """Evaluable centers a mean over ``n_centers`` needs: ``min(n, max(min_centers,
-        ceil(min_center_share * n)))``."""
-        return min(n_centers, max(self.min_centers, math.ceil(self.min_center_share * n_centers - 1e-9)))
+        """Evaluable centers a mean over ``n_centers`` needs: ``min(ceil(n / 2), max(min_centers,
+        ceil(min_center_share * n)))``, at least 1."""
+        wanted = max(self.min_centers, math.ceil(self.min_center_share * n_centers - 1e-9))
+        return max(1, min(math.ceil(n_centers / 2), wanted))
 
 
 class DataConfig(_Strict):

@@ -45,7 +45,8 @@ def filled_store(tmp_path):
     from federation.sweep import SweepSpec, run_sweep
     from federation.synthetic import write_fedprox_cohort
 
-    cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=5, seed=4, mean_size=80.0, shared=0.8)
+    # large enough that every center's test split holds both classes (a defined headline mean)
+    cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=5, seed=4, mean_size=200.0, shared=0.8)
     db = tmp_path / "ml.db"
     spec = SweepSpec.model_validate({"name": "ui", "seeds": [1, 2], "rounds": 2, "methods": ["fedavg", "abps"]})
     out = run_sweep(spec, CONFIGS, cohort, tracking_uri=f"sqlite:///{db}", progress=False)

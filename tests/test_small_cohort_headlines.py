@@ -14,9 +14,11 @@ from federation.config import EvaluationConfig
 
 def test_required_centers_by_hand():
     e = EvaluationConfig()
-    assert [e.required(n) for n in (1, 3, 5, 6, 31, 50, 51, 230)] == [1, 3, 5, 5, 5, 5, 6, 23]
+    # max(5, ceil(10 % of n)), never more than half the federation
+    assert [e.required(n) for n in (1, 3, 4, 5, 6, 10, 31, 50, 51, 230)] == [1, 2, 2, 3, 3, 5, 5, 5, 6, 23]
     assert EvaluationConfig(min_centers=1, min_center_share=0.0).required(31) == 1
     assert EvaluationConfig(min_centers=2, min_center_share=0.5).required(31) == 16
+    assert EvaluationConfig(min_centers=30, min_center_share=0.0).required(31) == 16
     with pytest.raises(ValueError):
         EvaluationConfig(min_center_share=1.5)
 
@@ -41,7 +43,7 @@ def test_mean_over_one_center_is_undefined_everywhere(demo_cohort, tmp_path, cap
     n = doc["n_centers"]
     seed = doc["seeds"]["11"]
     scored = seed["n_scored_test"]
-    assert scored < 5 < n and seed["min_scored_test"] == 5            # 31 centers: max(5, ceil(3.1)) = 5
+    assert scored < 5 < n and seed["min_scored_test"] == 5            # 28 centers: max(5, ceil(2.8)) = 5
     assert seed["final_auroc_mean"] is None or seed["final_auroc_mean"] != seed["final_auroc_mean"]
     assert doc["summary"]["final_auroc_mean"]["mean"] is None
     assert doc["summary"]["final_auroc_mean"]["n_seeds_undefined"] == 2
@@ -83,3 +85,17 @@ def test_the_evaluation_setting_is_applied(demo_cohort, tmp_path, capsys):
     assert (doc["summary"]["final_auroc_mean"]["mean"] is None) == (seed["n_scored_test"] == 0)
     text = capsys.readouterr().out
     assert "(across 1 seed" in text and "seeds" not in text.split("->")[0]
+
+
+def test_etl_on_a_demo_names_the_options_that_work(mimic_demo_dir, tmp_path):
+    """The README's real-data command on the 100-patient demo: a one-line error that names the
+    options that work, and those options then build a cohort."""
+    from tests.test_cli_errors import one_line_error, run
+
+    line = one_line_error(run("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "c")),
+                          "--min-center-stays 50", "try --window-years 20 --min-center-stays 1")
+    assert "stays of " in line and not (tmp_path / "c").exists()
+    suggested = line.split("try ", 1)[1].split()
+    p = run("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "c"), *suggested)
+    assert p.returncode == 0, p.stderr[-500:]
+    assert (tmp_path / "c" / "cohort.parquet").is_file()
