@@ -243,7 +243,7 @@ class RunConfig(_Strict):
     data: DataConfig = DataConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
-    realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock (issue 20)")
+    realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock")
 
     @field_validator("method")
     @classmethod

@@ -112,7 +112,7 @@ def _clinical_shards(ctx: Context) -> SimpleNamespace:
                            x_train=s.x.reshape(n * width, -1), y_train=s.y.reshape(-1).long())
 
 
-@register(display_name="SAGE selector (issue 18)", family="decentralized")
+@register(display_name="SAGE selector", family="decentralized")
 class SageSelectorMethod(Method):
     """A SAGE benchmark selector on the runtime (see the module docstring); ``params.selector`` picks it."""
 

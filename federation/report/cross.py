@@ -107,7 +107,7 @@ def cross_section(tracker: Tracker, out: Path, sections: dict[str, Any]) -> str:
     entry) when the experiment holds cross-sweep runs; returns the Markdown section of report.md."""
     sets, rows = cross_rows(tracker)
     if not sets or not rows:
-        return ("\n## Cross table (issue 18)\n\nNo cross-sweep runs (`abps sweep --config configs/cross.yaml`); "
+        return ("\n## Cross table\n\nNo cross-sweep runs (`abps sweep --config configs/cross.yaml`); "
                 "section skipped.\n")
     md, csv_body = cross_markdown(sets, rows)
     (out / "cross_table.md").write_text(md)
@@ -117,4 +117,4 @@ def cross_section(tracker: Tracker, out: Path, sections: dict[str, Any]) -> str:
             "cumulative model bytes / FedAvg's 50-round bytes on the same data set, and total bytes "
             "(model + probe + metadata) in MB, one ledger for every method.\n")
     sections["cross"] = {"datasets": [{k: d[k] for k in ("label", "metric")} for d in sets], "rows": rows}
-    return "\n## Cross table (issue 18)\n\n" + md + "\n" + note
+    return "\n## Cross table\n\n" + md + "\n" + note

@@ -206,9 +206,9 @@ def privacy_drift_sections(client: Any, cells: Sequence[Any], out: Path, section
     drift, curves = drift_rows(client, cells)
     parts = []
     for name, rows, table, title, note in (
-            ("privacy", priv, _privacy_md, "Privacy-utility of the DP metadata release (issue 17)",
+            ("privacy", priv, _privacy_md, "Privacy-utility of the DP metadata release",
              "Seed means; epsilon and delta per release (`metadata_dp_epsilon`, `metadata_dp_delta`)."),
-            ("drift", drift, _drift_md, "Drift: a center turned harmful (issue 17)",
+            ("drift", drift, _drift_md, "Drift: a center turned harmful",
              "Mixed partnerships: one end flipped (harmful); stopped: none for 3 rounds running after the flip.")):
         if rows:
             md, body = table(rows)
