@@ -33,8 +33,8 @@ Measured: (1) compile time, i.e. the first call of each compiled function on a f
 ``torch._dynamo.reset()`` with that cache warm (what a second process pays); (2) seconds per step:
 one full step ``[n, 128]`` of gradients, the variants alternated ``--step-reps`` times (rotating
 order), medians; (3) seconds per round: ``train_round`` of every variant alternated for ``--rounds``
-rounds after one warm-up round (which includes any recompile for a new shape), medians of wall
-and CPU (process) seconds; (4) agreement: max abs difference of each variant's step gradients
+rounds after one warm-up round (which includes any recompile for a new shape), medians (and
+minima) of wall and CPU (process) seconds; (4) agreement: max abs difference of each variant's step gradients
 from the eager ones (and relative to the largest eager gradient of that tensor), and of the
 parameters after all rounds. Writes ``bench_out/bench_compile.json`` and ``bench_out/bench_compile.md``
 and prints the table.
@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                             "params_after_rounds_max_rel_diff": rel})
 
     step_med = {v: statistics.median(t) for v, t in step_t.items()}
+    step_min = {v: min(t) for v, t in step_t.items()}
+    wall_min = {v: min(t) for v, t in round_wall.items()}
     wall_med = {v: statistics.median(t) for v, t in round_wall.items()}
     cpu_med = {v: statistics.median(t) for v, t in round_cpu.items()}
     best_compiled = min((v for v in names if v.startswith("compile")), key=lambda v: wall_med[v], default=None)
@@ -292,10 +294,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_1min_before": load0, "load_1min_after": os.getloadavg()[0],
         "compile_failed": failed, "compile_first_call_s": compile_s, "compile_first_call_warm_cache_s": warm_compile,
         "first_round_s": first_round,
-        "step_s_median": step_med, "step_s": step_t,
+        "step_s_median": step_med, "step_s_min": step_min, "step_s": step_t, "round_wall_s_min": wall_min,
         "round_wall_s_median": wall_med, "round_cpu_s_median": cpu_med, "round_wall_s": round_wall,
         "agreement_vs_eager": agree,
         "ratio_step_vs_cpp": {v: step_med[v] / step_med["cpp"] for v in step_med},
+        "ratio_step_min_vs_cpp": {v: step_min[v] / step_min["cpp"] for v in step_min},
+        "ratio_round_wall_min_vs_cpp": {v: wall_min[v] / wall_min["cpp"] for v in names},
         "ratio_round_wall_vs_cpp": {v: wall_med[v] / wall_med["cpp"] for v in names},
         "ratio_round_wall_vs_eager": {v: wall_med[v] / wall_med["eager"] for v in names},
         "best_compiled": best_compiled,
@@ -321,8 +325,8 @@ def _table(res: dict[str, Any]) -> str:
         f"{res['cpus']} CPUs; medians of {res['step_reps']} steps / {res['rounds_timed']} rounds per variant, "
         "interleaved",
         "",
-        "| variant | compile (first call), s | s / step | step vs cpp | s / round (wall) | CPU s / round "
-        "| round vs cpp "
+        "| variant | compile (first call), s | s / step (min) | step vs cpp (min) | s / round, wall (min) "
+        "| CPU s / round | round vs cpp (min) "
         "| grad max abs diff vs eager (rel) | params after rounds, max abs diff |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -335,9 +339,11 @@ def _table(res: dict[str, Any]) -> str:
             comp_txt += f" (warm cache {warm:.1f})"
         rw = res["round_wall_s_median"].get(v)
         round_txt = ("-", "-", "-") if rw is None else (
-            f"{rw:.3f}", f"{res['round_cpu_s_median'][v]:.3f}", f"{res['ratio_round_wall_vs_cpp'][v]:.2f}x")
+            f"{rw:.3f} ({res['round_wall_s_min'][v]:.3f})", f"{res['round_cpu_s_median'][v]:.3f}",
+            f"{res['ratio_round_wall_vs_cpp'][v]:.2f}x ({res['ratio_round_wall_min_vs_cpp'][v]:.2f}x)")
         pd = ag[v].get("params_after_rounds_max_abs_diff")
-        lines.append(f"| {v} | {comp_txt} | {s:.4f} | {res['ratio_step_vs_cpp'][v]:.2f}x | {round_txt[0]} | "
+        lines.append(f"| {v} | {comp_txt} | {s:.4f} ({res['step_s_min'][v]:.4f}) | "
+                     f"{res['ratio_step_vs_cpp'][v]:.2f}x ({res['ratio_step_min_vs_cpp'][v]:.2f}x) | {round_txt[0]} | "
                      f"{round_txt[1]} | {round_txt[2]} | {ag[v]['step_grad_max_abs_diff']:.1e} "
                      f"({ag[v]['step_grad_max_rel_diff']:.1e}) | {'-' if pd is None else f'{pd:.1e}'} |")
     for v, err in res["compile_failed"].items():
