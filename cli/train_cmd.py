@@ -65,6 +65,24 @@ class _TrainCommand(TyperCommand):
         super().format_help(ctx, formatter)
 
 
+#: the ``abps train`` options a benchmark config (``benchmark: sage | vv``) applies; --no-progress
+#: holds trivially (benchmarks draw no bar). Any other option given is refused, not dropped.
+_BENCHMARK_OPTIONS = frozenset({"config", "rounds", "seeds", "output", "force", "tracking_uri", "experiment",
+                                "threads", "no_progress"})
+
+
+def _refuse_unused(ctx: typer.Context, applies: frozenset[str], what: str) -> None:
+    """Raise InputError naming the first option the user gave (command line or environment) that
+    ``what`` does not apply, so no option is accepted and ignored."""
+    for p in ctx.command.params:
+        if p.name in applies or p.name is None:
+            continue
+        src = ctx.get_parameter_source(p.name)
+        if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):  # typer may ship its own click
+            flag = max(p.opts, key=len) if getattr(p, "opts", None) else p.name
+            raise InputError(f"{flag}: not used by {what}; drop it, or train a clinical method without the config")
+
+
 def goal_preset(goal: str) -> str:
     """The registered goal-aware ABPS preset of ``goal`` (family ``goal``: ABPS+P+Q+kappa=1 with the
     goal's filter, ABPS paper Sec. 6.5), e.g. ``diversity -> abps-div``.
@@ -124,6 +142,7 @@ def train(
         name = str(file_cfg["benchmark"]).lower()
         if name not in _BENCHMARKS:
             raise InputError(f"{config}: benchmark must be one of {', '.join(_BENCHMARKS)}, got {name!r}")
+        _refuse_unused(ctx, _BENCHMARK_OPTIONS, f"a {name} benchmark config ({config})")
         mod = importlib.import_module(_BENCHMARKS[name])
         # only what the user set overrides the benchmark config's own seeds / experiment; the
         # results file defaults to the config's `output`, else results.json as for clinical runs

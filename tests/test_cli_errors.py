@@ -178,3 +178,36 @@ def test_cifar_loader_refuses_code_in_pickles(tmp_path):
     with pytest.raises(InputError, match="not a CIFAR-10 python batch"):
         load_cifar10(tmp_path)
     assert not (tmp_path / "PWNED").exists()
+
+
+def _train_options():
+    """Every option of `abps train`, read from the typer app itself (a new option is covered here
+    without anyone listing it)."""
+    import typer.main
+
+    from cli.app import _register, app
+
+    _register()
+    cmd = typer.main.get_command(app).commands["train"]
+    return [p for p in cmd.params if getattr(p, "opts", None) and p.name != "help"]
+
+
+def _unapplied_by_benchmarks():
+    from cli.train_cmd import _BENCHMARK_OPTIONS
+
+    return [p.name for p in _train_options() if p.name not in _BENCHMARK_OPTIONS]
+
+
+@pytest.mark.parametrize("opt", _unapplied_by_benchmarks())
+def test_benchmark_configs_refuse_every_option_they_do_not_apply(opt, tmp_path):
+    """`abps train --config <benchmark config>` applies only some options
+    (cli.train_cmd._BENCHMARK_OPTIONS); every other option of the command, as the typer app lists
+    them, is refused with a one-line error naming it, never dropped."""
+    p = next(x for x in _train_options() if x.name == opt)
+    flag = max(p.opts, key=len)
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text("benchmark: sage\nname: t\n")
+    value = [] if getattr(p, "is_flag", False) else ["a=1" if opt == "param" else "1"]
+    one_line_error(run("train", "--config", str(cfg), flag, *value, "--rounds", "1",
+                       "--output", str(tmp_path / "r.json")), flag, "not used by a sage benchmark config")
+    assert not (tmp_path / "r.json").exists()
