@@ -58,3 +58,33 @@ def test_signal_during_a_duckdb_query_exits_interrupted(mimic_demo_dir, tmp_path
     assert rc == code, err[-800:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted"
     assert not out.exists() and not [q for q in tmp_path.iterdir() if ".tmp-" in q.name]
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    from cli.app import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option,value,needle", [
+    ("--split", "nan,0.5,0.5", "--split"),
+    ("--split", "inf,0,0", "--split"),
+    ("--split", "-0.5,0.75,0.75", "--split"),
+    ("--split", "0.7,0.15,0.1", "--split"),           # sums to 0.95
+    ("--split", "0.7,0.15,0.15000001", "--split"),    # off by 1e-8 > 1e-9
+    ("--min-age", "nan", "--min-age"),
+    ("--max-age", "inf", "--max-age"),
+    ("--min-age", "-inf", "--min-age"),
+    ("--vitals-from-hours", "nan", "--vitals-from-hours"),
+    ("--alpha", "nan", "--alpha"),
+    ("--alpha", "inf", "--alpha"),
+])
+def test_non_finite_or_bad_float_options_are_refused(mimic_demo_dir, tmp_path, capsys, option, value, needle):
+    extra = ("--partition", "dirichlet") if option == "--alpha" else ()
+    code, err = _cli(capsys, "etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "o"),
+                     "--window-years", "20", "--min-center-stays", "1", *extra, f"{option}={value}")
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "o").exists()
