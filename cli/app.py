@@ -38,9 +38,30 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line[:limit]
 
 
+#: The signal that ended the command, if any (set by the handlers below). A signal that arrives
+#: while DuckDB runs a query does not surface as the handler's exception: DuckDB interrupts the
+#: query and raises its own error (``RuntimeError: Query interrupted``). Whatever exception
+#: unwinds after a signal is therefore reported as that signal.
+_received: dict[str, int | None] = {"signal": None}
+
+
+def _on_sigint(signum, frame) -> None:  # noqa: ARG001
+    _received["signal"] = signum
+    raise KeyboardInterrupt
+
+
 def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
     # unwind normally so that temporary outputs are removed (etl.io.atomic_output_dir)
+    _received["signal"] = signum
     raise SystemExit(143)
+
+
+def _exit_interrupted() -> None:
+    """Exit for the signal received: 130 (SIGINT, Ctrl-C) or 143 (SIGTERM), with one line."""
+    import signal
+
+    print("error: interrupted", file=sys.stderr)
+    sys.exit(143 if _received["signal"] == signal.SIGTERM else 130)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,37 +74,50 @@ def main(argv: list[str] | None = None) -> None:
     import signal
 
     _register()
+    _received["signal"] = None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if previous[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT stays ignored
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         rv = app(args=argv, standalone_mode=False)
-    except InputError as exc:
+    except BaseException as exc:
+        if _received["signal"] is not None or isinstance(exc, KeyboardInterrupt):
+            _exit_interrupted()
+        if isinstance(exc, Exception):
+            _report(exc)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if _received["signal"] is not None or rv == 130:  # click turns an interrupt into the return value 130
+        _exit_interrupted()
+    if isinstance(rv, int) and rv != 0:
+        sys.exit(rv)
+
+
+def _report(exc: Exception) -> None:
+    """Exit 2 with one ``error:`` line for bad input or a usage error (typer's click, pydantic,
+    MLflow); return for anything else (the caller re-raises it)."""
+    from pydantic import ValidationError
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
+    if isinstance(exc, InputError):
         print(f"error: {_first_line(exc)}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as exc:  # usage errors of typer's click, pydantic, MLflow
-        from pydantic import ValidationError
-        from typer._click.exceptions import ClickException, NoArgsIsHelpError
-
-        if isinstance(exc, typer.Exit):
-            sys.exit(exc.exit_code)
-        if isinstance(exc, NoArgsIsHelpError):
-            exc.show()
-            sys.exit(2)
-        if isinstance(exc, ClickException):
-            print(f"error: {_first_line(exc.format_message())}", file=sys.stderr)
-            sys.exit(2)
-        if isinstance(exc, ValidationError):
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first.get("loc", ()))
-            print(f"error: invalid config {loc}: {first.get('msg')}", file=sys.stderr)
-            sys.exit(2)
-        if type(exc).__module__.startswith("mlflow"):
-            print(f"error: MLflow: {_first_line(exc)}", file=sys.stderr)
-            sys.exit(2)
-        raise
-    if isinstance(rv, int) and rv != 0:
-        if rv == 130:
-            print("error: interrupted", file=sys.stderr)
-        sys.exit(rv)
+    if isinstance(exc, typer.Exit):
+        sys.exit(exc.exit_code)
+    if isinstance(exc, NoArgsIsHelpError):
+        exc.show()
+        sys.exit(2)
+    if isinstance(exc, ClickException):
+        print(f"error: {_first_line(exc.format_message())}", file=sys.stderr)
+        sys.exit(2)
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        print(f"error: invalid config {loc}: {first.get('msg')}", file=sys.stderr)
+        sys.exit(2)
+    if type(exc).__module__.startswith("mlflow"):
+        print(f"error: MLflow: {_first_line(exc)}", file=sys.stderr)
+        sys.exit(2)

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from etl.errors import InputError
+from etl.errors import InputError, check_fractions, check_number
 
 Partition = Literal["careunit-year", "careunit-era", "dirichlet", "iid"]
 PARTITIONS: tuple[str, ...] = ("careunit-year", "careunit-era", "dirichlet", "iid")
@@ -79,8 +79,8 @@ def assign_centers(
     if partition in ("dirichlet", "iid"):
         if n_centers < 1:
             raise InputError(f"--n-centers must be >= 1, got {n_centers}")
-        if partition == "dirichlet" and not alpha > 0:
-            raise InputError(f"--alpha must be > 0, got {alpha}")
+        if partition == "dirichlet":
+            check_number("--alpha", alpha, above=0)
         rng = np.random.default_rng(seed)
         if partition == "iid":
             center = iid_assignment(stays.height, n_centers, rng)
@@ -123,9 +123,9 @@ def grouped_stratified_split(
     Raises:
         InputError: fractions not positive or not summing to 1.
     """
-    f = np.asarray(fractions, dtype=float)
-    if f.shape != (3,) or (f <= 0).any() or abs(f.sum() - 1.0) > 1e-6:
-        raise InputError(f"--split fractions must be three positive numbers summing to 1, got {fractions}")
+    if len(fractions) != 3:
+        raise InputError(f"--split: expected three fractions (train, val, test), got {len(fractions)}")
+    f = np.asarray(check_fractions("--split", fractions), dtype=float)
     subj = (
         stays.sort(["subject_id", "intime"])
         .group_by("subject_id", maintain_order=True)

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from etl import charlson
-from etl.errors import InputError
+from etl.errors import InputError, check_fractions, check_number
 from etl.io import atomic_write_text
 from etl.partition import PARTITIONS, assign_centers, grouped_stratified_split
 from etl.report import cohort_report, report_markdown
@@ -109,12 +109,17 @@ class EtlOptions:
         for cu in self.care_units:
             if cu not in known and cu not in CARE_UNITS:
                 raise InputError(f"unknown care unit '{cu}' in --care-units (known: {', '.join(sorted(known))})")
+        check_number("--min-age", self.min_age)
+        check_number("--max-age", self.max_age)
         if not self.min_age <= self.max_age:
             raise InputError(f"--min-age {self.min_age} is above --max-age {self.max_age}")
         if self.min_center_stays < 1:
             raise InputError(f"--min-center-stays must be >= 1, got {self.min_center_stays}")
-        if not -48 <= self.vitals_from_hours < 24:
-            raise InputError(f"--vitals-from-hours must be in [-48, 24), got {self.vitals_from_hours}")
+        check_number("--vitals-from-hours", self.vitals_from_hours, at_least=-48, below=24)
+        check_number("--alpha", self.alpha, above=0)
+        if len(self.split_fractions) != 3:
+            raise InputError(f"--split: expected three fractions (train, val, test), got {len(self.split_fractions)}")
+        check_fractions("--split", self.split_fractions)
         if self.threads < 1:
             raise InputError(f"--threads must be >= 1, got {self.threads}")
         if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", self.memory_limit.strip()):

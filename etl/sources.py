@@ -267,6 +267,12 @@ def duckdb_errors(tables: list[Table], types: dict[str, str] | None = None) -> I
         yield
     except duckdb.InterruptException:
         raise KeyboardInterrupt from None
+    except RuntimeError as exc:
+        # a signal handled while a query runs: DuckDB stops the query and raises this instead
+        # of the handler's exception (the CLI maps it to the signal's exit code)
+        if "interrupted" in str(exc).lower():
+            raise KeyboardInterrupt from None
+        raise
     except duckdb.Error as exc:
         raise wrap_duckdb_error(exc, tables, types) from None
 
