@@ -73,13 +73,20 @@ class Table:
                     casts.append(f"CAST({c} AS {types[c]}) AS {c}")
             replace_ = f" REPLACE ({', '.join(casts)})" if casts else ""
             return f"(SELECT *{replace_} FROM read_parquet('{path}'))"
+        # integer columns are read as text and converted by whole_number_sql: DuckDB's own
+        # conversion rounds a fractional value ('0.6' -> 1) instead of refusing it
+        ints = [c for c in self.columns if types.get(c) in INTEGER_TYPES]
         cols = ", ".join(
-            f"'{c}': '{types.get(c, 'VARCHAR')}'" for c in self.columns
+            f"'{c}': '{'VARCHAR' if c in ints else types.get(c, 'VARCHAR')}'" for c in self.columns
         )
-        return (
+        scan = (
             f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
             f"columns={{{cols}}}, timestampformat='%Y-%m-%d %H:%M:%S', nullstr='')"
         )
+        if not ints:
+            return scan
+        casts = ", ".join(f"{whole_number_sql(self.path, c, types[c])} AS {c}" for c in ints)
+        return f"(SELECT * REPLACE ({casts}) FROM {scan})"
 
     def varchar_scan(self) -> str:
         """A scan of this file with every column as stored (CSV: all VARCHAR); for diagnosis."""
@@ -89,6 +96,41 @@ class Table:
         cols = ", ".join(f"'{c}': 'VARCHAR'" for c in self.columns)
         return (f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
                 f"columns={{{cols}}}, nullstr='')")
+
+
+INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT")
+#: Start of the DuckDB error raised by :func:`whole_number_sql` (translated by wrap_duckdb_error).
+NOT_WHOLE = "abps: not a whole number in "
+
+
+def whole_number_sql(path: Path, col: str, kind: str) -> str:
+    """SQL converting the text column ``col`` to the integer type ``kind``: a whole number
+    (``12``, ``12.0``, ``1.2e1``) converts, a fractional one (``0.6``) stops the query with an
+    error naming the file and the column (never the value)."""
+    where = sql_path(f"{path} :: {col}")
+    as_double = f"TRY_CAST({col} AS DOUBLE)"
+    return (f"CASE WHEN {col} IS NULL OR NOT (contains({col}, '.') OR contains(lower({col}), 'e')) "
+            f"THEN CAST({col} AS {kind}) "
+            f"WHEN {as_double} = floor({as_double}) THEN CAST({as_double} AS {kind}) "
+            f"ELSE error('{NOT_WHOLE}{where}') END")
+
+
+def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, ...]) -> None:
+    """Refuse a label / flag column holding a value that is not exactly 0 or 1 once parsed as a
+    number (``1.0`` is 1; ``0.6``, ``2``, ``yes`` are refused; empty is missing).
+
+    Raises:
+        InputError: naming the file, the column and how many rows hold other values.
+    """
+    cols = tuple(c for c in cols if c in table.columns)
+    if not cols:
+        return
+    checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND coalesce(TRY_CAST(trim(CAST({c} AS VARCHAR)) "
+                       f"AS DOUBLE) IN (0, 1), false) = false)" for c in cols)
+    bad = con.execute(f"SELECT {checks} FROM {table.varchar_scan()}").fetchall()[0]
+    for c, n in zip(cols, bad):
+        if n:
+            raise InputError(f"{table.path}: column '{c}' must be 0 or 1 ({n} rows hold other values)")
 
 
 def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | None = None) -> duckdb.DuckDBPyConnection:
@@ -288,6 +330,12 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
         return InputError("DuckDB ran out of memory within --memory-limit (raise --memory-limit; "
                           "DuckDB spills to disk but some steps need a minimum)")
     text = str(exc)
+    if NOT_WHOLE in text:
+        where = text.split(NOT_WHOLE, 1)[1]
+        path, _, col = where.rpartition(" :: ")
+        col = re.match(r"[A-Za-z0-9_]*", col).group(0)
+        return InputError(f"{path}: column '{col}' holds values that are not whole numbers "
+                          f"(an integer column; a fractional value is refused, never rounded)")
     culprit = next((t for t in tables if str(t.path) in text), None)
     kind = "unreadable gzip" if ("gzip" in text.lower() or "zlib" in text.lower()) else "malformed data"
     if kind != "unreadable gzip":
