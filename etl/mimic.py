@@ -29,7 +29,7 @@ from etl.io import atomic_output_dir
 from etl.chart_cache import use_cache
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, duckdb_errors, locate
+from etl.sources import Table, check_flags, duckdb_errors, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -168,6 +168,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
         check_flags(con, tables["admissions"], ("hospital_expire_flag",))
+        require_rows(con, tables["chartevents"], "every first-day vital comes from it")
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         cache = use_cache(con, tables["chartevents"], types, REQUIRED[("icu", "chartevents")], opts.chart_cache,
                           vitalsign_sql, VITALSIGN_ORDER)

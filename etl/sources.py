@@ -133,6 +133,17 @@ def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, .
             raise InputError(f"{table.path}: column '{c}' must be 0 or 1 ({n} rows hold other values)")
 
 
+def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None:
+    """Refuse a table with a header (or schema) but no data row. Cheap: DuckDB stops after the
+    first row (``LIMIT 1``).
+
+    Raises:
+        InputError: naming the file and ``why`` the table cannot be empty.
+    """
+    if not con.execute(f"SELECT 1 FROM {table.varchar_scan()} LIMIT 1").fetchall():
+        raise InputError(f"{table.path}: no data rows (a header only); {why}")
+
+
 def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | None = None) -> duckdb.DuckDBPyConnection:
     """The one function that opens a DuckDB connection for the ETL (both sources, every step).
 

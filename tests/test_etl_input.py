@@ -171,3 +171,28 @@ def test_fractional_value_in_an_integer_column_is_refused_not_rounded(mimic_demo
     assert msg.startswith(f"{path}: column '{col}' holds values that are not whole numbers"), msg
     assert old not in msg.replace(str(path), "") and "\n" not in msg
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("fmt", ["csv.gz", "parquet"])
+def test_header_only_chartevents_is_refused(mimic_demo_dir, tmp_path, fmt):
+    import gzip
+
+    import duckdb
+
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    header = gzip.decompress(path.read_bytes()).decode().splitlines()[0]
+    path.write_bytes(gzip.compress((header + "\n").encode()))
+    if fmt == "parquet":
+        pq = src / "icu/chartevents.parquet"
+        duckdb.connect().execute(f"COPY (SELECT * FROM read_csv('{mimic_demo_dir}/icu/chartevents.csv.gz') "
+                                 f"LIMIT 0) TO '{pq}' (FORMAT parquet)")
+        path.unlink()
+        path = pq
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: no data rows (a header only); every first-day vital comes from it"
+    assert not (tmp_path / "o").exists()
