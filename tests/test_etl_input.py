@@ -196,3 +196,34 @@ def test_header_only_chartevents_is_refused(mimic_demo_dir, tmp_path, fmt):
         run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
     assert str(e.value) == f"{path}: no data rows (a header only); every first-day vital comes from it"
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rel", ["icu/chartevents", "hosp/admissions"])
+@pytest.mark.parametrize("pad", [1, 7, 1024])
+def test_zero_padding_after_the_gzip_stream_is_ignored(mimic_demo_dir, tmp_path, rel, pad):
+    import polars as pl
+
+    from etl.mimic import EtlOptions, run_etl
+
+    ref = tmp_path / "ref"
+    run_etl(mimic_demo_dir, ref, EtlOptions(**WIDE))
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / f"{rel}.csv.gz"
+    path.write_bytes(path.read_bytes() + b"\0" * pad)  # gzip -t and zcat accept this file
+    assert subprocess.run(["gzip", "-t", str(path)]).returncode == 0
+    rep = run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert rep["stays"] == 135
+    assert pl.read_parquet(tmp_path / "o/cohort.parquet").equals(pl.read_parquet(ref / "cohort.parquet"))
+    assert path.stat().st_size == (mimic_demo_dir / f"{rel}.csv.gz").stat().st_size + pad  # input untouched
+
+
+def test_garbage_after_the_gzip_stream_names_the_file_and_reason(mimic_demo_dir, tmp_path, capsys):
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    path.write_bytes(path.read_bytes() + b"\0" * 16 + b"not gzip at all" * 10)
+    code, err = _cli(capsys, "etl", "--mimic-dir", str(src), "--out", str(tmp_path / "o"),
+                     "--window-years", "20", "--min-center-stays", "1")
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {path}: unreadable gzip (") and "input tables" not in lines[0], lines[0]
+    assert not (tmp_path / "o").exists()
