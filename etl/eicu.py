@@ -37,7 +37,7 @@ from etl.errors import InputError
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.report import rate_table
-from etl.sources import Table, duckdb_errors, locate
+from etl.sources import Table, check_flags, duckdb_errors, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 REQUIRED = {
@@ -132,6 +132,8 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     with atomic_output_dir(out) as tmp:
         con = connect(opts.threads, opts.memory_limit, tmp)
         with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
+            check_flags(con, tables["apachePredVar"], REQUIRED["apachePredVar"][1:])
+            require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")
             tables = check_keys(con, tables, KEYS, types, att, root)
             s = {k: v.scan_sql(types) for k, v in tables.items()}
             con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql("eicu", "stays", patient=s["patient"]))

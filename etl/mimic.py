@@ -29,7 +29,7 @@ from etl.io import atomic_output_dir
 from etl.chart_cache import use_cache
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, duckdb_errors, locate
+from etl.sources import Table, check_flags, duckdb_errors, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -167,6 +167,8 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     timings: dict[str, float] = {}
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
+        check_flags(con, tables["admissions"], ("hospital_expire_flag",))
+        require_rows(con, tables["chartevents"], "every first-day vital comes from it")
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         cache = use_cache(con, tables["chartevents"], types, REQUIRED[("icu", "chartevents")], opts.chart_cache,
                           vitalsign_sql, VITALSIGN_ORDER)
@@ -174,11 +176,6 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
             cache_info.update(status=cache.status, rows=cache.rows, seconds=round(cache.seconds, 3),
                               reason=cache.reason)
         s = {name: t.scan_sql(types) for name, t in tables.items()}
-        bad = scalar(con, f"SELECT count(*) FROM {s['admissions']} "
-                          "WHERE hospital_expire_flag IS NOT NULL AND hospital_expire_flag NOT IN (0, 1)")
-        if bad:
-            raise InputError(f"{tables['admissions'].path}: column 'hospital_expire_flag' must be 0 or 1 "
-                             f"({bad} rows hold other values)")
         con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql(
             "mimic", "stays", icustays=s["icustays"], admissions=s["admissions"], patients=s["patients"],
             care_units=care_unit_rows()))

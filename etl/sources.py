@@ -13,8 +13,12 @@ no output depends on the machine's time zone.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gzip
+import os
+import shutil
+import tempfile
 import re
 import zlib
 from dataclasses import dataclass, replace
@@ -46,10 +50,16 @@ class Table:
     columns: tuple[str, ...]
     kinds: tuple[str, ...] = ()
     distinct: bool = False
+    read_from: Path | None = None
 
     @property
     def is_parquet(self) -> bool:
         return self.path.suffix == ".parquet"
+
+    @property
+    def read_path(self) -> Path:
+        """The file DuckDB scans: ``path``, or a copy of it without trailing gzip padding."""
+        return self.read_from or self.path
 
     def scan_sql(self, types: dict[str, str]) -> str:
         """A DuckDB table expression reading this file.
@@ -62,7 +72,7 @@ class Table:
         return f"(SELECT DISTINCT * FROM {scan})" if self.distinct else scan
 
     def _raw_scan(self, types: dict[str, str]) -> str:
-        path = sql_path(self.path)
+        path = sql_path(self.read_path)
         if self.is_parquet:
             casts = []
             for c, kind in zip(self.columns, self.kinds or ("",) * len(self.columns)):
@@ -73,22 +83,75 @@ class Table:
                     casts.append(f"CAST({c} AS {types[c]}) AS {c}")
             replace_ = f" REPLACE ({', '.join(casts)})" if casts else ""
             return f"(SELECT *{replace_} FROM read_parquet('{path}'))"
+        # integer columns are read as text and converted by whole_number_sql: DuckDB's own
+        # conversion rounds a fractional value ('0.6' -> 1) instead of refusing it
+        ints = [c for c in self.columns if types.get(c) in INTEGER_TYPES]
         cols = ", ".join(
-            f"'{c}': '{types.get(c, 'VARCHAR')}'" for c in self.columns
+            f"'{c}': '{'VARCHAR' if c in ints else types.get(c, 'VARCHAR')}'" for c in self.columns
         )
-        return (
+        scan = (
             f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
             f"columns={{{cols}}}, timestampformat='%Y-%m-%d %H:%M:%S', nullstr='')"
         )
+        if not ints:
+            return scan
+        casts = ", ".join(f"{whole_number_sql(self.path, c, types[c])} AS {c}" for c in ints)
+        return f"(SELECT * REPLACE ({casts}) FROM {scan})"
 
     def varchar_scan(self) -> str:
         """A scan of this file with every column as stored (CSV: all VARCHAR); for diagnosis."""
-        path = sql_path(self.path)
+        path = sql_path(self.read_path)
         if self.is_parquet:
             return f"read_parquet('{path}')"
         cols = ", ".join(f"'{c}': 'VARCHAR'" for c in self.columns)
         return (f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
                 f"columns={{{cols}}}, nullstr='')")
+
+
+INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT")
+#: Start of the DuckDB error raised by :func:`whole_number_sql` (translated by wrap_duckdb_error).
+NOT_WHOLE = "abps: not a whole number in "
+
+
+def whole_number_sql(path: Path, col: str, kind: str) -> str:
+    """SQL converting the text column ``col`` to the integer type ``kind``: a whole number
+    (``12``, ``12.0``, ``1.2e1``) converts, a fractional one (``0.6``) stops the query with an
+    error naming the file and the column (never the value)."""
+    where = sql_path(f"{path} :: {col}")
+    as_double = f"TRY_CAST({col} AS DOUBLE)"
+    return (f"CASE WHEN {col} IS NULL OR NOT (contains({col}, '.') OR contains(lower({col}), 'e')) "
+            f"THEN CAST({col} AS {kind}) "
+            f"WHEN {as_double} = floor({as_double}) THEN CAST({as_double} AS {kind}) "
+            f"ELSE error('{NOT_WHOLE}{where}') END")
+
+
+def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, ...]) -> None:
+    """Refuse a label / flag column holding a value that is not exactly 0 or 1 once parsed as a
+    number (``1.0`` is 1; ``0.6``, ``2``, ``yes`` are refused; empty is missing).
+
+    Raises:
+        InputError: naming the file, the column and how many rows hold other values.
+    """
+    cols = tuple(c for c in cols if c in table.columns)
+    if not cols:
+        return
+    checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND coalesce(TRY_CAST(trim(CAST({c} AS VARCHAR)) "
+                       f"AS DOUBLE) IN (0, 1), false) = false)" for c in cols)
+    bad = con.execute(f"SELECT {checks} FROM {table.varchar_scan()}").fetchall()[0]
+    for c, n in zip(cols, bad):
+        if n:
+            raise InputError(f"{table.path}: column '{c}' must be 0 or 1 ({n} rows hold other values)")
+
+
+def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None:
+    """Refuse a table with a header (or schema) but no data row. Cheap: DuckDB stops after the
+    first row (``LIMIT 1``).
+
+    Raises:
+        InputError: naming the file and ``why`` the table cannot be empty.
+    """
+    if not con.execute(f"SELECT 1 FROM {table.varchar_scan()} LIMIT 1").fetchall():
+        raise InputError(f"{table.path}: no data rows (a header only); {why}")
 
 
 def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | None = None) -> duckdb.DuckDBPyConnection:
@@ -198,7 +261,7 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     if len(set(cols)) != len(cols):
         raise InputError(f"{path}: a column name appears twice in the header")
     _check_kinds(path, cols, kinds, types or {})
-    return Table(name, path, cols, kinds)
+    return Table(name, path, cols, kinds, read_from=_unpadded(path) if path.suffix == ".gz" else None)
 
 
 def sql_path(path: Path | str) -> str:
@@ -288,13 +351,26 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
         return InputError("DuckDB ran out of memory within --memory-limit (raise --memory-limit; "
                           "DuckDB spills to disk but some steps need a minimum)")
     text = str(exc)
-    culprit = next((t for t in tables if str(t.path) in text), None)
+    if NOT_WHOLE in text:
+        where = text.split(NOT_WHOLE, 1)[1]
+        path, _, col = where.rpartition(" :: ")
+        col = re.match(r"[A-Za-z0-9_]*", col).group(0)
+        return InputError(f"{path}: column '{col}' holds values that are not whole numbers "
+                          f"(an integer column; a fractional value is refused, never rounded)")
+    culprit = next((t for t in tables if str(t.path) in text or str(t.read_path) in text), None)
     kind = "unreadable gzip" if ("gzip" in text.lower() or "zlib" in text.lower()) else "malformed data"
-    if kind != "unreadable gzip":
+    if kind != "unreadable gzip" or culprit is None:
         for t in tables:  # DuckDB does not always name the file: probe each gzip stream
             if t.path.suffix == ".gz" and (culprit is None or culprit is t) and not _gzip_ok(t.path):
                 culprit, kind = t, "unreadable gzip"
                 break
+    if kind == "unreadable gzip" and culprit is None:
+        culprit = _duckdb_unreadable([t for t in tables if t.path.suffix == ".gz"])
+    if kind == "unreadable gzip" and culprit is not None:
+        # DuckDB's words on a compressed stream carry no row content; the paths are dropped
+        why = _first(text).replace(str(culprit.read_path), "").replace(str(culprit.path), "")
+        why = re.sub(r"^[A-Za-z ]*Error:\s*", "", why).strip(" :") or exc.__class__.__name__
+        return InputError(f"{culprit.path}: unreadable gzip ({why[:160]})")
     if kind == "malformed data" and types:
         hit = diagnose([culprit] if culprit else tables, types)
         if hit is not None:
@@ -307,6 +383,21 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
     return InputError(f"{where}: {kind}{at} ({exc.__class__.__name__})")
 
 
+def _first(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def _duckdb_unreadable(tables: list[Table]) -> Table | None:
+    """The first of ``tables`` whose scan DuckDB cannot read to the end (error path only)."""
+    with contextlib.closing(connect()) as con:
+        for t in tables:
+            try:
+                con.execute(f"SELECT count(*) FROM {t.varchar_scan()}").fetchall()
+            except duckdb.Error:
+                return t
+    return None
+
+
 def _gzip_ok(path: Path) -> bool:
     try:
         with gzip.open(path, "rb") as fh:
@@ -315,3 +406,105 @@ def _gzip_ok(path: Path) -> bool:
         return True
     except (OSError, EOFError, zlib.error):
         return False
+
+
+# ------------------------------------------------------------------ gzip padding
+#
+# Some copy and archive tools pad a file with zero bytes up to a block size. GNU gzip, zcat and
+# Python's gzip module ignore zero bytes after the last member; DuckDB does not (it reads them as
+# the start of another member and fails with "Input is not a GZIP stream"). A padded .csv.gz is
+# found from its tail and DuckDB reads a copy of its bytes up to the end of the last member.
+
+_COPIES: dict[str, Path] = {}
+
+
+def _trailing_zeros(path: Path, size: int) -> int:
+    n, pos = 0, size
+    with path.open("rb") as fh:
+        while pos > 0:
+            step = min(1 << 16, pos)
+            fh.seek(pos - step)
+            block = fh.read(step)
+            stripped = block.rstrip(b"\0")
+            n += len(block) - len(stripped)
+            if stripped:
+                return n
+            pos -= step
+    return n
+
+
+def gzip_data_end(path: Path) -> int | None:
+    """The offset just past the last gzip member of ``path`` when only zero bytes follow it,
+    or None when the file ends with its last member (no padding).
+
+    Cheap for an unpadded file: the tail is read, and a gzip member ends with the input size
+    modulo 2**32 (little endian), which is never 0 and rarely below the compressed size for a
+    non-empty CSV; only a tail of zero bytes that cannot be such a trailer (4 or more zeros, or a
+    size below the file's) costs one decompression pass (zlib, output discarded) to find the
+    members' end.
+
+    Raises:
+        InputError: the gzip data is corrupt or cut (file and reason named).
+    """
+    size = path.stat().st_size
+    zeros = _trailing_zeros(path, size)
+    if zeros == 0 or size < 18:
+        return None
+    with path.open("rb") as fh:
+        fh.seek(size - 4)
+        isize = int.from_bytes(fh.read(4), "little")
+    if zeros < 4 and isize >= size:
+        return None
+    end, pos = 0, 0
+    d = zlib.decompressobj(31)
+    with path.open("rb") as fh:
+        try:
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    break
+                start, pos = pos, pos + len(chunk)
+                data = chunk
+                while data:
+                    while data and not d.eof:
+                        d.decompress(data, 1 << 24)
+                        data = d.unconsumed_tail
+                    if not d.eof:
+                        break
+                    rest = d.unused_data
+                    end = pos - len(rest) - len(data)
+                    if rest.strip(b"\0") == b"" and end >= size - zeros:
+                        return end if end < size else None
+                    d = zlib.decompressobj(31)
+                    data = rest.lstrip(b"\0") if rest[:1] == b"\0" else rest
+        except zlib.error as exc:
+            raise InputError(f"{path}: unreadable gzip ({_reason(exc)})") from None
+    if d.eof:
+        return end if end < size else None
+    raise InputError(f"{path}: unreadable gzip (the compressed data ends early)")
+
+
+def _unpadded(path: Path) -> Path | None:
+    """A copy of ``path`` without its trailing zero padding (None when it has none). Copies live
+    in one private temporary folder of this process, removed when the process ends."""
+    end = gzip_data_end(path)
+    if end is None:
+        return None
+    key = f"{path.resolve()}:{path.stat().st_mtime_ns}:{end}"
+    if key not in _COPIES:
+        if not _COPIES:
+            folder = Path(tempfile.mkdtemp(prefix="abps-unpadded-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _COPIES["folder"] = folder
+        dst = _COPIES["folder"] / f"{len(_COPIES)}-{path.name}"
+        with path.open("rb") as src, dst.open("wb") as out:
+            left = end
+            while left:
+                buf = src.read(min(left, 1 << 22))
+                if not buf:
+                    break
+                out.write(buf)
+                left -= len(buf)
+        os.chmod(dst, 0o600)
+        _COPIES[key] = dst
+    return _COPIES[key]

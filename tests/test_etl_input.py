@@ -88,3 +88,142 @@ def test_non_finite_or_bad_float_options_are_refused(mimic_demo_dir, tmp_path, c
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- copies of the demo tables
+
+MIMIC_TABLES = ("hosp/patients", "hosp/admissions", "hosp/diagnoses_icd", "icu/icustays", "icu/chartevents")
+WIDE = dict(window_years=20, min_center_stays=1)
+
+
+def _copy_mimic(src: Path, dst: Path) -> Path:
+    import shutil
+
+    for rel in MIMIC_TABLES:
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / f"{rel}.csv.gz", dst / f"{rel}.csv.gz")
+    return dst
+
+
+def _edit_column(path: Path, col: str, rows: tuple[int, ...], value: str) -> list[str]:
+    """Set ``col`` of the given data rows (1 = first data row) of a gzip CSV to ``value``; returns
+    the old values. The demo tables quote no field, so splitting on commas is exact for them."""
+    import gzip
+
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    i = lines[0].split(",").index(col)
+    old = []
+    for r in rows:
+        cells = lines[r].split(",")
+        old.append(cells[i])
+        cells[i] = value
+        lines[r] = ",".join(cells)
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
+    return old
+
+
+def test_fractional_label_flag_is_refused_with_a_count(mimic_demo_dir, tmp_path):
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "hosp/admissions.csv.gz"
+    _edit_column(path, "hospital_expire_flag", (3, 10, 20), "0.6")  # DuckDB alone casts 0.6 to 1
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: column 'hospital_expire_flag' must be 0 or 1 (3 rows hold other values)"
+    assert not (tmp_path / "o").exists()
+    _edit_column(path, "hospital_expire_flag", (3, 10, 20), "1.0")  # a whole 1 written as a decimal reads as 1
+    run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+
+
+def test_eicu_fractional_apache_flag_is_refused_with_a_count(eicu_demo_dir, tmp_path):
+    import shutil
+
+    from etl.eicu import REQUIRED, run_eicu_etl
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions
+
+    src = tmp_path / "e"
+    src.mkdir()
+    for name in REQUIRED:
+        shutil.copy(eicu_demo_dir / f"{name}.csv.gz", src / f"{name}.csv.gz")
+    path = src / "apachePredVar.csv.gz"
+    _edit_column(path, "cirrhosis", (1, 2), "2")
+    with pytest.raises(InputError) as e:
+        run_eicu_etl(src, tmp_path / "o", EtlOptions(min_center_stays=10))
+    assert str(e.value) == f"{path}: column 'cirrhosis' must be 0 or 1 (2 rows hold other values)"
+
+
+@pytest.mark.parametrize("rel,col", [("hosp/patients", "anchor_age"), ("icu/icustays", "stay_id"),
+                                     ("icu/chartevents", "itemid")])
+def test_fractional_value_in_an_integer_column_is_refused_not_rounded(mimic_demo_dir, tmp_path, rel, col):
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / f"{rel}.csv.gz"
+    old = _edit_column(path, col, (5,), "")[0]
+    _edit_column(path, col, (5,), f"{old}.5")
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: column '{col}' holds values that are not whole numbers"), msg
+    assert old not in msg.replace(str(path), "") and "\n" not in msg
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("fmt", ["csv.gz", "parquet"])
+def test_header_only_chartevents_is_refused(mimic_demo_dir, tmp_path, fmt):
+    import gzip
+
+    import duckdb
+
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    header = gzip.decompress(path.read_bytes()).decode().splitlines()[0]
+    path.write_bytes(gzip.compress((header + "\n").encode()))
+    if fmt == "parquet":
+        pq = src / "icu/chartevents.parquet"
+        duckdb.connect().execute(f"COPY (SELECT * FROM read_csv('{mimic_demo_dir}/icu/chartevents.csv.gz') "
+                                 f"LIMIT 0) TO '{pq}' (FORMAT parquet)")
+        path.unlink()
+        path = pq
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: no data rows (a header only); every first-day vital comes from it"
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rel", ["icu/chartevents", "hosp/admissions"])
+@pytest.mark.parametrize("pad", [1, 7, 1024])
+def test_zero_padding_after_the_gzip_stream_is_ignored(mimic_demo_dir, tmp_path, rel, pad):
+    import polars as pl
+
+    from etl.mimic import EtlOptions, run_etl
+
+    ref = tmp_path / "ref"
+    run_etl(mimic_demo_dir, ref, EtlOptions(**WIDE))
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / f"{rel}.csv.gz"
+    path.write_bytes(path.read_bytes() + b"\0" * pad)  # gzip -t and zcat accept this file
+    assert subprocess.run(["gzip", "-t", str(path)]).returncode == 0
+    rep = run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert rep["stays"] == 135
+    assert pl.read_parquet(tmp_path / "o/cohort.parquet").equals(pl.read_parquet(ref / "cohort.parquet"))
+    assert path.stat().st_size == (mimic_demo_dir / f"{rel}.csv.gz").stat().st_size + pad  # input untouched
+
+
+def test_garbage_after_the_gzip_stream_names_the_file_and_reason(mimic_demo_dir, tmp_path, capsys):
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    path.write_bytes(path.read_bytes() + b"\0" * 16 + b"not gzip at all" * 10)
+    code, err = _cli(capsys, "etl", "--mimic-dir", str(src), "--out", str(tmp_path / "o"),
+                     "--window-years", "20", "--min-center-stays", "1")
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {path}: unreadable gzip (") and "input tables" not in lines[0], lines[0]
+    assert not (tmp_path / "o").exists()
