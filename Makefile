@@ -1,4 +1,4 @@
-# Two entry points for users: `make demo` and `make test` (README.md).
+# Two entry points for users: `make demo` and `make test` (README.md); `make docs` builds the site.
 # The environment lives in .venv at the repo root and is rebuilt when pyproject.toml changes.
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +7,7 @@ ABPS := $(VENV)/bin/abps
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
 
-.PHONY: install test test-cpus demo bench clean ui
+.PHONY: install test test-cpus demo bench clean ui docs
 
 install: $(STAMP)
 
@@ -36,8 +36,12 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
+# the documentation site in strict mode (a broken link, a missing page or a stale path fails) -> site/index.html
+docs: $(STAMP)
+	ABPS_STATE=$$(mktemp -d)/state.json $(VENV)/bin/mkdocs build --strict --site-dir site
+
 ui: $(STAMP)
 	$(ABPS) ui --port 5000
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR)
+	rm -rf $(VENV) $(DEMO_DIR) site

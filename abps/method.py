@@ -331,7 +331,7 @@ class AbpsMethod(PrivacyDriftHooks, Method):
 
 @register(display_name="Random partners (ablation, κ=1)", family="abps")
 class RandomPartnersMethod(AbpsMethod):
-    """``random-partners``: the ablation of ABPS's Bayesian selection (issue 12).
+    """``random-partners``: the ablation of ABPS's Bayesian selection.
 
     Same goal-aware candidate sets (eq. 3, same ``tau_mode`` / ``candidacy``), same kappa, same
     propose-reject capacity rule and the same FedAvg exchange over ``{i} U P_i`` as ABPS, but every

@@ -26,7 +26,20 @@ class _Strict(BaseModel):
 
 
 class EngineConfig(_Strict):
-    """Local model and optimizer (ABPS paper Sec. 6.3 defaults)."""
+    """Local model and optimizer (ABPS paper Sec. 6.3 defaults).
+
+    Attributes:
+        hidden: widths of the MLP's two hidden layers.
+        dropout: dropout probability after each hidden layer (training only).
+        lr: Adam learning rate.
+        weight_decay: Adam weight decay.
+        betas: Adam (beta1, beta2).
+        eps: Adam epsilon.
+        batch_size: rows per local mini-batch.
+        local_epochs: passes over each center's train split per round.
+        reset_optimizer_each_round: a fresh Adam state every round (the Flower peer benchmark's
+            workload) instead of one kept across rounds.
+    """
 
     hidden: tuple[int, int] = (128, 64)
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
@@ -58,7 +71,8 @@ class ExchangeConfig(_Strict):
 
 class EarlyStoppingConfig(_Strict):
     """Validation-AUROC early stopping: stop after ``patience`` rounds without a new best
-    mean val AUROC, at most ``max_rounds`` rounds, restore the best round's parameters."""
+    mean val AUROC, at most ``max_rounds`` rounds, restore the best round's parameters.
+    ``enabled``: on or off (off: exactly ``rounds`` rounds)."""
 
     enabled: bool = False
     patience: int = Field(10, ge=1)
@@ -101,6 +115,9 @@ class DataConfig(_Strict):
     * ``auto`` (default): ``per-center`` when the median center has at least
       ``min_center_rows`` train rows, else ``federated`` (docs/decisions.md).
 
+    ``shrinkage_rows``: the rows at which a center's own statistic and the federation's weigh
+    equally (``shrinkage``). ``histogram_bins``: bins of the mergeable quantile sketch.
+
     ``small_center``: what a ``per-center`` encoding does when a center has fewer than
     ``min_center_rows`` train rows: ``warn`` (a UserWarning naming how many) or ``refuse``
     (an InputError).
@@ -115,7 +132,14 @@ class DataConfig(_Strict):
 
 class LabelFlipDrift(BaseModel):
     """The ``drift:`` block of a run config: chosen centers flip their labels from a round on
-    (semantics in :mod:`federation.drift_scenario`)."""
+    (semantics in :mod:`federation.drift_scenario`).
+
+    Attributes:
+        round: first round (1-based) with flipped labels.
+        centers: center_ids that flip (give this or ``count``).
+        count: number of centers that flip, drawn from the run seed (give this or ``centers``).
+        splits: which splits of those centers flip (some of train, val, test).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -141,7 +165,7 @@ class Spread(_Strict):
 
     low: float = Field(..., gt=0.0)
     high: float = Field(..., gt=0.0)
-    scale: Literal["linear", "log"] = "log"
+    scale: Literal["linear", "log"] = Field("log", description="uniform on a linear or a log scale")
 
     @model_validator(mode="after")
     def _ordered(self) -> "Spread":
@@ -167,7 +191,7 @@ class AvailabilityConfig(_Strict):
     trace: str | None = None
     trace_period_hours: float | None = Field(None, gt=0.0)
     trace_unlisted: Literal["available", "unavailable"] = "unavailable"
-    seed: int = 0
+    seed: int = Field(0, description="seed of the bernoulli draws (the run seed does not change who is up)")
 
     @model_validator(mode="after")
     def _complete(self) -> "AvailabilityConfig":
@@ -204,7 +228,7 @@ class DeadlineConfig(_Strict):
     (Bonawitz et al. 2019); the rest are dropped.
     """
 
-    policy: Literal["none", "fixed", "over_selection"] = "none"
+    policy: Literal["none", "fixed", "over_selection"] = Field("none", description="none | fixed | over_selection (above)")
     seconds: float = Field(60.0, gt=0.0)
     keep_fraction: float = Field(0.8, gt=0.0, le=1.0)
 
@@ -232,8 +256,8 @@ class RealWorldConfig(_Strict):
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
-    method: str
-    rounds: int = Field(50, ge=1)
+    method: str = Field(..., description="registered method name (abps train --method)")
+    rounds: int = Field(50, ge=1, description="federated rounds (without early stopping)")
     reference_rounds: int = Field(50, ge=1, description="FedAvg rounds in the bandwidth denominator")
     engine: EngineConfig = EngineConfig()
     exchange: ExchangeConfig = ExchangeConfig()

@@ -96,7 +96,7 @@ class FedProxParams(BaseModel):
     """FedProx's proximal weight mu."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    mu: float = Field(0.001, ge=0.0)  # tuned on validation (configs/fedprox.yaml)
+    mu: float = Field(0.001, ge=0.0, description="proximal weight mu of Li et al. 2020, Eq. 2")  # tuned on validation (configs/fedprox.yaml)
 
 
 @register(display_name="FedProx", family="star", paper_order=3)
@@ -122,7 +122,7 @@ class FedDynParams(BaseModel):
     the per-center AUROC of Table 1 effectively optimize on very unequal centers)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    alpha: float = Field(0.1, gt=0.0)  # tuned on validation (configs/feddyn.yaml)
+    alpha: float = Field(0.1, gt=0.0, description="regularization weight alpha of Acar et al. 2021, Alg. 1")  # tuned on validation (configs/feddyn.yaml)
     aggregation: Literal["uniform", "weighted"] = "uniform"
 
 
@@ -199,8 +199,8 @@ class MoonParams(BaseModel):
     """MOON's contrastive weight mu and temperature tau."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    mu: float = Field(0.1, ge=0.0)  # tuned on validation (configs/moon.yaml, docs/baselines.md)
-    temperature: float = Field(1.0, gt=0.0)  # tuned on validation (configs/moon.yaml)
+    mu: float = Field(0.1, ge=0.0, description="weight mu of the contrastive loss l_con (Li, He, Song 2021, Eq. 3)")  # tuned on validation (configs/moon.yaml, docs/baselines.md)
+    temperature: float = Field(1.0, gt=0.0, description="temperature tau of l_con (Eq. 3)")  # tuned on validation (configs/moon.yaml)
 
 
 @register(display_name="MOON", family="star", paper_order=5)

@@ -51,9 +51,13 @@ class SageSelectorParams(BaseModel):
         selector: a SAGE benchmark selector, by identifier or display name (``sage_os``, ``SAGE-OS``,
             ``vanilla_sage``, ``sage_nf``, ``aq128``, ``rg``, ``local``, ``pens``, ``pfeddst``).
         graph: ``complete``, ``er`` (Erdos-Renyi, ``er_p``) or ``ba`` (Barabasi-Albert, ``ba_m``).
-        schedule: cumulative anchor counts m_1 < ... < m_L; delta: failure probability of the
-            radius (7); lambda_cost: cost weight of (22)-(24); stage_cost: ``increment`` (eq. (22)) or
-            ``cumulative``; alpha_mix: a of eq. (2); pens / pfeddst: those selectors' options.
+        er_p, ba_m: the graph's edge probability / attachment count.
+        schedule: cumulative anchor counts m_1 < ... < m_L.
+        delta: failure probability of the radius (7).
+        lambda_cost: cost weight of (22)-(24).
+        stage_cost: ``increment`` (eq. (22)) or ``cumulative``.
+        alpha_mix: a of eq. (2).
+        pens, pfeddst: those selectors' options.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -44,7 +44,12 @@ class MethodEntry(_Strict):
 
 
 class Resources(_Strict):
-    """Per-cell resources: Ray ``num_cpus`` of each task and torch threads of each worker."""
+    """Per-cell resources.
+
+    Attributes:
+        num_cpus: Ray ``num_cpus`` of each cell's task.
+        threads: torch threads of each worker.
+    """
 
     num_cpus: float = Field(1.0, gt=0.0)
     threads: int = Field(1, ge=1)
