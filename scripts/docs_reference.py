@@ -324,6 +324,7 @@ MEANINGS: dict[str, str] = {
     "n_scored_test": "centers with a test AUROC",
     "min_scored_test": "evaluable centers a defined headline mean needs (evaluation.min_centers / min_center_share)",
     "test_excluded": "centers without a test AUROC this round (one class in their test split)",
+    "val_excluded": "centers without a validation AUROC this round (one class in their validation split)",
     "edges": "links that carried a model this round (peer edges + center-server links)",
     # ABPS per round (abps/method.py after_exchange, abps/drift.py)
     "coalitions_evaluated": "coalition models scored for the Shapley credit this round (eq. 6)",
@@ -347,6 +348,7 @@ MEANINGS: dict[str, str] = {
     # results.json structure
     "method": "registered method name",
     "seed": "run seed",
+    "cohort": "the cohort folder the run read",
     "seeds": "one entry per seed",
     "<seed>": "the seed's results",
     "summary": "mean, std and undefined-seed count across seeds of the headline figures",

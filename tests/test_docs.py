@@ -144,8 +144,9 @@ def test_every_figure_names_the_command_that_made_it():
 # ---- the tutorial runs ----------------------------------------------------------------------
 
 #: How CI reduces each tutorial command (the page shows the full-size run): a small synthetic
-#: MIMIC-IV, centers of at least 20 stays, one round.
-REDUCE = {("synth", "mimic"): ["--stays", "3000", "--seed", "3"], ("etl",): ["--min-center-stays", "20"],
+#: MIMIC-IV (3,000 stays), 10-year windows so that about 30 centers keep at least 20 stays, one round.
+REDUCE = {("synth", "mimic"): ["--stays", "3000", "--seed", "3"],
+          ("etl",): ["--window-years", "10", "--min-center-stays", "20"],
           ("train",): ["--rounds", "1", "--no-progress"]}
 
 
