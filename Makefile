@@ -38,7 +38,7 @@ bench: $(STAMP)
 
 # the documentation site in strict mode (a broken link, a missing page or a stale path fails) -> site/index.html
 docs: $(STAMP)
-	ABPS_STATE=$$(mktemp -d)/state.json $(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 ABPS_STATE=$$(mktemp -d)/state.json $(VENV)/bin/mkdocs build --strict --site-dir site
 
 ui: $(STAMP)
 	$(ABPS) ui --port 5000

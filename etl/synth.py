@@ -147,7 +147,8 @@ def _write_table(df: pl.DataFrame, path: Path, level: int) -> None:
 def _strings(values: tuple[str, ...], idx: np.ndarray) -> pl.Series:
     """``values[idx]`` as a String series, null where ``idx < 0``."""
     table = np.array(list(values) + [None], dtype=object)
-    return pl.Series(table[np.where(idx < 0, len(values), idx)], dtype=pl.String)
+    # a list, not the object array: polars cannot cast an object array that holds only nulls
+    return pl.Series(table[np.where(idx < 0, len(values), idx)].tolist(), dtype=pl.String)
 
 
 def _times(seconds: np.ndarray) -> pl.Series:

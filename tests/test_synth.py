@@ -383,3 +383,15 @@ def test_console_script_subprocess(tmp_path: Path) -> None:
     res = subprocess.run([*cmd, "synth", "mimic", "--out", str(REPO / "etl"), "--stays", "5"],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert res.returncode == 2 and res.stderr.startswith("error: --out")
+
+
+def test_a_string_column_of_only_nulls_is_written():
+    """``--stays 3000 --seed 3`` drew a column whose values were all null; polars refused the object
+    array (``cannot cast 'Object' type``). The column is a String series of nulls."""
+    import numpy as np
+
+    from etl.synth import _strings
+
+    s = _strings(("a", "b"), np.array([-1, -1]))
+    assert s.dtype == pl.String and s.null_count() == 2
+    assert _strings(("a", "b"), np.array([1, -1, 0])).to_list() == ["b", None, "a"]
