@@ -40,11 +40,12 @@ def _project() -> types.SimpleNamespace:
 
     from cli import app as cli_app
     from etl import schema
-    from federation import config, tracking
+    from federation.core import config
+    from federation.data.synthetic import write_fedprox_cohort
     from federation.methods import registry
-    from federation.runner import run_training
+    from federation.run import tracking
+    from federation.run.runner import run_training
     from federation.sweep import spec
-    from federation.synthetic import write_fedprox_cohort
 
     cli_app._register()
     return types.SimpleNamespace(

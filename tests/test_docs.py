@@ -117,7 +117,7 @@ def test_every_path_and_module_a_page_names_exists():
     # the check itself catches a stale path and a stale module
     assert gen.missing_paths("see `federation/no_such.py` and federation.no_such.f") == [
         "federation.no_such.f", "federation/no_such.py"]
-    assert gen.missing_paths("federation/engine.py, federation.mixing.mix, etl.schema") == []
+    assert gen.missing_paths("federation/engine/mlp.py, federation.engine.mixing.mix, etl.schema") == []
 
 
 HISTORY = re.compile(r"\bsession [0-9]|this session|the lead\b|[0-9]+ engineers|load average|[Ii]ssue [0-9]+|"
@@ -214,9 +214,9 @@ def test_own_method_example_trains(tmp_path):
     example never joins the registry the conformance tests iterate)."""
     code = re.search(r"```python\n(.*?)```", (DOCS / "own-method.md").read_text(), flags=re.S).group(1)
     script = code + f"""
-from federation.config import build_config
-from federation.runner import run_training
-from federation.synthetic import write_fedprox_cohort
+from federation.core.config import build_config
+from federation.run.runner import run_training
+from federation.data.synthetic import write_fedprox_cohort
 
 cohort = write_fedprox_cohort({str(tmp_path / 'c')!r}, n_centers=4, seed=1, mean_size=120.0)
 doc = run_training(build_config("ring", Ring.default_config, None, 2), cohort, [3], track=False, progress=False)
