@@ -161,7 +161,12 @@ class LabelFlipDrift(BaseModel):
 class Spread(_Strict):
     """A per-center quantity drawn once per run: ``low`` .. ``high``, uniform on a ``linear`` or
     ``log`` scale (``low == high``: every center gets that value). Used by
-    :class:`ProfilesConfig` (federation/run/clock.py draws the values)."""
+    :class:`ProfilesConfig` (federation/run/clock.py draws the values).
+
+    Attributes:
+        low: smallest value drawn (> 0).
+        high: largest value drawn (>= low).
+    """
 
     low: float = Field(..., gt=0.0)
     high: float = Field(..., gt=0.0)
@@ -182,6 +187,15 @@ class AvailabilityConfig(_Strict):
     round's virtual start + the center's ``utc_offsets``, lies in ``work_hours`` [start, end));
     ``trace`` (a CSV ``center,start,end`` of up-intervals in virtual hours, ``trace_period_hours``
     repeats it; centers the file does not list follow ``trace_unlisted``).
+
+    Attributes:
+        kind: ``always`` | ``bernoulli`` | ``daily`` | ``trace`` (each described above).
+        rate: ``bernoulli``: probability that a center is up in a round.
+        work_hours: ``daily``: local hours [start, end) a center is up (wraps midnight if start > end).
+        utc_offsets: ``daily``: ``spread`` (uniform in [-12, 12) h), ``utc``, or one offset per center.
+        trace: ``trace``: path of the CSV ``center,start,end`` (virtual hours).
+        trace_period_hours: ``trace``: repeat the trace with this period (None: once).
+        trace_unlisted: ``trace``: whether centers the file does not list are ``available`` or ``unavailable``.
     """
 
     kind: Literal["always", "bernoulli", "daily", "trace"] = "always"
