@@ -84,8 +84,12 @@ def _param_type(p: Any) -> str:
     inner = typing.get_args(ann)[0] if typing.get_origin(ann) is list else ann
     name = {int: "integer", float: "number", str: "text", bool: "flag"}.get(inner, getattr(inner, "__name__", str(inner)))
     name = "path" if name in ("Path", "PosixPath") else name
-    if p.min is not None or p.max is not None:
-        name += f" in [{p.min if p.min is not None else ''}, {p.max if p.max is not None else ''}]"
+    if p.min is not None and p.max is not None:
+        name += f" in [{p.min}, {p.max}]"
+    elif p.min is not None:
+        name += f" >= {p.min}"
+    elif p.max is not None:
+        name += f" <= {p.max}"
     return name + (" (repeatable)" if typing.get_origin(ann) is list else "")
 
 
