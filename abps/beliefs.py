@@ -91,7 +91,7 @@ class BetaBeliefs:
     beta0: float = 1.0
 
     @classmethod
-    def prior(cls, n: int, alpha0: float = 1.0, beta0: float = 1.0) -> "BetaBeliefs":
+    def prior(cls, n: int, alpha0: float = 1.0, beta0: float = 1.0) -> BetaBeliefs:
         """Fresh beliefs for ``n`` centers, all at Beta(alpha0, beta0) with zero pulls.
 
         Raises:

@@ -30,18 +30,17 @@ Default off (``drift_window = 0``); the ``abps-drift`` preset turns it on.
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, Field, model_validator
-from typing import Literal
-
 from scipy import stats
 from torch import Tensor
 
 from abps.beliefs import BetaBeliefs
-from abps.privacy import MetadataRelease
 from abps.goal_filter import candidate_mask
+from abps.privacy import MetadataRelease
 from federation.data.drift_scenario import drift_centers
 
 __all__ = ["DriftParams", "WelchWindows", "DriftMonitor", "welch_pvalues", "restart_beliefs", "rounds_until_zero",
@@ -76,7 +75,7 @@ class DriftParams(BaseModel):
     drift_direction: Literal["both", "drop"] = "both"
 
     @model_validator(mode="after")
-    def _window(self) -> "DriftParams":
+    def _window(self) -> DriftParams:
         if self.drift_window == 1:
             raise ValueError("drift_window must be 0 (off) or >= 2 (a variance needs two observations)")
         return self

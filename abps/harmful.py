@@ -1,4 +1,4 @@
-"""A federation with harmful centers, where ABPS's rest rule (Lemma 1) must fire (issue 12).
+"""A federation with harmful centers, where ABPS's rest rule (Lemma 1) must fire.
 
 :func:`flip_centers` takes an existing cohort (``cohort.parquet`` + ``centers.parquet``, any source:
 ``abps etl`` on real or synthetic MIMIC-IV, ``abps synth fedprox``) and flips the in-hospital
@@ -32,8 +32,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import polars as pl

@@ -120,7 +120,7 @@ def propose_reject(
         rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
         proposer_check: see step 5 of the module docstring.
         acceptance: ``first_come`` or ``deferred``, step 7 of the module docstring.
-        available: ``[n]`` bool centers up this round (issue 20, federation/run/realworld.py), or None
+        available: ``[n]`` bool centers up this round (federation/run/realworld.py), or None
             (all). An unavailable center proposes nothing, and a proposal to it fails (counted as
             sent, never accepted); the proposer goes on down its list. No belief changes: only
             partners are credited (after_exchange).
@@ -155,7 +155,7 @@ def propose_reject(
 
     receiver_ok = (u >= tau_acc).T  # receiver_ok[i, j]: j's score of i clears tau_acc
     proposer_ok = u >= tau_acc if proposer_check else np.ones((n, n), dtype=bool)
-    # --- realworld (issue 20): availability hook ---
+    # --- realworld: availability hook ---
     up = np.ones(n, dtype=bool) if available is None else available.detach().cpu().numpy().astype(bool)
     receiver_ok = receiver_ok & up[None, :]
     # --- end realworld hook ---

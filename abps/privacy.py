@@ -79,7 +79,7 @@ class MetadataDpParams(BaseModel):
     metadata_dp_max_stays: int = Field(5, ge=1)
 
     @model_validator(mode="after")
-    def _year_range(self) -> "MetadataDpParams":
+    def _year_range(self) -> MetadataDpParams:
         lo, hi = self.metadata_dp_year_range
         if not hi > lo:
             raise ValueError(f"metadata_dp_year_range must be [first, last] with last > first, got [{lo}, {hi}]")

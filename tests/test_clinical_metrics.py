@@ -10,8 +10,15 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from federation.core.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
-                                 bootstrap_mean_auroc, distribution, subgroup_gaps)
+from federation.core.clinical import (
+    batched_auprc,
+    batched_brier,
+    batched_calibration,
+    batched_ece,
+    bootstrap_mean_auroc,
+    distribution,
+    subgroup_gaps,
+)
 
 
 def _padded(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -16,13 +16,20 @@ import torch
 from sklearn.metrics import average_precision_score, brier_score_loss
 
 from etl.mimic import EtlOptions, run_etl
-from federation.core.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
-                                 bootstrap_mean_auroc, distribution, subgroup_gaps)
+from federation.core.clinical import (
+    batched_auprc,
+    batched_brier,
+    batched_calibration,
+    batched_ece,
+    bootstrap_mean_auroc,
+    distribution,
+    subgroup_gaps,
+)
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData
 from federation.core.evaluation import SUBGROUP_AXES, as_logits, group_codes
-from federation.methods import get_method
 from federation.core.metrics import batched_auroc
+from federation.data.tensors import FederatedData
+from federation.methods import get_method
 from federation.run.runner import run_one, run_training
 
 SEED = 5
@@ -216,5 +223,5 @@ def test_early_stopping_reports_the_restored_round(trained):
     res = run_one(cfg, data, SEED)
     assert res.clinical is not None and res.best_round <= res.rounds_run
     assert res.clinical.distribution["auroc"]["mean"] == pytest.approx(res.final_auroc_mean)
-    for cid, row in res.per_center.items():
+    for row in res.per_center.values():
         assert set(row) >= {"test_auroc", "auprc", "brier", "ece", "cal_intercept", "cal_slope", "n_pos"}

@@ -24,8 +24,8 @@ Definitions (docs/metrics.md gives them with their sources):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

@@ -1,4 +1,4 @@
-"""The one loop driver: every round / tick loop of the project runs here (issue 16 item 1).
+"""The one loop driver: every round / tick loop of the project runs here.
 
 Three runtimes share it, each supplying its specifics as hooks:
 
@@ -28,8 +28,8 @@ parameters sent, the quantities of the variance paper).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 Row = dict[str, float]
 StepHook = Callable[[int], "Row | None"]

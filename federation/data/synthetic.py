@@ -30,7 +30,6 @@ synthetic sequential integers (one stay per subject and admission).
 from __future__ import annotations
 
 import json
-
 import math
 from pathlib import Path
 
@@ -42,8 +41,8 @@ from etl.io import atomic_output_dir
 from etl.schema import (
     CATEGORICAL_FEATURES,
     CCI_COLUMNS,
-    COHORT_COLUMNS,
     CENTER_COLUMNS,
+    COHORT_COLUMNS,
     VITAL_COLUMNS,
 )
 

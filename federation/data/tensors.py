@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,8 +45,6 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.core.evaluation import group_codes
-from federation.core.metrics import batched_auroc
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -57,6 +54,8 @@ from etl.schema import (
     SPLITS,
 )
 from federation.core.config import DataConfig
+from federation.core.evaluation import group_codes
+from federation.core.metrics import batched_auroc
 
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
@@ -147,7 +146,7 @@ class SplitTensors:
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n: torch.Tensor,
-                    raw_packed: torch.Tensor | None = None) -> "SplitTensors":
+                    raw_packed: torch.Tensor | None = None) -> SplitTensors:
         """A split whose features are ``packed`` ``[sum(n) + 1, d]``: the real rows of center 0,
         then center 1, ... (the order of ``x[mask]``), then one zero row (what padding reads);
         ``raw_packed`` ``[sum(n) + 1, k]`` float64 the raw numeric values in the same order, then
@@ -303,7 +302,7 @@ class FederatedData:
     def split_metric(self, scores: torch.Tensor, split: str) -> torch.Tensor:
         """``[n]`` float64 per-center AUROC of ``scores [n, rows]`` on ``split`` (NaN for a one-class
         center; ABPS paper Sec. 6.3). The runner and ``Context.evaluate`` score every split through
-        this hook, so an image federation can answer with accuracy (federation.data.images, issue 18)."""
+        this hook, so an image federation can answer with accuracy (federation.data.images)."""
         s = self.splits[split]
         return batched_auroc(scores, s.y, s.mask)
 
@@ -322,7 +321,7 @@ class FederatedData:
         """``[n]`` int64 train rows per center (FedAvg's sample weights)."""
         return self.splits["train"].n
 
-    def pooled(self) -> "FederatedData":
+    def pooled(self) -> FederatedData:
         """The union of all centers' rows as one center (for the Centralized reference).
 
         Rows keep this object's encoding; the runner first re-encodes with ``pooled``
@@ -347,7 +346,7 @@ class FederatedData:
             preprocessing=self.preprocessing,
         )
 
-    def with_preprocessing(self, cfg: DataConfig) -> "FederatedData":
+    def with_preprocessing(self, cfg: DataConfig) -> FederatedData:
         """This federation with its numeric columns re-encoded by ``cfg`` (self when the
         resolved mode and its knobs give the same encoding as the current one).
 
@@ -373,7 +372,7 @@ class FederatedData:
 
     @classmethod
     def from_cohort(cls, cohort_dir: str | Path, min_train: int = 1,
-                    preprocessing: DataConfig | None = None) -> "FederatedData":
+                    preprocessing: DataConfig | None = None) -> FederatedData:
         """Read a cohort directory and build the stacked tensors.
 
         Args:
@@ -412,7 +411,7 @@ class FederatedData:
     def from_frames(
         cls, cohort: pl.DataFrame, centers: pl.DataFrame, min_train: int = 1, source: str = "cohort",
         preprocessing: DataConfig | None = None,
-    ) -> "FederatedData":
+    ) -> FederatedData:
         """Build from in-memory frames with the contract's columns (see :meth:`from_cohort`)."""
         bad = set(cohort["split"].unique().to_list()) - set(SPLITS)
         if bad:

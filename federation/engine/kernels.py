@@ -406,7 +406,7 @@ def relu_grad_(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return gb
 
 
-def pcg64_words(state: int, inc: int, n: int) -> "np.ndarray":
+def pcg64_words(state: int, inc: int, n: int) -> np.ndarray:
     """``n`` uint64 outputs of NumPy's ``PCG64`` from its 128-bit ``state`` and ``inc`` (as in
     ``PCG64.state["state"]``): the values ``random_raw(n)`` returns, about 4x faster.
 

@@ -38,8 +38,9 @@ buffer sizes follow the current degree so R stays constant).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import networkx as nx
 import numpy as np
@@ -51,11 +52,19 @@ from etl.images import ImageDataset
 from etl.partition import dirichlet_partition, iid_partition
 from federation.core import graphs
 from federation.core.loop import EvalSchedule, drive
-from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
-from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accuracy_own, accuracy_stacked,
-                                     init_stacked, inv_lr, sgd_step, stacked_gradients)
 from federation.core.variance import correct_flat, flat_layer_variance
-
+from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
+from federation.gossip.model import (
+    LAYERS,
+    LENET5_LAYOUT,
+    PIXEL_SCALE,
+    accuracy_own,
+    accuracy_stacked,
+    init_stacked,
+    inv_lr,
+    sgd_step,
+    stacked_gradients,
+)
 
 #: Sec. III-C3 threshold (0.8) over the paper's reaching target (0.9 on MNIST).
 TL_THRESHOLD_RATIO = 0.8 / 0.9

@@ -38,13 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from etl.errors import InputError
 from federation.core.config import EngineConfig, RunConfig
-from federation.data.tensors import FederatedData
-from federation.engine.mlp import PARAM_NAMES, AdamState, StackedParams, StackedEngine, forward, init_params
 from federation.core.seeding import mix_seed
+from federation.data.tensors import FederatedData
+from federation.engine.mixing import mix
+from federation.engine.mlp import PARAM_NAMES, AdamState, StackedEngine, StackedParams, forward, init_params
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.baselines import fedavg_matrix
 from federation.methods.registry import register
-from federation.engine.mixing import mix
 
 
 def softplus_inv(sigma: torch.Tensor) -> torch.Tensor:
@@ -233,6 +233,7 @@ class BnnFL(Method):
     """
 
     name = "bnn-fl"
+    seconds_per_round = 2.40
     Params: ClassVar[type[BaseModel]] = BnnParams
     payloads_per_link = 2
 

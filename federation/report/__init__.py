@@ -29,12 +29,20 @@ rows, no patient identifiers (the report document is checked for identifier keys
 Modules: :mod:`~federation.report.collect` (reading MLflow), :mod:`~federation.report.common`
 (statistics, Markdown / CSV), one module per paper's tables (:mod:`~federation.report.abps_table1`,
 :mod:`~federation.report.sage_tables`, :mod:`~federation.report.vv_table`), the clinical and
-fairness tables of issue 19 (:mod:`~federation.report.clinical`, beside Table 1) and
+fairness tables (:mod:`~federation.report.clinical`, beside Table 1) and
 :mod:`~federation.report.build` (the document, :func:`write_report`).
 """
 
-from federation.report.abps_table1 import (_COLOURS, DISPLAY, FAMILY, PAPER_ORDER, Table1Row, figure3,  # noqa: F401
-                                          table1, table1_markdown)
+from federation.report.abps_table1 import (  # noqa: F401
+                                          _COLOURS,
+                                          DISPLAY,
+                                          FAMILY,
+                                          PAPER_ORDER,
+                                          Table1Row,
+                                          figure3,
+                                          table1,
+                                          table1_markdown,
+)
 from federation.report.build import build_report, write_report
 from federation.report.collect import CellRun, Collected, collect_runs, dedupe_cells
 from federation.report.common import mean_std, pareto_front

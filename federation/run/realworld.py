@@ -1,4 +1,4 @@
-"""Real-world federation conditions in the round loop (issue 20; docs/realworld.md).
+"""Real-world federation conditions in the round loop (docs/realworld.md).
 
 :class:`RealWorld` is what :func:`federation.run.runner.run_one` consults when the run config has a
 ``realworld:`` block. Per round ``r`` starting at virtual time ``t_r`` (seconds):
@@ -37,12 +37,12 @@ import math
 
 import torch
 
-from federation.run.availability import Availability
-from federation.run.clock import Profiles, deadline_cut, finish_times
 from federation.core.config import RealWorldConfig
 from federation.data.tensors import FederatedData
 from federation.engine.mlp import AdamState, StackedParams
 from federation.methods.base import RoundPlan
+from federation.run.availability import Availability
+from federation.run.clock import Profiles, deadline_cut, finish_times
 
 __all__ = ["RealWorld", "mask_mixing"]
 
