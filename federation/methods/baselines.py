@@ -43,7 +43,7 @@ class Centralized(Method):
     upper bound, Table 1 caption); evaluated on every center's own test split. No model
     crosses the network in this reference, so the ledger stays at zero.
 
-    Pools honestly (issues 21 / 23): one numeric encoding fitted on the pooled train split
+    Pools honestly: one numeric encoding fitted on the pooled train split
     (``data.preprocessing: pooled``) and training to convergence with validation early stopping
     (mean per-center val AUROC, patience 10, best round restored) instead of a fixed round count
     that over-fits the pooled rows."""
