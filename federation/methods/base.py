@@ -1,52 +1,6 @@
-"""The method interface the round loop (:mod:`federation.run.runner`) calls.
-
-A method is a small object holding its own state; the runner holds none of it. Per run:
-
-1. ``method = cls(cls.Params(**config.params))`` then ``method.setup(ctx)`` once.
-2. Each round ``r`` (0-based; MLflow step r + 1):
-
-   a. local training of all centers (stacked). If the class overrides
-      ``local_loss(ctx, params, batch) -> Tensor [a]``, the engine adds it to each active
-      center's batch loss (``params``: the active centers' stacked parameters with
-      gradient; ``batch``: :class:`federation.engine.mlp.Batch`, ``batch.centers`` = their
-      indices);
-   b. ``plan = method.plan_round(ctx, r)`` -> :class:`RoundPlan`: ``w`` ``[n, n]``
-      row-stochastic (None = no exchange this round), the peer ``adjacency`` ``[n, n]`` bool
-      (symmetric; edges that carried a model, for the ledger), ``server_links`` (center-server
-      edges that carried a model: FedAvg n), ``probe_bytes``, ``metadata_bytes``;
-   c. exchange: ``mixed = W @ wire(theta)`` over the exchanged block
-      (:mod:`federation.engine.mixing`), then ``method.after_mix(ctx, r, prev, mixed)`` (default
-      identity; FedDyn's server correction), then server momentum when configured;
-   d. ``extras = method.after_exchange(ctx, r, plan)`` -> ``dict[str, float]`` logged with the
-      round's metrics (e.g. isolation rate; ABPS computes Shapley credit here with
-      ``ctx.evaluate_mixtures``);
-   e. metrics (val/test AUROC mean/std, bytes), early stopping.
-
-``ctx`` (:class:`Context`) gives: ``n``, ``data``, ``engine``, ``seed``, ``rng`` (a
-``torch.Generator`` seeded from the run seed, for the method's own draws), ``ledger``,
-``cfg``, ``meta`` ``[n, 15]`` and ``meta_base`` ``[n, 3]`` (centers.parquet metadata vectors),
-``n_train`` ``[n]``, ``params`` (live stacked parameters), ``round_start`` (a copy at the start
-of the round), ``pre_exchange`` (a copy after local training, i.e. the models sent this round),
-``exchanged`` / ``head`` key tuples, ``bf16``, ``available`` (``[n]`` bool centers up this round
-under a ``realworld:`` block, else None: a method must not pair with an unavailable center), :meth:`Context.evaluate` (per-center AUROC of
-the live or given parameters) and :meth:`Context.evaluate_mixtures`.
-
-Methods override hooks, never the loop. Besides the ones above: ``make_engine(data, cfg, seed)``
-builds the stacked trainer (default :class:`federation.engine.mlp.StackedEngine`; BNN+FL's Bayesian
-MLP engine), ``aggregate(ctx, w, params)`` forms the exchanged block from ``W`` (default
-``W @ wire(theta)`` over ``ctx.exchanged``; BNN+FL mixes posterior means and variances),
-``scores(ctx, params, split, round_idx)`` gives the per-row scores AUROC is computed from
-(default the engine's logits; BNN+FL's predictive mean), and ``payloads_per_link`` counts the
-payloads one model transfer carries (BNN+FL: 2); ``final_metrics(ctx)`` and ``artifacts(ctx)``
-hand the runner end-of-run figures and files (ABPS: per-seed isolation figures, beliefs).
-
-Register a method class with the decorator :func:`federation.methods.registry.register`
-(``@register(display_name=..., family=..., paper_order=...)``).
-Class attributes: ``name``, ``display_name`` (Table 1 row name), ``family`` (Figure 3 colour
-group), ``paper_order`` (Table 1 row index, None when the paper has no such row), ``Params`` (pydantic model of the method's own parameters,
-from the config's ``params:`` mapping), ``default_config`` (a partial run config merged under
-the user's: e.g. FedAvg-X turns on a 2-layer head, bf16, momentum, early stopping) and
-``pooled`` (True only for Centralized: one model trained on the union of train rows).
+"""The method interface the round loop (:mod:`federation.run.runner`) calls: :class:`Method` (every hook
+declared, with its default), :class:`Context` (what a hook sees) and :class:`RoundPlan` (what a round
+exchanges). The protocol in full: docs/runtime.md, "The method protocol in full".
 """
 
 from __future__ import annotations
