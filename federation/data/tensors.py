@@ -1,35 +1,6 @@
 """Federated data: per-center, per-split tensors stacked along a leading center axis.
 
-Reads ``cohort.parquet`` and ``centers.parquet`` (docs/data_dictionary.md) and encodes the
-model features of the contract:
-
-* numeric (age + 21 vitals): missing values imputed with a median, then standardized with a
-  mean and standard deviation, all fitted on train rows only. Whose statistics is set by
-  :class:`federation.core.config.DataConfig` ``preprocessing`` (:func:`numeric_statistics`):
-
-  - ``per-center``: the center's own train split (ABPS paper Sec. 6.1: "standardized per
-    center on the local training split to respect federated isolation"); no statistic
-    crosses centers;
-  - ``federated``: one federation-wide median / mean / std merged from per-center aggregates
-    (row count, value counts, sums, sums of squares, a fixed-range histogram per feature);
-    no row leaves a center, and the aggregates are charged to the ledger as metadata bytes;
-  - ``shrinkage``: per center, ``lambda = n / (n + shrinkage_rows)`` of its own statistic and
-    ``1 - lambda`` of the federation's (same aggregates);
-  - ``pooled``: exact statistics of the union of train rows (the Centralized reference);
-  - ``auto``: ``per-center`` when the median center holds >= ``min_center_rows`` train rows,
-    else ``federated`` (docs/decisions.md, "Numeric encoding of small centers");
-
-* binary (12 Charlson flags): 0/1, null -> 0;
-* categorical (gender, race, admission_type, admission_location, insurance): one-hot over the
-  sorted category set of the whole cohort file (a schema fact, not a statistic; null ->
-  ``UNKNOWN``).
-
-Features are stored packed (each center's real rows, center after center: no padding, which
-matters when center sizes differ tenfold); labels, masks and raw values are padded to the
-largest center of each split, ``mask`` marking real rows. The padded features ``x`` are built
-on demand from the packed rows. Padding rows are zero and never enter a loss, a batch or a
-metric. The raw numeric values (NaN = missing)
-are kept so that a run can re-encode with another mode (:meth:`FederatedData.with_preprocessing`).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Stacked local training of all centers in one computation.
 
-The local model is the ABPS paper's MLP (Sec. 6.3): ``d -> 128 -> 64 -> 1`` with ReLU and
-dropout 0.2 after each hidden layer, trained with Adam (lr 1e-3, weight decay 1e-5,
-PyTorch's L2-in-gradient form), batch 128, 2 local epochs per round.
-
-Every parameter carries a leading center axis ``[n, ...]``; the forward pass is three
-batched matmuls (``torch.baddbmm``), so one autograd graph trains every center at once and
-the gradient of the summed per-center losses is each center's own gradient. Each center
-
-* shuffles its own train rows every local epoch with its own counter-based stream
-  (:class:`RandomStreams`; center i's permutation depends only on (seed, i, round, epoch)),
-* takes consecutive batches of 128 of that permutation, the last one partial
-  (``DataLoader(shuffle=True, drop_last=False)`` semantics); a center whose rows are
-  exhausted at a step is simply left out of that step (no update, no fake rows),
-* draws its own dropout masks (its slice of one per-step draw keyed by (seed, round, epoch,
-  step) over the centers active at that step, ordered by size),
-* keeps its own Adam moments and its own step counter.
-
-The plain per-center loop in :mod:`federation.engine.reference` consumes the same streams and gives
-the same parameters within float tolerance (tests/test_federation_engine.py).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """The SAGE benchmark's peer selectors as a method of the runtime: ``sage``.
 
-One registered :class:`federation.methods.base.Method` wraps every selector of
-:data:`federation.methods.selectors.REGISTRY` (LOCAL, RG, PENS, PFedDST, AQ-128, SAGE-NF, Vanilla SAGE,
-SAGE-OS; ``params.selector``), so the SAGE rules run on any federation of the runtime, the clinical
-cohorts included, through the same round loop, method registry and ledger as ABPS and the baselines.
-
-A round (SAGE paper, Sec. III-IV and Algorithm 1; the runner calls the hooks):
-
-* ``plan_round`` after local training: every center k draws this round's nested anchor set from its
-  OWN validation rows (:func:`federation.methods.probe.draw_anchors`; the ``val`` split is the anchor
-  pool: for an image federation that is SAGE's 10 % anchor part); if the selector probes this round,
-  each neighbour j's post-local-update predictor scores k's anchors (inputs out, predictions back)
-  and k scores them against its own labels: the empirical 0-1 risk of eq. (4) at every stage of the
-  schedule, and mean cross-entropy for PENS / PFedDST (:func:`federation.methods.probe.probe`, the
-  benchmark's own function); ``decide`` -> :class:`federation.methods.selectors.Decision`; ``mix`` ->
-  the row-stochastic ``W`` (eq. (2), ``alpha_mix``; PENS / PFedDST their native averages). The
-  ledger gets one payload per undirected edge that carried a model and the probe bytes
-  (per (receiver, candidate, anchor): the anchor's features out, the prediction back).
-* On a clinical cohort a center's binary logit z is read as the two-class logits ``(0, z)``: the
-  prediction is ``z > 0`` and the cross-entropy is the binary cross-entropy, so the benchmark's probe
-  applies unchanged. The classifier head PFedDST compares is the last layer (``w3``, ``b3``).
-* Exchanged block: SAGE's omega; the head phi stays local (``exchange.head_layers: 2``, the default
-  here).
-* The graph: ``complete`` (default: any center may reach any other, the candidate set of ABPS and
-  FedAvg) or the benchmark's ``er`` / ``ba`` graphs (drawn per run seed).
-
-Receivers with fewer than ``schedule[0]`` validation rows get no anchor stage and fall back to random
-gossip (Sec. V-B), as in the image benchmark.
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
