@@ -5,6 +5,7 @@ exchanges). The protocol in full: docs/runtime.md, "The method protocol in full"
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
@@ -123,7 +124,7 @@ class Context:
 P = TypeVar("P", bound=BaseModel)
 
 
-class Method(Generic[P]):
+class Method(ABC, Generic[P]):
     """Base class of a federated method (see the module docstring for the protocol)."""
 
     name: ClassVar[str] = "method"
@@ -157,9 +158,9 @@ class Method(Generic[P]):
         """Extra per-center loss ``[a]`` for the active centers (override to use)."""
         raise TypeError(f"{self.name} defines no local loss")
 
+    @abstractmethod
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
-        """Mixing matrix and ledger edges of this round."""
-        raise TypeError(f"{self.name} must define plan_round")
+        """Mixing matrix and ledger edges of this round (every method defines it)."""
 
     def aggregate(self, ctx: Context, w: torch.Tensor, params: StackedParams) -> StackedParams:
         """The exchanged block after mixing with ``w [n, n]`` (row-stochastic): ``{k: W @
