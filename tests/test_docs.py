@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 
@@ -56,7 +54,7 @@ def test_config_page_lists_every_key_with_type_and_default():
     page = gen.config_page()
     keys = gen.config_keys(gen._project().RunConfig)
     assert len(keys) > 40
-    for key, typ, default, meaning in keys:
+    for key, _typ, _default, meaning in keys:
         assert f"| `{key}` | " in page, key
         assert meaning.strip(), f"config key {key} has no meaning: give its class docstring an Attributes entry"
     rows = {k: (t, d, m) for k, t, d, m in keys}
