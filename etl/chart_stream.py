@@ -7,8 +7,8 @@ vital row, whose groups are nearly all of one row. Here:
 
 1. ISA-L's igzip (python-isal, ``isal.igzip_threaded``, about 5x zlib's speed) inflates the file
    on its own thread; Arrow's streaming CSV reader parses it on its threads (GIL released),
-   reading the four columns as BIGINT / TIMESTAMP (``%Y-%m-%d %H:%M:%S``) / INTEGER / DOUBLE,
-   exactly the text DuckDB's scan accepts.
+   reading the four columns as BIGINT / TIMESTAMP / INTEGER / DOUBLE (timestamps by Arrow's
+   ISO 8601 parser, which reads MIMIC's ``YYYY-MM-DD HH:MM:SS`` as DuckDB's format does).
 2. Each batch keeps the valid vital rows of etl/sql/mimic/vital_rows.sql (its ``vital_item``
    rows: itemids, valid ranges, Fahrenheit conversion, read from the SQL file) and is split by
    stay_id range into partitions (ranges from icustays' stay_id quantiles), kept in memory or,
@@ -35,6 +35,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -274,7 +276,8 @@ class VitalPass:
         items: the vital items (default :func:`vital_items`).
 
     Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
-    kept), ``out_rows`` (rows of the relation).
+    kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
+    split; ``reduce_write_s``: sort, reduce and hand each partition to the sink).
     """
 
     def __init__(self, table: Table, bounds: np.ndarray, memory_limit: str, scratch: Path,
@@ -283,6 +286,7 @@ class VitalPass:
         self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
         self.items = items or vital_items()
         self.rows = self.vital_rows = self.out_rows = 0
+        self.seconds: dict[str, float] = {}
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
         path = self.table.read_path
@@ -299,9 +303,11 @@ class VitalPass:
                                      block_size=BLOCK_BYTES, use_threads=True)
             parse = pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
                                        newlines_in_values=False, ignore_empty_lines=False)
+            # Arrow's ISO 8601 parser (a third of the parse time of a strptime format) reads
+            # 'YYYY-MM-DD HH:MM:SS' as the DuckDB scan's format does; a fraction of a second,
+            # which that format refuses, stops the stream (_vital_rows)
             convert = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
-                                           timestamp_parsers=[TIMESTAMP_FORMAT], null_values=[""],
-                                           quoted_strings_can_be_null=True)
+                                           null_values=[""], quoted_strings_can_be_null=True)
             try:
                 for batch in pacsv.open_csv(text, read_options=read, parse_options=parse, convert_options=convert):
                     self.rows += batch.num_rows
@@ -330,8 +336,11 @@ class VitalPass:
         stay_col, t_col = batch.column("stay_id").take(pa.array(sel)), batch.column("charttime").take(pa.array(sel))
         if stay_col.null_count or t_col.null_count:
             raise StreamUnreadable("a vital row without stay_id or charttime")
+        t = t_col.cast(pa.int64()).to_numpy()
+        if np.any(t % 1_000_000):
+            raise StreamUnreadable(f"charttime with a fraction of a second (format {TIMESTAMP_FORMAT})")
         code = (it.vital[j[sel]] << 4) | j[sel].astype(np.uint8)
-        return (stay_col.to_numpy(), t_col.cast(pa.int64()).to_numpy(), code, val[sel])
+        return (stay_col.to_numpy(), t, code, val[sel])
 
     def run(self, sink: Callable[[pa.Table], None]) -> None:
         """Read the file once and call ``sink(part)`` with each partition's relation, in
@@ -342,19 +351,34 @@ class VitalPass:
                 given to ``sink`` then, unless the failure came after the read).
         """
         buf = _Buffer(self.bounds, self.budget, self.scratch)
+        t0 = time.perf_counter()
         try:
             for batch in self._batches():
                 cols = self._vital_rows(batch)
                 if cols is not None:
                     self.vital_rows += len(cols[0])
                     buf.add(*cols)
-            for k in range(len(buf.parts)):
-                cols = buf.partition(k)
-                if cols is None:
-                    continue
-                part = reduce_partition(*cols, self.items)
-                self.out_rows += part.num_rows
-                sink(part)
+            self.seconds["read_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            # partition k + 1 is sorted and reduced (NumPy, GIL released) while partition k is
+            # written and aggregated (Parquet writer, DuckDB)
+            with ThreadPoolExecutor(1) as pool:
+                pending = None
+                for k in range(len(buf.parts)):
+                    cols = buf.partition(k)
+                    if cols is None:
+                        continue
+                    nxt = pool.submit(reduce_partition, *cols, self.items)
+                    if pending is not None:
+                        self._sink(pending.result(), sink)
+                    pending = nxt
+                if pending is not None:
+                    self._sink(pending.result(), sink)
+            self.seconds["reduce_write_s"] = time.perf_counter() - t0
         finally:
             for path in buf.files.values():
                 path.unlink(missing_ok=True)
+
+    def _sink(self, part: pa.Table, sink: Callable[[pa.Table], None]) -> None:
+        self.out_rows += part.num_rows
+        sink(part)

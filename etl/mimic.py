@@ -30,7 +30,7 @@ from etl.io import atomic_output_dir
 from etl.chart_cache import use_cache
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, duckdb_errors, locate, require_rows
+from etl.sources import Table, check_flags, duckdb_errors, load, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -158,12 +158,13 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
 
 
 def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
-                  parquet: Path | None = None) -> int:
+                  parquet: Path | None = None, timings: dict | None = None) -> int:
     """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
     per charttime of the whole file, written to ``parquet`` (the cache entry) when given, and,
     in the same pass, the first-day aggregates of the kept stays into the temp table
     ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql, partition by partition; each
-    stay lies in one partition). Returns the rows of the relation.
+    stay lies in one partition). Returns the rows of the relation; the pass's stage times go
+    into ``timings`` (``chartevents_read_s``, ``chartevents_reduce_write_s``).
 
     Raises:
         etl.chart_stream.StreamUnreadable: the caller scans the file with DuckDB instead (the
@@ -191,11 +192,14 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
         con.unregister("chart_part")
         if writer is not None:
             writer.close()
+    if timings is not None:
+        timings.update({f"chartevents_{k}": v for k, v in vp.seconds.items()})
     return vp.out_rows
 
 
 def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, types: dict[str, str],
-                       opts: EtlOptions, att: Attrition, note: str, scratch: Path, cache_info: dict | None) -> pl.DataFrame:
+                       opts: EtlOptions, att: Attrition, note: str, scratch: Path, cache_info: dict | None,
+                       timings: dict | None = None) -> pl.DataFrame:
     """The first-day vitals of the kept stays from chartevents, reading the source at most once.
 
     A valid cache entry is read (:func:`etl.chart_cache.use_cache`); otherwise a CSV source is
@@ -207,7 +211,7 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
     built: list[int] = []
 
     def build(path: Path) -> int:
-        built.append(stream_vitals(con, table, opts, scratch, parquet=path))
+        built.append(stream_vitals(con, table, opts, scratch, parquet=path, timings=timings))
         return built[-1]
 
     try:
@@ -229,7 +233,7 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
         return first_day_vitals(con, None, opts, att, note, vitalsign=cache.relation)
     if streamable:
         try:
-            stream_vitals(con, table, opts, scratch)
+            stream_vitals(con, table, opts, scratch, timings=timings)
             info["read_by"] = "stream"
             return first_day_vitals(con, None, opts, att, note, streamed=True)
         except chart_stream.StreamUnreadable:
@@ -261,6 +265,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         t0 = time.perf_counter()
         check_flags(con, tables["admissions"], ("hospital_expire_flag",))
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
+        tables.update({name: load(con, tables[name], types, f"src_{name}") for name in KEYS})
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         timings["checks_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -285,7 +290,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         vitals = chartevents_vitals(
             con, tables["chartevents"], s["chartevents"], types, opts, att,
             f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)", scratch,
-            cache_info)
+            cache_info, timings)
         timings["chartevents_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
