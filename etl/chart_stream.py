@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import os
 import re
+import queue
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -204,6 +206,49 @@ class _Buffer:
         return tuple(np.concatenate([p[i] for p in pieces]) for i in range(4))
 
 
+def _ahead(batches, depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """``batches`` parsed on a helper thread, ``depth`` batches ahead of the consumer: Arrow
+    releases the GIL while it parses, so parsing the next batch overlaps the NumPy work on this
+    one. An exception of the parser is raised here; stopping early stops the helper."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def work() -> None:
+        try:
+            for b in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    th = threading.Thread(target=work, name="chartevents-parse", daemon=True)
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while th.is_alive():
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        th.join()
+
+
 def _bits(n: int) -> int:
     return max(int(n).bit_length(), 1)
 
@@ -274,6 +319,9 @@ class VitalPass:
         memory_limit: ``--memory-limit``; rows past a third of it are spilled under ``scratch``.
         progress: show the rich progress line.
         items: the vital items (default :func:`vital_items`).
+        window: ``(stay_ids, start_us, end_us)``, stay_ids sorted and unique: keep only rows of
+            these stays charted in [start, end] (the caller still applies the exact window in
+            SQL; this only drops rows early). None: every stay, the whole file (the cache).
 
     Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
     kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
@@ -281,8 +329,10 @@ class VitalPass:
     """
 
     def __init__(self, table: Table, bounds: np.ndarray, memory_limit: str, scratch: Path,
-                 progress: bool = False, items: VitalItems | None = None) -> None:
+                 progress: bool = False, items: VitalItems | None = None,
+                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         self.table, self.bounds, self.scratch, self.progress = table, np.asarray(bounds, np.int64), scratch, progress
+        self.window = window
         self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
         self.items = items or vital_items()
         self.rows = self.vital_rows = self.out_rows = 0
@@ -309,7 +359,8 @@ class VitalPass:
             convert = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
                                            null_values=[""], quoted_strings_can_be_null=True)
             try:
-                for batch in pacsv.open_csv(text, read_options=read, parse_options=parse, convert_options=convert):
+                reader = pacsv.open_csv(text, read_options=read, parse_options=parse, convert_options=convert)
+                for batch in _ahead(reader):
                     self.rows += batch.num_rows
                     bar.update(raw.tell(), self.rows)
                     yield batch
@@ -340,7 +391,15 @@ class VitalPass:
         if np.any(t % 1_000_000):
             raise StreamUnreadable(f"charttime with a fraction of a second (format {TIMESTAMP_FORMAT})")
         code = (it.vital[j[sel]] << 4) | j[sel].astype(np.uint8)
-        return (stay_col.to_numpy(), t, code, val[sel])
+        stay, val = stay_col.to_numpy(), val[sel]
+        if self.window is not None:
+            ids, start, end = self.window
+            pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
+            inside = (ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])
+            stay, t, code, val = stay[inside], t[inside], code[inside], val[inside]
+            if not len(stay):
+                return None
+        return (stay, t, code, val)
 
     def run(self, sink: Callable[[pa.Table], None]) -> None:
         """Read the file once and call ``sink(part)`` with each partition's relation, in

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
@@ -160,7 +161,8 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
 def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
                   parquet: Path | None = None, timings: dict | None = None) -> int:
     """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
-    per charttime of the whole file, written to ``parquet`` (the cache entry) when given, and,
+    per charttime of the whole file, written to ``parquet`` (the cache entry) when given (else
+    only rows within a second of a kept stay's window are kept, the exact window being SQL's), and,
     in the same pass, the first-day aggregates of the kept stays into the temp table
     ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql, partition by partition; each
     stay lies in one partition). Returns the rows of the relation; the pass's stage times go
@@ -173,9 +175,17 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     bounds = [r[0] for r in con.execute(
         f"SELECT DISTINCT unnest(quantile_disc(stay_id, [{', '.join(str(i / chart_stream.PARTITIONS) for i in range(1, chart_stream.PARTITIONS))}])) AS b "
         "FROM all_stays WHERE stay_id IS NOT NULL ORDER BY b").fetchall()]
+    window = None
+    if parquet is None:  # no cache entry to write: only rows near a kept stay's window matter
+        w = con.execute(
+            "SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - 1000000, "
+            "epoch_us(intime) + 86400000000 + 1000000 FROM kept "
+            "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id",
+            [float(opts.vitals_from_hours)]).fetchnumpy()
+        window = tuple(np.asarray(w[k], np.int64) for k in w)
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
                                 progress=chart_stream.progress_wanted(),
-                                items=chart_stream.vital_items(vitalsign_sql("chartevents")))
+                                items=chart_stream.vital_items(vitalsign_sql("chartevents")), window=window)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
     con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
     writer = pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="zstd") if parquet is not None else None
