@@ -249,6 +249,16 @@ def _ahead(batches, depth: int = 2) -> Iterator[pa.RecordBatch]:
         th.join()
 
 
+def in_window(part: pa.Table, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+    """The rows of ``part`` (stay_id, charttime columns) of the stays in ``window`` =
+    ``(stay_ids sorted and unique, start_us, end_us)`` charted in [start, end]."""
+    ids, start, end = window
+    stay = part.column("stay_id").to_numpy()
+    t = part.column("charttime").cast(pa.int64()).to_numpy()
+    pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
+    return part.filter(pa.array((ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])))
+
+
 def _bits(n: int) -> int:
     return max(int(n).bit_length(), 1)
 
@@ -394,6 +404,8 @@ class VitalPass:
         stay, val = stay_col.to_numpy(), val[sel]
         if self.window is not None:
             ids, start, end = self.window
+            if not len(ids):
+                return None
             pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
             inside = (ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])
             stay, t, code, val = stay[inside], t[inside], code[inside], val[inside]

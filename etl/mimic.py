@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -161,8 +162,7 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
 def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
                   parquet: Path | None = None, timings: dict | None = None) -> int:
     """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
-    per charttime of the whole file, written to ``parquet`` (the cache entry) when given (else
-    only rows within a second of a kept stay's window are kept, the exact window being SQL's), and,
+    per charttime of the whole file, written to ``parquet`` (the cache entry) when given, and,
     in the same pass, the first-day aggregates of the kept stays into the temp table
     ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql, partition by partition; each
     stay lies in one partition). Returns the rows of the relation; the pass's stage times go
@@ -175,30 +175,41 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     bounds = [r[0] for r in con.execute(
         f"SELECT DISTINCT unnest(quantile_disc(stay_id, [{', '.join(str(i / chart_stream.PARTITIONS) for i in range(1, chart_stream.PARTITIONS))}])) AS b "
         "FROM all_stays WHERE stay_id IS NOT NULL ORDER BY b").fetchall()]
-    window = None
-    if parquet is None:  # no cache entry to write: only rows near a kept stay's window matter
-        w = con.execute(
-            "SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - 1000000, "
-            "epoch_us(intime) + 86400000000 + 1000000 FROM kept "
-            "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id",
-            [float(opts.vitals_from_hours)]).fetchnumpy()
-        window = tuple(np.asarray(w[k], np.int64) for k in w)
+    # rows within a second of a kept stay's window: the only ones the cohort needs (the exact
+    # window is vital_window.sql's); without a cache entry to write, the others are dropped
+    # while streaming, else after the partition is written
+    w = con.execute(
+        "SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - 1000000, "
+        "epoch_us(intime) + 86400000000 + 1000000 FROM kept "
+        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id",
+        [float(opts.vitals_from_hours)]).fetchnumpy()
+    window = tuple(np.asarray(w[k], np.int64) for k in w)
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
                                 progress=chart_stream.progress_wanted(),
-                                items=chart_stream.vital_items(vitalsign_sql("chartevents")), window=window)
+                                items=chart_stream.vital_items(vitalsign_sql("chartevents")),
+                                window=window if parquet is None else None)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
     con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
-    writer = pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="zstd") if parquet is not None else None
+    writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="zstd", use_dictionary=["vital"])
+              if parquet is not None else None)
+    # the cache file is written on its own thread (Arrow releases the GIL; one thread keeps the
+    # partitions in order) while DuckDB aggregates the same partition's window
+    pool = ThreadPoolExecutor(1)
+    writes: list = []
 
     def sink(part):
         if writer is not None:
-            writer.write_table(part, row_group_size=1_000_000)
+            writes.append(pool.submit(writer.write_table, part, row_group_size=1_000_000))
+            part = chart_stream.in_window(part, window)
         con.register("chart_part", part)
         con.execute("INSERT INTO vital_per_stay " + vital_per_stay_sql("chart_part", opts))
 
     try:
         vp.run(sink)
+        for f in writes:
+            f.result()
     finally:
+        pool.shutdown(wait=True)
         con.unregister("chart_part")
         if writer is not None:
             writer.close()
