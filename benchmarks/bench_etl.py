@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
             else _synth(synth, args.seed))
     src = synth / "icu" / "chartevents.csv.gz"
     cache = work / "chart_cache"
-    res: dict = {"chartevents_rows": rows, "chartevents_gz_mb": round(src.stat().st_size / 2**20, 1),
+    res: dict = {"chartevents_rows": rows, "chartevents_gz_mb": round(src.stat().st_size / 1e6, 1),
                  "cores": os.cpu_count(), "runs": {}}
     for name in runs:
         if name == "zcat":
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
         r["x_zcat"] = round(r["wall_s"] / base, 2)
         r["v31_wall_s"] = round(r["wall_s"] * V31_ROWS / rows)
     if cache.exists():
-        res["cache_mb"] = round(sum(p.stat().st_size for p in cache.iterdir()) / 2**20, 1)
+        res["cache_mb"] = round(sum(p.stat().st_size for p in cache.iterdir()) / 1e6, 1)
     (OUT / "etl.json").write_text(json.dumps(res, indent=2))
     print(f"chartevents: {rows:,} rows, {res['chartevents_gz_mb']} MB gzip CSV, {res['cores']} cores"
           + (f"; Parquet cache {res['cache_mb']} MB" if "cache_mb" in res else ""))
