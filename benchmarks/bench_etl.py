@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["runs"][name] = r
         print(f"  {name}: {r['wall_s']} s", flush=True)
     base = res["runs"]["zcat"]["wall_s"]
-    for name, r in res["runs"].items():
+    for r in res["runs"].values():
         r["x_zcat"] = round(r["wall_s"] / base, 2)
         r["v31_wall_s"] = round(r["wall_s"] * V31_ROWS / rows)
     if cache.exists():

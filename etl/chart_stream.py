@@ -33,15 +33,15 @@ compressed bytes read, the rows parsed, the rate and the time left.
 from __future__ import annotations
 
 import os
-import re
 import queue
+import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -137,8 +137,15 @@ class _Progress:
         self._bar = None
         if enabled:
             from rich.console import Console
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn, TransferSpeedColumn)
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                  TransferSpeedColumn(), TextColumn("{task.fields[rows]}"), TimeElapsedColumn(),

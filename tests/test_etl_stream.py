@@ -13,12 +13,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pytest
 
 from etl import chart_stream
-from etl.mimic import EtlOptions, run_etl
+from etl.mimic import REQUIRED, TYPES, EtlOptions, run_etl
 from etl.sources import locate
-from etl.mimic import REQUIRED, TYPES
 
 COLS = REQUIRED[("icu", "chartevents")]
 OPTS = dict(window_years=20, min_center_stays=1, seed=7)
@@ -138,7 +136,7 @@ def test_text_the_stream_does_not_read_goes_to_duckdb(mimic_demo_dir, tmp_path):
     lines[1] = ",".join(cells)
     ce.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
     got = run_etl(demo, tmp_path / "o", EtlOptions(**OPTS, chart_cache="off"))
-    ref = run_etl(mimic_demo_dir, tmp_path / "r", EtlOptions(**OPTS, chart_cache="off"))
+    run_etl(mimic_demo_dir, tmp_path / "r", EtlOptions(**OPTS, chart_cache="off"))
     assert got["chartevents_cache"]["read_by"] == "duckdb"
     assert (tmp_path / "o/cohort.parquet").read_bytes() == (tmp_path / "r/cohort.parquet").read_bytes()
 
