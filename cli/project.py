@@ -66,6 +66,15 @@ def _is_cohort(d: Path) -> bool:
     return (d / "cohort.parquet").is_file() and (d / "centers.parquet").is_file()
 
 
+def recorded_cohort() -> Path | None:
+    """The cohort folder of this project's most recent ``abps etl`` when it still holds a cohort,
+    else ``./cohort`` when that does, else None."""
+    recorded = _read_state().get("cohort")
+    if isinstance(recorded, str) and _is_cohort(Path(recorded)):
+        return Path(recorded)
+    return Path("cohort") if _is_cohort(Path("cohort")) else None
+
+
 def default_cohort() -> Path:
     """The cohort of the most recent ``abps etl`` in this project, else ``./cohort``.
 
@@ -86,7 +95,7 @@ def default_cohort() -> Path:
 def run_output(experiment: str, method: str) -> Path:
     """``runs/<experiment>/<method>-<UTC yyyymmdd-HHMMSS>/results.json`` (folder names made safe)."""
     def safe(s: str) -> str:
-        return re.sub(r"[^A-Za-z0-9+._-]", "_", s) or "_"
+        return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return Path("runs") / safe(experiment) / f"{safe(method)}-{stamp}" / "results.json"

@@ -7,8 +7,8 @@ ABPS methods on the first lookup.
 
 from federation.methods.base import Context, Method, NoParams, RoundPlan
 from federation.methods.registry import (METHODS, all_methods, display_names, families, get_method, method_names,
-                                         paper_order, register)
+                                         paper_order, register, run_label)
 from federation.methods import baselines, bnn, decentralized, sage_selector  # noqa: F401,E402  (each registers its classes)
 
 __all__ = ["Context", "Method", "NoParams", "RoundPlan", "METHODS", "all_methods", "display_names", "families",
-           "get_method", "method_names", "paper_order", "register"]
+           "get_method", "method_names", "paper_order", "register", "run_label"]
