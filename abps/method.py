@@ -33,7 +33,7 @@ from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
 from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
-from federation.checks import check_finite
+from federation.core.checks import check_finite
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
 

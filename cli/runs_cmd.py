@@ -35,7 +35,7 @@ def ui(
     """Start the MLflow UI on the project's store; once it answers, print the URL of the comparison
     of the experiment's latest runs (AUROC, Bandwidth, Isolation first). Ctrl-C stops it. With an
     http(s) tracking URI (an MLflow server) only the URL on that server is printed."""
-    from federation.tracking import default_tracking_uri
+    from federation.run.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri()
     if uri.startswith(("http://", "https://")):
@@ -109,7 +109,7 @@ def compare_url(base: str, uri: str, experiment: str | None) -> str:
     import urllib.parse
 
     from federation.report import collect_runs
-    from federation.tracking import Tracker
+    from federation.run.tracking import Tracker
 
     ml = "workflowType=machine_learning"
     try:
@@ -146,7 +146,7 @@ def runs(
 
     from federation.report import collect_runs, mean_std, table1
     from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell
-    from federation.tracking import Tracker
+    from federation.run.tracking import Tracker
 
     experiment = default_experiment(experiment, tracking_uri)
     tracker = Tracker(tracking_uri, experiment, create=False)  # InputError naming a missing experiment
@@ -172,7 +172,7 @@ def default_experiment(given: str | None, tracking_uri: str | None) -> str:
     ``MLFLOW_EXPERIMENT_NAME``, else the folder name of this project's cohort (``abps train``'s
     default experiment) when the store has it, else the store's most recently created
     experiment that holds runs, else ``abps``."""
-    from federation.tracking import EXPERIMENT_ENV, default_tracking_uri, open_client
+    from federation.run.tracking import EXPERIMENT_ENV, default_tracking_uri, open_client
 
     if given or os.environ.get(EXPERIMENT_ENV, "").strip():
         return given or os.environ[EXPERIMENT_ENV].strip()

@@ -137,7 +137,7 @@ def train(
 
     `abps train --goal diversity` alone trains the goal-aware ABPS preset on this project's cohort.
     """
-    from federation.config import build_config, load_yaml
+    from federation.core.config import build_config, load_yaml
 
     seed_list = _parse_seeds(seeds, list(ctx.args))
     file_cfg = load_yaml(config) if config is not None else None
@@ -153,7 +153,7 @@ def train(
         if cfg_seeds is not None and (not isinstance(cfg_seeds, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cfg_seeds)):
             raise InputError(f"{config}: seeds must be a list of non-negative integers")
-        from federation.tracking import experiment_name
+        from federation.run.tracking import experiment_name
 
         experiment = experiment_name(experiment, "") or None
         out_path = Path(output or file_cfg.get("output") or project.run_output(
@@ -175,8 +175,8 @@ def train(
     if method is None:
         raise InputError("--method is required (or --goal, or a --config naming `method:`)")
     from federation.methods import get_method, run_label
-    from federation.runner import run_training
-    from federation.tracking import experiment_name
+    from federation.run.runner import run_training
+    from federation.run.tracking import experiment_name
 
     cls = get_method(method)
     if cohort is None:
@@ -199,7 +199,7 @@ def train(
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
                        progress=not no_progress, overwrite=force)
-    from federation.runner import dropped_message
+    from federation.run.runner import dropped_message
 
     note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])
     if note:
@@ -229,7 +229,7 @@ def train(
         f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds{iso} -> {output} "
         f"(MLflow experiment {experiment})"
     )
-    from federation.evaluation import clinical_line
+    from federation.core.evaluation import clinical_line
 
     if (line := clinical_line(doc["seeds"])) is not None:
         typer.echo(line)

@@ -43,7 +43,7 @@ def _free_port() -> int:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty project folder (working directory) holding a 5-center cohort `icu5/`, with neither
     MLflow variable set."""
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
 
     monkeypatch.chdir(tmp_path)
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "ABPS_STATE"):
@@ -111,10 +111,12 @@ def test_goal_named_everywhere_and_one_bandwidth_and_isolation(project: Path, ca
         if rest is not None:
             assert t1[label]["rest_share"] == pytest.approx(rest, abs=1e-12)
     assert "abps [goal=diversity]" in (project / "report" / "table1.md").read_text()
+    # a command never exports its store as MLFLOW_TRACKING_URI for the commands after it
+    assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
 def test_mixed_cohorts_are_named_by_folder(project: Path, capsys) -> None:
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
 
     write_fedprox_cohort(project / "ward7", n_centers=5, seed=9, mean_size=200.0, shared=0.8)
     assert _train("--method", "fedavg", "--experiment", "both") == 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from federation.methods import run_label
-from federation.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_NAME_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_REPORT,
+from federation.run.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_NAME_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_REPORT,
                                  KIND_SWEEP, KIND_TAG, KIND_TRAIN, LABEL_TAG, METHOD_TAG, PLATFORM_COMPARED,
                                  PLATFORM_TAG_PREFIX, SEED_TAG, SELECTOR_TAG, Tracker)
 

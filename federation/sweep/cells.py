@@ -15,11 +15,12 @@ import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
-from federation.config import RunConfig, build_config, deep_merge, load_yaml
-from federation.data import FederatedData
-from federation import kernels
+from federation.core.config import RunConfig, build_config, deep_merge, load_yaml
+from federation.data.load import load_federation
+from federation.data.tensors import FederatedData
+from federation.engine import kernels
 from federation.methods import get_method
-from federation.runner import run_one
+from federation.run.runner import run_one
 from federation.sweep.spec import SweepSpec
 
 __all__ = ["Cell", "canonical_json", "config_hash", "expand_cells", "sweep_hash", "run_cell", "set_round_hook"]
@@ -175,7 +176,7 @@ def _load_data(cohort: str, min_train: int) -> Any:
     key = (str(Path(cohort).resolve()), int(min_train), p.stat().st_mtime if p.exists() else 0.0)
     if key not in _DATA_CACHE:
         _DATA_CACHE.clear()
-        _DATA_CACHE[key] = FederatedData.from_cohort(cohort, min_train=min_train)
+        _DATA_CACHE[key] = load_federation(cohort, min_train=min_train)
     return _DATA_CACHE[key]
 
 
@@ -194,9 +195,9 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
         {center_id: {...}}, "artifacts": {name: json}, "seconds": wall time of the run,
         "started_ms" / "ended_ms": epoch ms of the run's start and end, "round_ms": epoch ms at
         the end of each round, "engine_step": fused C++ kernels or eager
-        (:func:`federation.kernels.step_name`), "platform": the worker's
-        :func:`federation.kernels.build_info`, "clinical": the run's
-        :class:`federation.evaluation.ClinicalEvaluation` (aggregates only) or None}``; only aggregates, no row-level value. Each round is also
+        (:func:`federation.engine.kernels.step_name`), "platform": the worker's
+        :func:`federation.engine.kernels.build_info`, "clinical": the run's
+        :class:`federation.core.evaluation.ClinicalEvaluation` (aggregates only) or None}``; only aggregates, no row-level value. Each round is also
         reported through the live-progress hook when one is set (:func:`set_round_hook`).
     """
     torch.set_num_threads(int(threads))
