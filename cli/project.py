@@ -111,6 +111,37 @@ def check_output(path: Path, force: bool) -> None:
         raise InputError(f"{path} exists; give --force to replace it, or another --output")
 
 
+def check_out_ignored(out: Path) -> None:
+    """Refuse an ETL output folder inside a git work tree that does not ignore it: cohort.parquet
+    holds subject_id, hadm_id and stay_id and must never be committed. Nothing is checked where
+    git is not installed or ``out`` is outside any work tree.
+
+    Raises:
+        InputError: ``out`` is inside a git work tree and ``git check-ignore`` does not ignore it
+            (one line naming the folder, the work tree and the ``.gitignore`` line to add).
+    """
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if git is None:
+        return
+    target = Path(out).resolve()
+    probe = next((p for p in (target, *target.parents) if p.is_dir()), None)
+    if probe is None:
+        return
+    top = subprocess.run([git, "-C", str(probe), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0:
+        return
+    root = Path(top.stdout.strip()).resolve()
+    rel = target.relative_to(root).as_posix() if target != root else "."
+    ignored = subprocess.run([git, "-C", str(root), "check-ignore", "-q", f"{rel}/cohort.parquet"],
+                             capture_output=True).returncode == 0
+    if not ignored:
+        raise InputError(f"--out {out}: not ignored by git in the work tree {root} (cohort.parquet holds patient "
+                         f"identifiers); add /{rel}/ to its .gitignore, or write outside the repository")
+
+
 def describe_mimic(src_dir: Path) -> str:
     """Which MIMIC-IV release and file layout ``src_dir`` holds, e.g. ``MIMIC-IV 3.x, csv.gz tables``.
 

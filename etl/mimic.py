@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from etl import progress
 from etl import charlson
 from etl.errors import InputError
 from etl.io import atomic_output_dir
@@ -167,6 +168,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     timings: dict[str, float] = {}
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
+        progress.step("checking the input tables", 0)
         check_flags(con, tables["admissions"], ("hospital_expire_flag",))
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
@@ -191,16 +193,19 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         att.add(f"known {known} and intime", n_join, n_label)
         keep_adult_unit_stays(con, opts, att, n_label)
         timings["stays_s"] = time.perf_counter() - t0
+        progress.step("first-day vitals (chartevents)")
 
         t0 = time.perf_counter()
         vitals = first_day_vitals(con, s["chartevents"], opts, att,
                                   f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)",
                                   vitalsign=cache.relation)
         timings["chartevents_s"] = time.perf_counter() - t0
+        progress.step("Charlson comorbidities")
 
         t0 = time.perf_counter()
         cci = frame(con, charlson_sql(s["diagnoses_icd"], s["admissions"], opts.comorbidity_source))
         timings["charlson_s"] = time.perf_counter() - t0
+        progress.step("centers, splits and outputs")
         kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
 
     return assemble(kept, vitals, cci), att, timings, inputs
