@@ -19,18 +19,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cli.app import main
+from tests.cli_helpers import free_port as _free_port
+from tests.cli_helpers import run_main as _main
 from cli.project import default_cohort, describe_mimic
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _main(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 @pytest.fixture()
@@ -139,12 +132,6 @@ def test_describe_mimic_release_and_layout(mimic_demo_dir: Path, tmp_path: Path)
                 f"TO '{hosp}/p3.parquet' (FORMAT parquet)")
     os.replace(hosp / "p3.parquet", hosp / "patients.parquet")
     assert describe_mimic(tmp_path / "m") == "MIMIC-IV 3.x, Parquet tables"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ui_serves_the_project_store(tmp_path: Path) -> None:

@@ -7,36 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from cli.app import main
+from tests.cli_helpers import mlflow_server
+from tests.cli_helpers import run_main as _main
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's chromium, installed by the Makefile
-
-
-def _main(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -170,38 +153,10 @@ def test_ui_on_a_taken_port_is_one_line_and_fails(project: Path) -> None:
 @pytest.fixture()
 def server(tmp_path: Path):
     """A local `mlflow server` on loopback (its own store and artifact folder), stopped afterwards."""
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "server.log", "wb")
     srv = tmp_path / "server"
     srv.mkdir()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-                             f"sqlite:///{srv}/s.db", "--artifacts-destination", str(srv / "art"), "--host",
-                             "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=srv)
-    try:
-        deadline = time.monotonic() + 180  # a guard against a hang, not a timing assertion
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mlflow server did not answer within 180 s"
-            time.sleep(0.5)
+    with mlflow_server(f"sqlite:///{srv}/s.db", srv, ("--artifacts-destination", str(srv / "art"))) as base:
         yield base
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
 
 
 def test_remote_server_and_the_compare_page_in_a_browser(project: Path, server: str, monkeypatch, capsys) -> None:

@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.app import main
+from tests.cli_helpers import run_main as _main
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _main(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def readme_real_data_commands() -> tuple[list[list[str]], list[str]]:
