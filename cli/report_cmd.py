@@ -7,7 +7,6 @@ Fig. 3, variance-correction Table I) and docs/sweeps.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,10 +16,10 @@ from cli.app import app
 @app.command("report")
 def report(
     out: Path = typer.Option(..., "--out", help="output folder (Markdown, CSV, PNG; written atomically)"),
-    experiment: Optional[str] = typer.Option(
+    experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment, e.g. the sweep's (default: MLFLOW_EXPERIMENT_NAME, else as "
         "abps runs)"),
-    tracking_uri: Optional[str] = typer.Option(
+    tracking_uri: str | None = typer.Option(
         None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
         "sqlite:///mlflow/mlflow.db)"),
     no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),

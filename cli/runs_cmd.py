@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Optional
 
 import typer
 
@@ -28,8 +27,8 @@ _URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this projec
 def ui(
     port: int = typer.Option(5000, "--port", min=1, max=65535, help="port of the UI (http://127.0.0.1:PORT)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (127.0.0.1: this machine only)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help=_URI_HELP),
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="experiment whose runs the printed URL "
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=_URI_HELP),
+    experiment: str | None = typer.Option(None, "--experiment", help="experiment whose runs the printed URL "
                                              "compares (default as abps runs)"),
 ) -> int:
     """Start the MLflow UI on the project's store; once it answers, print the URL of the comparison
@@ -132,10 +131,10 @@ def _fmt(x: float, spec: str) -> str:
 
 @app.command("runs")
 def runs(
-    experiment: Optional[str] = typer.Option(
+    experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the experiment of this "
         "project's cohort, its folder name as abps train uses, else the most recently used experiment)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help=_URI_HELP),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=_URI_HELP),
 ) -> None:
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
     mean +- std across seeds, bandwidth (x FedAvg's reference traffic) and isolation (share of
