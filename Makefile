@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 	@test -d $(FMNIST_DIR) || { command -v apt-get >/dev/null && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null) ; } || \
 	  echo "warning: could not install dataset-fashion-mnist (needs root); image benchmarks need it"
+	@# headless Chromium for the MLflow UI browser test (driven by Playwright, never `playwright install`)
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) ; } || \
+	  echo "warning: could not install chromium (needs root); the MLflow UI browser test needs it"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -48,5 +52,7 @@ docs: $(STAMP)
 ui: $(STAMP)
 	$(ABPS) ui --port 5000
 
+# the ETL's chartevents cache lives outside the repo ($$ABPS_CACHE_DIR, else ~/.cache/abps)
 clean:
+	-test -x $(ABPS) && $(ABPS) cache clear
 	rm -rf $(VENV) $(DEMO_DIR) site

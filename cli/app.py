@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 synth_app = typer.Typer(help="Write synthetic data sets in a real source's format.", no_args_is_help=True)
 app.add_typer(synth_app, name="synth")
+cache_app = typer.Typer(help="The per-user caches (ETL chartevents cache, compiled kernels).", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
 
 
 def _register() -> None:
@@ -29,7 +31,7 @@ def _register() -> None:
     import importlib
 
     for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd", "cli.sweep_cmd",
-                 "cli.report_cmd", "cli.runs_cmd"):
+                 "cli.report_cmd", "cli.runs_cmd", "cli.cache_cmd"):
         importlib.import_module(name)  # a module that fails to import fails the command, never drops it
 
 

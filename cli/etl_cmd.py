@@ -71,6 +71,7 @@ def etl_command(
     src_dir = mimic_dir or data_dir or (Path(os.environ["MIMIC_DIR"]) if source == "mimic" and os.environ.get("MIMIC_DIR") else None)
     if src_dir is None:
         raise InputError("give the source folder with --mimic-dir (or --data-dir, or the MIMIC_DIR environment variable)")
+    project.check_out_ignored(out)  # patient identifiers never land in a git work tree unignored
     project.announce_source(src_dir, source)
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,
@@ -83,18 +84,21 @@ def etl_command(
     )
     if meds_splits is not None and source != "meds":
         raise InputError("--meds-splits does not apply to --source " + source + "; leave it out")
-    if source == "mimic":
-        rep = run_etl(src_dir, out, opts)
-    elif source == "eicu":
-        from etl.eicu import run_eicu_etl
-
-        rep = run_eicu_etl(src_dir, out, opts)
-    elif source == "meds":
-        from etl.meds import run_meds_etl
-
-        rep = run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
-    else:
+    if source not in ("mimic", "eicu", "meds"):
         raise InputError(f"unknown --source '{source}' (choose from mimic, eicu, meds)")
+    from etl import progress
+
+    with progress.bar(f"etl {source}", total=4 if source == "mimic" else 1):
+        if source == "mimic":
+            rep = run_etl(src_dir, out, opts)
+        elif source == "eicu":
+            from etl.eicu import run_eicu_etl
+
+            rep = run_eicu_etl(src_dir, out, opts)
+        else:
+            from etl.meds import run_meds_etl
+
+            rep = run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
     dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "

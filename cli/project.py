@@ -66,6 +66,15 @@ def _is_cohort(d: Path) -> bool:
     return (d / "cohort.parquet").is_file() and (d / "centers.parquet").is_file()
 
 
+def recorded_cohort() -> Path | None:
+    """The cohort folder of this project's most recent ``abps etl`` when it still holds a cohort,
+    else ``./cohort`` when that does, else None."""
+    recorded = _read_state().get("cohort")
+    if isinstance(recorded, str) and _is_cohort(Path(recorded)):
+        return Path(recorded)
+    return Path("cohort") if _is_cohort(Path("cohort")) else None
+
+
 def default_cohort() -> Path:
     """The cohort of the most recent ``abps etl`` in this project, else ``./cohort``.
 
@@ -86,7 +95,7 @@ def default_cohort() -> Path:
 def run_output(experiment: str, method: str) -> Path:
     """``runs/<experiment>/<method>-<UTC yyyymmdd-HHMMSS>/results.json`` (folder names made safe)."""
     def safe(s: str) -> str:
-        return re.sub(r"[^A-Za-z0-9+._-]", "_", s) or "_"
+        return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return Path("runs") / safe(experiment) / f"{safe(method)}-{stamp}" / "results.json"
@@ -100,6 +109,37 @@ def check_output(path: Path, force: bool) -> None:
     """
     if path.exists() and not force:
         raise InputError(f"{path} exists; give --force to replace it, or another --output")
+
+
+def check_out_ignored(out: Path) -> None:
+    """Refuse an ETL output folder inside a git work tree that does not ignore it: cohort.parquet
+    holds subject_id, hadm_id and stay_id and must never be committed. Nothing is checked where
+    git is not installed or ``out`` is outside any work tree.
+
+    Raises:
+        InputError: ``out`` is inside a git work tree and ``git check-ignore`` does not ignore it
+            (one line naming the folder, the work tree and the ``.gitignore`` line to add).
+    """
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if git is None:
+        return
+    target = Path(out).resolve()
+    probe = next((p for p in (target, *target.parents) if p.is_dir()), None)
+    if probe is None:
+        return
+    top = subprocess.run([git, "-C", str(probe), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0:
+        return
+    root = Path(top.stdout.strip()).resolve()
+    rel = target.relative_to(root).as_posix() if target != root else "."
+    ignored = subprocess.run([git, "-C", str(root), "check-ignore", "-q", f"{rel}/cohort.parquet"],
+                             capture_output=True).returncode == 0
+    if not ignored:
+        raise InputError(f"--out {out}: not ignored by git in the work tree {root} (cohort.parquet holds patient "
+                         f"identifiers); add /{rel}/ to its .gitignore, or write outside the repository")
 
 
 def describe_mimic(src_dir: Path) -> str:

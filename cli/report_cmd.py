@@ -15,14 +15,20 @@ from cli.app import app
 
 @app.command("report")
 def report(
-    experiment: str = typer.Option(..., "--experiment", help="MLflow experiment name (e.g. the sweep's)"),
     out: Path = typer.Option(..., "--out", help="output folder (Markdown, CSV, PNG; written atomically)"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
+    experiment: str | None = typer.Option(
+        None, "--experiment", help="MLflow experiment, e.g. the sweep's (default: MLFLOW_EXPERIMENT_NAME, else as "
+        "abps runs)"),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
+        "sqlite:///mlflow/mlflow.db)"),
     no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),
 ) -> None:
     """Rebuild Table 1 and Figure 3 (and the SAGE / variance-correction tables when such runs exist)."""
+    from cli.runs_cmd import default_experiment
     from federation.report import write_report
 
+    experiment = default_experiment(experiment, tracking_uri)
     doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log)
     done = ", ".join(doc["sections"]) or "no section (no FINISHED run with a defined final AUROC: check that the runs finished and that some centers' test splits hold both classes)"
     typer.echo(f"report of {experiment}: {done} -> {out / 'report.md'}")

@@ -1,7 +1,7 @@
 """``abps ui`` (the MLflow UI on the project's store) and ``abps runs`` (a terminal table of finished runs).
 
-Both read the project's MLflow store (``sqlite:///mlflow/mlflow.db`` in the folder ``abps`` runs in,
-unless ``--tracking-uri`` names another).
+Both read the project's MLflow store (``sqlite:///mlflow/mlflow.db`` in the folder ``abps`` runs in),
+unless ``MLFLOW_TRACKING_URI`` or ``--tracking-uri`` names another (an MLflow server included).
 """
 
 from __future__ import annotations
@@ -12,29 +12,51 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import typer
 
+from cli import project
 from cli.app import app
+from etl.errors import InputError
+
+_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
 
 
 @app.command("ui")
 def ui(
     port: int = typer.Option(5000, "--port", min=1, max=65535, help="port of the UI (http://127.0.0.1:PORT)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (127.0.0.1: this machine only)"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=_URI_HELP),
+    experiment: str | None = typer.Option(None, "--experiment", help="experiment whose runs the printed URL "
+                                             "compares (default as abps runs)"),
 ) -> int:
-    """Start the MLflow UI on the project's store and print its URL; Ctrl-C stops it."""
+    """Start the MLflow UI on the project's store; once it answers, print the URL of the comparison
+    of the experiment's latest runs (AUROC, Bandwidth, Isolation first). Ctrl-C stops it. With an
+    http(s) tracking URI (an MLflow server) only the URL on that server is printed."""
     from federation.run.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        typer.echo(f"MLflow UI: {compare_url(uri.rstrip('/'), uri, experiment)}")
+        return 0
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    typer.echo(f"MLflow UI: http://{shown}:{port}  (store {uri}; Ctrl-C stops it)")
+    _check_port_free(host, port)
+    base = f"http://{shown}:{port}"
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
            "--workers", "1"]
-    # its own process group (the server and its workers), stopped as one when we stop
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}  # the server's library deprecation warnings
+    log = tempfile.TemporaryFile()
+    # its own process group (the server and its workers), stopped as one when we stop; its log
+    # lines stay off the console (shown when it fails to start)
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
+        typer.echo(f"starting the MLflow UI on {base} (store {uri}) ...", err=True)
+        if not _wait_healthy(base, proc, timeout_s=300.0):
+            log.seek(0)
+            tail = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+            raise InputError(f"the MLflow UI did not start on port {port}: " + (tail[-1] if tail else "no output"))
+        typer.echo(f"MLflow UI: {compare_url(base, uri, experiment)}  (store {uri}; Ctrl-C stops it)")
         return proc.wait()
     finally:  # normal exit, Ctrl-C or SIGTERM (cli.app turns it into SystemExit)
         with contextlib.suppress(ProcessLookupError):  # workers may outlive the server's own exit
@@ -44,6 +66,63 @@ def ui(
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Raise InputError when ``host:port`` cannot be bound (another server holds it)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise InputError(f"--port {port}: {host}:{port} is taken ({exc.strerror or exc}); "
+                             "give another --port") from None
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Poll ``base/health`` until it answers 200 (True), the server exits or ``timeout_s`` passes (False)."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.25)
+    return False
+
+
+def compare_url(base: str, uri: str, experiment: str | None) -> str:
+    """The MLflow UI URL (at ``base``) of the comparison of the experiment's latest runs (one per
+    row label and seed, as ``abps runs`` shows them), opened as model training, not GenAI; the
+    experiment's runs page when it has no finished clinical run; the home page without an experiment."""
+    import json
+    import urllib.parse
+
+    from federation.report import collect_runs
+    from federation.run.tracking import Tracker
+
+    ml = "workflowType=machine_learning"
+    try:
+        name = default_experiment(experiment, uri)
+        tracker = Tracker(uri, name, create=False)
+    except InputError:
+        return f"{base}/#/experiments?{ml}"
+    cells = collect_runs(tracker).cells
+    exp = tracker.experiment_id
+    if not cells:
+        return f"{base}/#/experiments/{exp}/runs?{ml}"
+    runs = json.dumps([c.run_id for c in sorted(cells, key=lambda c: (c.label, c.seed))], separators=(",", ":"))
+    q = f"runs={urllib.parse.quote(runs)}&experiments={urllib.parse.quote(json.dumps([exp]))}&{ml}"
+    return f"{base}/#/compare-runs?{q}"
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -52,40 +131,55 @@ def _fmt(x: float, spec: str) -> str:
 
 @app.command("runs")
 def runs(
-    experiment: str = typer.Option("abps", "--experiment", help="MLflow experiment (default abps, as abps train)"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
+    experiment: str | None = typer.Option(
+        None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the experiment of this "
+        "project's cohort, its folder name as abps train uses, else the most recently used experiment)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=_URI_HELP),
 ) -> None:
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
-    mean +- std across seeds, bandwidth relative to FedAvg and the last round's isolation rate."""
+    mean +- std across seeds, bandwidth (x FedAvg's reference traffic) and isolation (share of
+    centers with no partner, mean over rounds)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from federation.report import collect_runs, mean_std, table1
-    from federation.report.abps_table1 import auroc_cell
+    from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell
     from federation.run.tracking import Tracker
 
+    experiment = default_experiment(experiment, tracking_uri)
     tracker = Tracker(tracking_uri, experiment, create=False)  # InputError naming a missing experiment
     col = collect_runs(tracker)
     if not col.cells:
         typer.echo(f"experiment {experiment}: no finished training runs yet (abps train --goal diversity)")
         return
-    rows, basis = table1(col.cells)
-    last_isolation = {r.info.run_id: r.data.metrics.get("isolation_rate", math.nan)  # last round's, ABPS only
-                      for r in tracker.search("attributes.status = 'FINISHED'")}
-    isolation: dict[str, list[float]] = {}
-    for c in col.cells:
-        isolation.setdefault(c.label, []).append(last_isolation.get(c.run_id, math.nan))
+    rows = table1(col.cells)
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
     for head in ("method", "seeds", "AUROC mean +- std", "bandwidth (x FedAvg)", "isolation"):
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
-        iso = mean_std(isolation.get(r.label, []))[0]
         auroc = (auroc_cell(r) if r.n_undefined else f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}")
-        table.add_row(r.label, r.seeds, auroc,
-                      f"{_fmt(r.bandwidth, '.2f')}x", _fmt(iso, '.2f'))
+        table.add_row(escape(r.label), r.seeds, auroc, f"{_fmt(r.bandwidth, '.2f')}x", _fmt(r.rest_share, '.2f'))
     Console(width=max(100, Console().width)).print(table)
-    if basis != "fedavg":
-        col.notes.append("no FedAvg run in this experiment: bandwidth is relative to FedAvg's reference traffic "
-                         "(every center sends the full fp32 model each of reference_rounds rounds)")
+    typer.echo(BANDWIDTH_NOTE.replace("×", "x") + " " + ISOLATION_NOTE)
     for note in col.notes:
         typer.echo(f"note: {note}")
+
+
+def default_experiment(given: str | None, tracking_uri: str | None) -> str:
+    """The experiment ``abps runs`` / ``abps report`` / ``abps ui`` show: ``given``, else
+    ``MLFLOW_EXPERIMENT_NAME``, else the folder name of this project's cohort (``abps train``'s
+    default experiment) when the store has it, else the store's most recently created
+    experiment that holds runs, else ``abps``."""
+    from federation.run.tracking import EXPERIMENT_ENV, default_tracking_uri, open_client
+
+    if given or os.environ.get(EXPERIMENT_ENV, "").strip():
+        return given or os.environ[EXPERIMENT_ENV].strip()
+    client = open_client(tracking_uri or default_tracking_uri())
+    cohort = project.recorded_cohort()
+    if cohort is not None and client.get_experiment_by_name(cohort.name) is not None:
+        return cohort.name
+    for exp in client.search_experiments(order_by=["creation_time DESC"], max_results=50):
+        if client.search_runs([exp.experiment_id], max_results=1):
+            return exp.name
+    return "abps"

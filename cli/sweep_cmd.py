@@ -26,8 +26,11 @@ def sweep(
     cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
     seeds: list[int] | None = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
-    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment (default: the file's)"),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
+        "sqlite:///mlflow/mlflow.db)"),
+    experiment: str | None = typer.Option(
+        None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the file's)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
 ) -> None:
     """Run the missing cells of a sweep; each cell is one MLflow run under the sweep's parent run."""
@@ -45,6 +48,9 @@ def sweep(
     signal.signal(signal.SIGTERM, _terminate)
 
     seeds = project.parse_seeds(seeds, list(ctx.args)) or None
+    from federation.run.tracking import experiment_name
+
+    experiment = experiment_name(experiment, "") or None  # None: the file's experiment
     from federation.sweep.cross import cross_summary_line, is_cross_sweep, run_cross_sweep
 
     if is_cross_sweep(config):  # `datasets:` (configs/cross.yaml): one sweep per data set, one experiment

@@ -20,8 +20,10 @@ def synth_mimic_command(
     compress_level: int = typer.Option(1, "--compress-level", help="gzip level 1..9."),
 ) -> None:
     """Write synthetic MIMIC-IV tables (patients, admissions, diagnoses_icd, icustays, chartevents, d_items)."""
+    from etl import progress
     from etl.synth import SynthConfig, synth_mimic
 
-    summary = synth_mimic(out, SynthConfig(stays=stays, seed=seed, chart_hours_step=chart_hours_step,
-                                           chartevents=chartevents, compresslevel=compress_level))
+    with progress.bar("synth mimic", total=1):
+        summary = synth_mimic(out, SynthConfig(stays=stays, seed=seed, chart_hours_step=chart_hours_step,
+                                               chartevents=chartevents, compresslevel=compress_level))
     typer.echo(summary.line())

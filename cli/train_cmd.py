@@ -82,8 +82,11 @@ def train(
     output: Path | None = typer.Option(
         None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
-    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment name (default abps)"),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
+        "sqlite:///mlflow/mlflow.db)"),
+    experiment: str | None = typer.Option(
+        None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the cohort's folder name)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = torch default)"),
     param: list[str] | None = typer.Option(
@@ -115,6 +118,9 @@ def train(
         if cfg_seeds is not None and (not isinstance(cfg_seeds, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cfg_seeds)):
             raise InputError(f"{config}: seeds must be a list of non-negative integers")
+        from federation.run.tracking import experiment_name
+
+        experiment = experiment_name(experiment, "") or None
         out_path = Path(output or file_cfg.get("output") or project.run_output(
             experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))))
         project.check_output(out_path, force)
@@ -126,7 +132,6 @@ def train(
         typer.echo(f"{name} benchmark done -> {out_path}")
         return
     seed_list = seed_list or [11]
-    experiment = experiment or "abps"
     if method is None:
         method = str(file_cfg.get("method")) if file_cfg and file_cfg.get("method") else None
     if method is None and goal is not None:
@@ -137,13 +142,15 @@ def train(
     if method is None:
         raise InputError("--method is required (or --goal, or a --config naming `method:`)")
     from federation.methods import get_method
+    from federation.methods.registry import run_label
     from federation.run.runner import run_training
+    from federation.run.tracking import experiment_name
 
     cls = get_method(method)
     if cohort is None:
         cohort = project.default_cohort()
         typer.echo(f"cohort: {cohort} (this project's default; --cohort DIR for another)", err=True)
-    output = output or project.run_output(experiment, cls.name)
+    experiment = experiment_name(experiment, Path(cohort).resolve().name)
     if goal is not None:
         if "goal" not in getattr(cls.Params, "model_fields", {}):
             raise InputError(f"--goal applies to the ABPS methods only, not {method!r}")
@@ -152,6 +159,8 @@ def train(
         file_cfg = dict(file_cfg or {"method": method})
         file_cfg["params"] = {**(file_cfg.get("params") or {}), **_parse_params(param)}
     cfg = build_config(method, cls.default_config, file_cfg, rounds)
+    label = run_label(cfg.method, cfg.params.get("goal"))
+    output = output or project.run_output(experiment, label)
     if threads:
         import torch
 
@@ -178,11 +187,15 @@ def train(
         return f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
 
     seeds_text = f"{len(seed_list)} seed" + ("s" if len(seed_list) != 1 else "")
+    rest = [r.get("method_summary", {}).get("rest_share_mean") for r in doc["seeds"].values()]
+    rest = [x for x in rest if isinstance(x, (int, float))]
+    iso = f", isolation {sum(rest) / len(rest):.2f}" if rest else ""  # share of centers resting, mean over rounds
     head = fmt(s["final_auroc_mean"])
     over = "" if s["final_auroc_mean"]["mean"] is None else f"; mean over the {scored} of {n} {what}"
     typer.echo(
-        f"{cfg.method}: {'AUROC' if auroc else doc['metric']} {head} (across {seeds_text}{over}), "
-        f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
+        f"{label}: {'AUROC' if auroc else doc['metric']} {head} (across {seeds_text}{over}), "
+        f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds{iso} -> {output} "
+        f"(MLflow experiment {experiment})"
     )
     from federation.core.evaluation import clinical_line
 

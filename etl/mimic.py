@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from etl import charlson, chart_stream
+from etl import charlson, chart_stream, progress
 from etl.chart_cache import use_cache
 from etl.errors import InputError
 from etl.io import atomic_output_dir
@@ -284,6 +284,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     timings: dict[str, float] = {}
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
+        progress.step("checking the input tables", 0)
         check_flags(con, tables["admissions"], ("hospital_expire_flag",))
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
         tables.update({name: load(con, tables[name], types, f"src_{name}") for name in KEYS})
@@ -306,6 +307,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         att.add(f"known {known} and intime", n_join, n_label)
         keep_adult_unit_stays(con, opts, att, n_label)
         timings["stays_s"] = time.perf_counter() - t0
+        progress.step("first-day vitals (chartevents)")
 
         t0 = time.perf_counter()
         vitals = chartevents_vitals(
@@ -313,10 +315,12 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
             f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)", scratch,
             cache_info, timings)
         timings["chartevents_s"] = time.perf_counter() - t0
+        progress.step("Charlson comorbidities")
 
         t0 = time.perf_counter()
         cci = frame(con, charlson_sql(s["diagnoses_icd"], s["admissions"], opts.comorbidity_source))
         timings["charlson_s"] = time.perf_counter() - t0
+        progress.step("centers, splits and outputs")
         kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
 
     return assemble(kept, vitals, cci), att, timings, inputs

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from etl import progress
 from etl import synth_spec as S
 from etl.errors import InputError
 from etl.io import atomic_output_dir
@@ -240,11 +241,15 @@ def synth_mimic(out: str | os.PathLike[str], config: SynthConfig = SynthConfig()
     tables = _tables(cohort, config.seed)
     n_chart = 0
     truth = np.full((cohort.n_stays, len(S.VITALS), 3), np.nan)
+    chunks = -(-cohort.n_stays // config.chunk_stays) if config.chartevents else 0
+    progress.total(len(tables) + chunks + 1)
     with atomic_output_dir(out) as tmp:
         for name, df in tables.items():
+            progress.step(f"{name}.csv.gz")
             _write_table(df, tmp / f"{name}.csv.gz", config.compresslevel)
         if config.chartevents:
             n_chart = _write_chartevents(cohort, config, tmp / "icu" / "chartevents.csv.gz", truth)
+        progress.step("ground_truth.parquet")
         _ground_truth(cohort, truth).write_parquet(tmp / "ground_truth.parquet", compression="zstd")
         manifest = {
             "generator": GENERATOR,
@@ -281,6 +286,7 @@ def _write_chartevents(c: SynthCohort, config: SynthConfig, path: Path, truth: n
             frame.write_csv(buf, include_header=(lo == 0), datetime_format=DATETIME_FORMAT)
             stream.write(buf.getvalue())
             n_rows += frame.height
+            progress.step(f"icu/chartevents.csv.gz ({n_rows:,} rows)")
     finally:
         stream.close()
     return n_rows

@@ -313,10 +313,10 @@ def test_report_shows_rest_share():
                        start_time=0, final_auroc_mean=0.7, model_bytes=100.0, rel_bandwidth=1.0, rounds_run=3.0,
                        rest_share=rest)
 
-    rows, _ = table1([cell("fedavg", 11, float("nan")), cell("abps-div", 11, 0.3), cell("abps-div", 22, 0.4)])
+    rows = table1([cell("fedavg", 11, float("nan")), cell("abps-div", 11, 0.3), cell("abps-div", 22, 0.4)])
     by = {r.label: r for r in rows}
     assert by["abps-div"].rest_share == pytest.approx(0.35) and by["fedavg"].rest_share != by["fedavg"].rest_share
-    md = table1_markdown(rows, "fedavg")
+    md = table1_markdown(rows)
     assert "Rest share" in md and "35.0 %" in md and "| –" in md
 
 

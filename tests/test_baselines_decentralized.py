@@ -296,7 +296,7 @@ def test_cli_train_end_to_end(cohort: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("abps")
+    exp = client.get_experiment_by_name(cohort.resolve().name)  # the default experiment: the cohort's folder
     runs = client.search_runs([exp.experiment_id], "tags.method = 'wpfed' and tags.`abps.kind` = 'run'")
     assert runs and runs[0].data.metrics["rel_bandwidth"] == pytest.approx(2 / 50)
     assert "quality_mean" in runs[0].data.metrics

@@ -33,17 +33,17 @@ def test_table1_sweep_runs_each_tuned_preset_unchanged():
 def test_table1_markdown_shows_mean_std_bandwidth_and_paper_figure():
     from federation.report import CellRun, table1, table1_markdown
 
-    def cell(method, seed, auroc, nbytes):
+    def cell(method, seed, auroc, nbytes):  # 100 bytes = FedAvg's reference traffic
         return CellRun(run_id=f"{method}{seed}", label=method, method=method, seed=seed, cohort="c",
                        config_hash=None, start_time=0, final_auroc_mean=auroc, model_bytes=nbytes,
-                       rel_bandwidth=float("nan"), rounds_run=50.0, rest_share=float("nan"))
+                       rel_bandwidth=nbytes / 100.0, rounds_run=50.0, rest_share=float("nan"))
 
     runs = [cell("fedavg", 11, 0.70, 100.0), cell("fedavg", 22, 0.74, 100.0),
             cell("bnn-fl", 11, 0.60, 200.0), cell("bnn-fl", 22, 0.66, 200.0),
             cell("centralized", 11, 0.80, 0.0), cell("random-partners", 11, 0.71, 25.0)]
-    rows, basis = table1(runs)
-    assert basis == "fedavg" and [r.label for r in rows] == ["fedavg", "bnn-fl", "centralized", "random-partners"]
-    md = table1_markdown(rows, basis)
+    rows = table1(runs)
+    assert [r.label for r in rows] == ["fedavg", "bnn-fl", "centralized", "random-partners"]
+    md = table1_markdown(rows)
     lines = {ln.split("|")[1].strip(): ln for ln in md.splitlines() if ln.startswith("| ")}
     # population std over the seeds by hand: (0.70, 0.74) -> 0.720 ± 0.020; (0.60, 0.66) -> 0.630 ± 0.030
     assert "| 0.720 ± 0.020 | 1.00× | 2 |" in lines["FedAvg"] and lines["FedAvg"].endswith("| 0.755 ± 0.019 (1.00×) |")

@@ -4,27 +4,15 @@ REST API, shows every cell run with the same param keys, the per-round metrics a
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import mlflow_server
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-MLFLOW = Path(sys.executable).with_name("mlflow")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(base: str, path: str, **query: str) -> dict:
@@ -55,25 +43,7 @@ def filled_store(tmp_path):
 
 def test_mlflow_server_rest_api_lines_up_sweep_runs(filled_store, tmp_path):
     db, out = filled_store
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "server.log", "wb")
-    proc = subprocess.Popen([str(MLFLOW), "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "mlflow server did not answer within 90 s"
-            time.sleep(0.5)
-
+    with mlflow_server(f"sqlite:///{db}", tmp_path, wait_s=90) as base:
         exp = _get(base, "/api/2.0/mlflow/experiments/get-by-name", experiment_name="ui")["experiment"]
         assert exp["experiment_id"] == out.experiment_id
         found = _post(base, "/api/2.0/mlflow/runs/search",
@@ -101,14 +71,3 @@ def test_mlflow_server_rest_api_lines_up_sweep_runs(filled_store, tmp_path):
             assert sorted(int(m["step"]) for m in hist["metrics"]) == [1, 2]
         parent = _get(base, "/api/2.0/mlflow/runs/get", run_id=out.parent_run_id)["run"]
         assert parent["info"]["status"] == "FINISHED"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn workers (our own session)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
-    assert proc.poll() is not None

@@ -64,7 +64,7 @@ def test_train_fedavg_and_abps_diversity_on_the_synthetic_cohort(synth_cohort, t
     doc = json.loads((tmp_path / "abps.json").read_text())
     assert doc["config"]["params"]["goal"] == "diversity"
     client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("abps")
+    exp = client.get_experiment_by_name("cohort")  # abps train's default experiment: the cohort's folder name
     runs = client.search_runs([exp.experiment_id])
     child = [r for r in runs if r.data.params.get("method") == "abps" and "isolation_rate" in r.data.metrics]
     assert child, "ABPS child run with isolation_rate"

@@ -58,16 +58,16 @@ def _cell(client, exp_id, label, method, seed, auroc, model_bytes, t, status="FI
 
 def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
     uri, client, exp_id = store
-    _cell(client, exp_id, "fedavg", "fedavg", 1, 0.10, 50e6, t=1000)        # superseded by the later seed-1 run
-    _cell(client, exp_id, "fedavg", "fedavg", 1, 0.70, 100e6, t=2000)
-    _cell(client, exp_id, "fedavg", "fedavg", 2, 0.74, 100e6, t=2001)
+    _cell(client, exp_id, "fedavg", "fedavg", 1, 0.10, 50e6, t=1000, rel=0.5)  # superseded by the later seed-1 run
+    _cell(client, exp_id, "fedavg", "fedavg", 1, 0.70, 100e6, t=2000, rel=1.0)
+    _cell(client, exp_id, "fedavg", "fedavg", 2, 0.74, 100e6, t=2001, rel=1.0)
     _cell(client, exp_id, "fedavg", "fedavg", 3, 0.00, 100e6, t=2002, status="RUNNING")  # killed: ignored
     _cell(client, exp_id, "fedavg", "fedavg", 4, 0.00, 100e6, t=2003, status="FAILED")   # ignored
     _cell(client, exp_id, "abps", "abps", 1, 0.20, 1e6, t=900, h="old")      # older configuration: ignored
-    for seed, a in ((1, 0.80), (2, 0.76), (3, 0.78)):
-        _cell(client, exp_id, "abps", "abps", seed, a, 150e6, t=3000 + seed)
-    _cell(client, exp_id, "local", "local", 1, 0.60, 0.0, t=4000)
-    _cell(client, exp_id, "abps-x", "abps-x", 1, 0.79, 9e6, t=4001)
+    for seed, a, rel in ((1, 0.80, 1.4), (2, 0.76, 1.5), (3, 0.78, 1.6)):
+        _cell(client, exp_id, "abps", "abps", seed, a, 150e6, t=3000 + seed, rel=rel)
+    _cell(client, exp_id, "local", "local", 1, 0.60, 0.0, t=4000, rel=0.0)
+    _cell(client, exp_id, "abps-x", "abps-x", 1, 0.79, 9e6, t=4001, rel=0.09)
     _cell(client, exp_id, "centralized", "centralized", 1, 0.83, 0.0, t=4002)
     _sage_runs(client, exp_id, tmp_path)
     _vv_runs(client, exp_id)
@@ -83,7 +83,9 @@ def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
     assert rows["abps"]["auroc_std"] == pytest.approx(statistics.pstdev([0.80, 0.76, 0.78]))
     assert rows["abps"]["bandwidth"] == pytest.approx(1.5) and rows["abps-x"]["bandwidth"] == pytest.approx(0.09)
     assert rows["local"]["bandwidth"] == 0.0
-    assert doc["sections"]["table1"]["bandwidth_basis"] == "fedavg"
+    # bandwidth: each run's rel_bandwidth (model bytes / FedAvg's reference traffic), mean over seeds
+    assert doc["sections"]["table1"]["bandwidth"].startswith("Bandwidth: cumulative model bytes relative to FedAvg's "
+                                                             "reference traffic")
     # Pareto over (MB, AUROC) of runs with traffic: abps-x (9, .79) and abps (150, .78 < .79) -> only abps-x
     # dominates abps; fedavg (100, .72) is dominated by abps-x too
     assert doc["sections"]["table1"]["pareto_front"] == ["abps-x"]
@@ -204,10 +206,10 @@ def test_report_from_a_tiny_sweep(tmp_path):
         a = [s["final_auroc_mean"] for s in sums]
         assert rows[label]["auroc_mean"] == pytest.approx(statistics.fmean(a), abs=1e-12)
         assert rows[label]["auroc_std"] == pytest.approx(statistics.pstdev(a), abs=1e-12)
-    fed_bytes = statistics.fmean(s["model_bytes"] for s in by_label["fedavg"])
-    div_bytes = statistics.fmean(s["model_bytes"] for s in by_label["abps-div"])
-    assert rows["abps-div"]["bandwidth"] == pytest.approx(div_bytes / fed_bytes)
-    assert 0 < rows["abps-div"]["bandwidth"] < 1  # kappa 1, bf16, personalized head: less than the star
+    for label in ("fedavg", "abps-div"):
+        assert rows[label]["bandwidth"] == pytest.approx(statistics.fmean(s["rel_bandwidth"] for s in by_label[label]))
+    assert rows["fedavg"]["bandwidth"] == pytest.approx(2 / 50)  # 2 of the reference's 50 full-model rounds
+    assert 0 < rows["abps-div"]["bandwidth"] < rows["fedavg"]["bandwidth"]  # kappa 1, bf16, personalized head
 
 
 def test_report_keeps_goal_runs_apart_and_never_pools_cohorts(tmp_path):
@@ -227,4 +229,4 @@ def test_report_keeps_goal_runs_apart_and_never_pools_cohorts(tmp_path):
     doc = rp.write_report("mix", tmp_path / "rep", tracking_uri=uri, log_to_mlflow=False)
     labels = sorted(r["label"] for r in doc["sections"]["table1"]["rows"])
     assert labels == ["abps", "abps [goal=diversity]", "fedavg"]
-    assert any("other cohort" in n for n in doc["notes"])
+    assert any("on another cohort ignored (b)" in n and "(a) are shown" in n for n in doc["notes"])

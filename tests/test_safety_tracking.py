@@ -78,7 +78,7 @@ def test_tag_names_are_spelled_only_in_tracking():
     for p in [*REPO.glob("federation/**/*.py"), *REPO.glob("cli/*.py"), *REPO.glob("abps/**/*.py")]:
         if p.name == "tracking.py" and p.parent.name == "run":
             continue
-        for m in re.finditer(r"[\"']abps\.(kind|config_hash|cohort_id|label|sweep_hash|cell_seconds|executor|engine_step|platform\.)[\"'.]",
+        for m in re.finditer(r"[\"']abps\.(kind|config_hash|cohort_id|cohort|label|sweep_hash|cell_seconds|executor|engine_step|platform\.)[\"'.]",
                              p.read_text()):
             offenders.append(f"{p.relative_to(REPO)}: {m.group(0)}")
     assert offenders == []

@@ -91,11 +91,15 @@ class ClinicalEvaluation:
     auroc_ci: tuple[float, float]
     subgroups: list[dict[str, Any]] = field(default_factory=list)
     subgroup_note: str = ""
+    #: per axis, the test rows in no group (UNKNOWN race, missing sex or age, age below 18): they
+    #: count in the overall figures only, so that each axis accounts for every test row
+    subgroup_unassigned: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """results.json entry: distribution, interval, subgroups (no per-center table)."""
         return {"distribution": self.distribution, "auroc_ci": list(self.auroc_ci), "ece_bins": ECE_BINS,
-                "n_boot": N_BOOT, "subgroups": self.subgroups, "subgroup_note": self.subgroup_note}
+                "n_boot": N_BOOT, "subgroups": self.subgroups, "subgroup_note": self.subgroup_note,
+                "subgroup_unassigned": self.subgroup_unassigned}
 
     def final_metrics(self) -> dict[str, float]:
         """The few MLflow final metrics: ``clin_<metric>_<stat>`` and the AUROC interval."""
@@ -175,6 +179,11 @@ def evaluate_clinical(
         hidden = [f"{s['axis']}={s['group']}" for s in subgroups if s["suppressed"]]
         note = ("suppressed (fewer than 30 rows or 5 of either class): " + ", ".join(hidden)) if hidden else \
             "no group suppressed"
+        unassigned = {axis: int(((groups[..., ax] < 0) & mask).sum()) for ax, axis in enumerate(SUBGROUP_AXES)}
+        if any(unassigned.values()):
+            note += ("; test rows in no group (in the overall figures only): "
+                     + ", ".join(f"{axis} {k}" for axis, k in unassigned.items() if k))
+        return ClinicalEvaluation(rows, dist, ci, subgroups, note, unassigned)
     return ClinicalEvaluation(rows, dist, ci, subgroups, note)
 
 
@@ -196,7 +205,8 @@ def log_clinical(tracker: Any, clinical: ClinicalEvaluation | None, step: int) -
         with open(path, "w") as fh:
             fh.write(clinical.per_center_csv())
         tracker.log_file(path)
-    tracker.log_json({"subgroups": clinical.subgroups, "note": clinical.subgroup_note}, "clinical_subgroups.json")
+    tracker.log_json({"subgroups": clinical.subgroups, "note": clinical.subgroup_note,
+                      "unassigned": clinical.subgroup_unassigned}, "clinical_subgroups.json")
 
 
 def clinical_line(seeds: dict[str, dict[str, Any]]) -> str | None:

@@ -19,4 +19,4 @@ from federation.methods.registry import (
 )
 
 __all__ = ["Context", "Method", "NoParams", "RoundPlan", "METHODS", "all_methods", "display_names", "families",
-           "get_method", "method_names", "paper_order", "register"]
+           "get_method", "method_names", "paper_order", "register", "run_label"]

@@ -117,6 +117,22 @@ PLUGIN_GROUP = "abps.methods"
 _plugins_loaded = False
 
 
+def run_label(method: str, goal: object = None) -> str:
+    """The name of a run's row everywhere (console, ``abps runs``, MLflow run names, report): the
+    method, plus ``[goal=G]`` when the run sets an ABPS goal its preset does not, so that
+    ``--method abps --goal diversity`` reads ``abps [goal=diversity]``, not ``abps``, and stays
+    distinct from the goal-aware preset ``abps-div``. A method this build does not know keeps
+    the goal in its label."""
+    g = str(goal if goal is not None else "none").strip().lower()
+    if g in ("none", ""):
+        return method
+    try:
+        preset = str(get_method(method).default_config.get("params", {}).get("goal") or "none").lower()
+    except InputError:
+        preset = "none"
+    return method if g == preset else f"{method} [goal={g}]"
+
+
 def _load_plugins() -> None:
     """Load every method plugin of :data:`PLUGIN_GROUP` once; each registers its methods on import.
 

@@ -11,7 +11,7 @@ from federation.methods import display_names, families, paper_order
 from federation.report.collect import CellRun
 from federation.report.common import fmt, md_table, mean_std, pareto_front
 
-__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "PAPER_TABLE1", "Table1Row", "table1", "table1_markdown", "figure3"]
+__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "PAPER_TABLE1", "BANDWIDTH_NOTE", "ISOLATION_NOTE", "Table1Row", "table1", "table1_markdown", "figure3"]
 
 #: ABPS paper Table 1 row order, Table 1 row names and Figure 3 colour families (paper caption: blue
 #: star FL, green decentralized, orange ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only):
@@ -73,19 +73,21 @@ def _order_key(label: str, method: str) -> tuple[int, str]:
     return (PAPER_ORDER.index(key), label)
 
 
-def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
-    """Table 1 rows from de-duplicated cell runs, and the bandwidth reference used.
+#: the one definition of bandwidth (console, results.json, MLflow ``Bandwidth`` / ``rel_bandwidth``,
+#: ``abps runs``, report): federation.ledger.Ledger.relative_bandwidth
+BANDWIDTH_NOTE = ("Bandwidth: cumulative model bytes relative to FedAvg's reference traffic (every center sends "
+                  "the full fp32 model each of reference_rounds rounds, default 50; FedAvg over 50 rounds = 1.00×).")
+#: the one definition of isolation (``abps runs``, report, MLflow ``Isolation`` / ``rest_share_mean``)
+ISOLATION_NOTE = ("Isolation: share of centers with no partner (P_i empty), mean over rounds (and seeds); "
+                  "partner-selection methods only.")
 
-    Returns:
-        (rows in paper order, ``"fedavg"`` when bandwidth is relative to the FedAvg runs of the
-        experiment, else ``"reference"`` (the runtime's ``rel_bandwidth``)).
-    """
+
+def table1(cells: Sequence[CellRun]) -> list[Table1Row]:
+    """Table 1 rows from de-duplicated cell runs, in the paper's order; bandwidth as
+    :data:`BANDWIDTH_NOTE` defines it (each run's ``rel_bandwidth``, mean over seeds)."""
     groups: dict[str, list[CellRun]] = {}
     for c in cells:
         groups.setdefault(c.label, []).append(c)
-    fed = groups.get("fedavg")
-    fed_bytes = mean_std([c.model_bytes for c in fed])[0] if fed else math.nan
-    basis = "fedavg" if fed and fed_bytes > 0 else "reference"
     rows = []
     for label, runs in groups.items():
         method = runs[0].method
@@ -93,7 +95,7 @@ def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
         if any(not math.isfinite(c.final_auroc_mean) for c in runs):  # no mean over the seeds that have one
             a_mean = a_std = math.nan
         b_mean = mean_std([c.model_bytes for c in runs])[0]
-        bw = b_mean / fed_bytes if basis == "fedavg" else mean_std([c.rel_bandwidth for c in runs])[0]
+        bw = mean_std([c.rel_bandwidth for c in runs])[0]
         rows.append(Table1Row(
             label=label, name=DISPLAY.get(label, label), method=method, family=FAMILY.get(method, "other"),
             n_seeds=len(runs), seeds=" ".join(str(c.seed) for c in sorted(runs, key=lambda c: c.seed)),
@@ -104,7 +106,7 @@ def table1(cells: Sequence[CellRun]) -> tuple[list[Table1Row], str]:
             n_scored_min=min((c.n_scored for c in runs if math.isfinite(c.n_scored)), default=math.nan),
             min_scored=max((c.min_scored for c in runs if math.isfinite(c.min_scored)), default=math.nan)))
     rows.sort(key=lambda r: _order_key(r.label, r.method))
-    return rows, basis
+    return rows
 
 
 def auroc_cell(r: Table1Row) -> str:
@@ -117,7 +119,7 @@ def auroc_cell(r: Table1Row) -> str:
     return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}"
 
 
-def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
+def table1_markdown(rows: Sequence[Table1Row]) -> str:
     """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds, rest share, and
     the paper's AUROC and bandwidth for the same row (:data:`PAPER_TABLE1`, ``–`` if not a paper row)."""
     head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share",
@@ -126,13 +128,9 @@ def table1_markdown(rows: Sequence[Table1Row], basis: str) -> str:
              fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %",
              _paper_cell(r.label))
             for r in rows]
-    note = ("Bandwidth: cumulative model bytes relative to FedAvg's in this experiment (= 1.00×)."
-            if basis == "fedavg" else
-            "Bandwidth: no FedAvg run in this experiment; the runtime's rel_bandwidth "
-            "(n × full fp32 model × reference_rounds) is shown.")
-    return md_table(head, body) + "\n" + note + " AUROC: mean test AUROC across centers at the final round (at the best validation round for " \
-        "methods with early stopping, e.g. ABPS-X and FedAvg-X); std across seeds (population). Rest " \
-        "share: share of centers with no partner (P_i empty), mean over rounds and seeds (ABPS, random-partners). " \
+    return md_table(head, body) + "\n" + BANDWIDTH_NOTE + " AUROC: mean test AUROC across centers at the final " \
+        "round (at the best validation round for methods with early stopping, e.g. ABPS-X and FedAvg-X); std across " \
+        "seeds (population). Rest share: " + ISOLATION_NOTE.split(": ", 1)[1] + " " \
         "Paper: ABPS paper Table 1 (real MIMIC-IV, 230 centers, 50 rounds, 5 seeds; Centralized from its caption).\n"
 
 

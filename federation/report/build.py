@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from etl.io import atomic_output_dir
-from federation.report.abps_table1 import DISPLAY, figure3, table1, table1_markdown
+from federation.report.abps_table1 import BANDWIDTH_NOTE, DISPLAY, figure3, table1, table1_markdown
 from federation.report.clinical import FILES as CLINICAL_FILES
 from federation.report.clinical import clinical_sections
 from federation.report.collect import collect_runs
@@ -34,13 +34,13 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
     doc: dict[str, Any] = {"experiment": experiment, "sections": {}, "notes": list(col.notes)}
     parts = [f"# Report: experiment `{experiment}`\n"]
     if col.cells:
-        rows, basis = table1(col.cells)
-        md = table1_markdown(rows, basis)
+        rows = table1(col.cells)
+        md = table1_markdown(rows)
         (out / "table1.md").write_text(md)
         fields = list(asdict(rows[0]))
         (out / "table1.csv").write_text(csv_text(fields, [[getattr(r, f) for f in fields] for r in rows]))
         front = figure3(rows, out / "fig3.png")
-        doc["sections"]["table1"] = {"rows": [asdict(r) for r in rows], "bandwidth_basis": basis,
+        doc["sections"]["table1"] = {"rows": [asdict(r) for r in rows], "bandwidth": BANDWIDTH_NOTE,
                                      "pareto_front": front}
         parts += ["## ABPS Table 1\n", md, "\n## ABPS Figure 3\n",
                   "![Figure 3](fig3.png)\n\nPareto front (bytes vs AUROC): "

@@ -61,8 +61,10 @@ def clinical_table(client: Any, cells: Sequence[Any]) -> list[dict[str, Any]]:
             for label, ms in by_label.items()]
 
 
-def fairness_table(client: Any, cells: Sequence[Any]) -> list[dict[str, Any]]:
-    """One row per (method label, axis, group) from the runs' ``clinical_subgroups.json``.
+def fairness_table(client: Any, cells: Sequence[Any],
+                   unassigned: dict[str, list[int]] | None = None) -> list[dict[str, Any]]:
+    """One row per (method label, axis, group) from the runs' ``clinical_subgroups.json``; when
+    ``unassigned`` is given it receives, per axis, each run's count of test rows in no group.
 
     Returns:
         Rows ``{"label", "name", "axis", "group", "n_seeds", "suppressed_seeds", "n", "auroc",
@@ -77,8 +79,12 @@ def fairness_table(client: Any, cells: Sequence[Any]) -> list[dict[str, Any]]:
                 path = client.download_artifacts(c.run_id, "clinical_subgroups.json", tmp)
             except Exception:  # a run from before the clinical evaluation: nothing to show
                 continue
-            for r in json.loads(Path(path).read_text()).get("subgroups", []):
+            doc = json.loads(Path(path).read_text())
+            for r in doc.get("subgroups", []):
                 acc.setdefault((c.label, r["axis"], r["group"]), []).append(r)
+            if unassigned is not None:
+                for axis, k in (doc.get("unassigned") or {}).items():
+                    unassigned.setdefault(axis, []).append(int(k))
     rows = []
     for (label, axis, group), rs in acc.items():
         shown = [r for r in rs if not r["suppressed"]]
@@ -109,7 +115,9 @@ def clinical_sections(client: Any, cells: Sequence[Any], out: Path) -> tuple[str
     (out / "clinical.csv").write_text(csv_text(["label", "n_seeds", *[k for k, _ in CLINICAL_COLUMNS]],
                                                 [[r["label"], r["n_seeds"], *[r[k] for k, _ in CLINICAL_COLUMNS]]
                                                  for r in rows]))
-    fair = fairness_table(client, cells)
+    none: dict[str, list[int]] = {}
+    fair = fairness_table(client, cells, none)
+
     def shown(r: dict[str, Any], text: str) -> str:
         return "suppressed" if r["suppressed_seeds"] == r["n_seeds"] else text
 
@@ -123,9 +131,13 @@ def clinical_sections(client: Any, cells: Sequence[Any], out: Path) -> tuple[str
     fmd += ("\nSubgroups pooled over centers; gap = group - overall; the interval is the percentile bootstrap "
             "of the gap (patients resampled within center; bounds averaged over seeds). A group with fewer than 30 test rows or "
             "fewer than 5 of either class is suppressed in that seed"
-            + (f" (suppressed at least once: {', '.join(hidden)})." if hidden else "; none was.") + "\n")
+            + (f" (suppressed at least once: {', '.join(hidden)})." if hidden else "; none was.")
+            + (" Test rows in no group (UNKNOWN race, missing sex or age; in the overall figures only), per run: "
+               + ", ".join(f"{axis} {min(ks)}" + (f"-{max(ks)}" if max(ks) != min(ks) else "")
+                           for axis, ks in none.items() if max(ks)) + "." if any(max(ks) for ks in none.values())
+               else "") + "\n")
     (out / "fairness.md").write_text(fmd)
     (out / "fairness.csv").write_text(csv_text(list(fair[0]) if fair else ["label"],
                                                 [list(r.values()) for r in fair]))
-    doc = {"rows": rows, "fairness": fair, "suppressed": hidden}
+    doc = {"rows": rows, "fairness": fair, "suppressed": hidden, "unassigned": none}
     return "\n## Clinical figures\n\n" + md + "\n## Fairness (subgroups)\n\n" + fmd, doc

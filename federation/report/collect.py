@@ -9,10 +9,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from federation.methods import get_method
+from federation.methods.registry import run_label
 from federation.run.tracking import (
     ARM_TAG,
     BENCHMARK_TAG,
+    COHORT_NAME_TAG,
     COHORT_TAG,
     ENGINE_STEP_TAG,
     HASH_TAG,
@@ -54,6 +55,7 @@ class CellRun:
     platform: dict[str, str] = field(default_factory=dict)  # PLATFORM_COMPARED facts of the run
     n_scored: float = math.nan  # centers with a defined test AUROC; the mean needs min_scored of them
     min_scored: float = math.nan
+    cohort_name: str = ""  # the cohort's folder name (empty for runs made before the tag)
 
 
 def _platform(tags: dict[str, str]) -> dict[str, str]:
@@ -98,16 +100,9 @@ class Collected:
 
 
 def _label(method: str, params: dict[str, str]) -> str:
-    """Row label of an ``abps train`` run: the method, plus the goal when the run set one that
-    its preset does not (``abps --goal diversity`` is not the base ABPS row)."""
-    goal = str(params.get("params.goal", "none")).lower()
-    if goal in ("none", ""):
-        return method
-    try:
-        preset = str(get_method(method).default_config.get("params", {}).get("goal") or "none").lower()
-    except Exception:  # a method this build does not know: keep the goal in the label
-        preset = "none"
-    return method if goal == preset else f"{method} [goal={goal}]"
+    """Row label of an ``abps train`` run made before runs carried their label tag
+    (:func:`federation.methods.run_label` of its logged goal)."""
+    return run_label(method, params.get("params.goal"))
 
 
 def _cell_from_run(r: Any) -> CellRun | None:
@@ -118,7 +113,7 @@ def _cell_from_run(r: Any) -> CellRun | None:
     method = t[METHOD_TAG]
     return CellRun(
         run_id=r.info.run_id, label=t.get(LABEL_TAG) or _label(method, r.data.params), method=method,
-        seed=int(t[SEED_TAG]), cohort=t.get(COHORT_TAG),
+        seed=int(t[SEED_TAG]), cohort=t.get(COHORT_TAG), cohort_name=t.get(COHORT_NAME_TAG, ""),
         config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
         final_auroc_mean=float(m.get("final_auroc_mean", math.nan)),
         n_scored=float(m.get("n_scored_test", math.nan)), min_scored=float(m.get("min_scored_test", math.nan)),
@@ -171,8 +166,16 @@ def collect_runs(tracker: Tracker) -> Collected:
         latest = max((c for c in cells if c.cohort), key=lambda c: c.start_time).cohort
         dropped = [c for c in cells if c.cohort not in (latest, None)]
         cells = [c for c in cells if c.cohort in (latest, None)]
-        out.notes.append(f"{len(dropped)} run(s) on {len(cohorts) - 1} other cohort(s) ignored (cohort {latest} "
-                         "kept); give each cohort its own --experiment")
+        def name(cid: str) -> str:
+            folders = sorted({c.cohort_name for c in dropped + cells if c.cohort == cid and c.cohort_name})
+            return "/".join(folders) if folders else f"cohort id {cid}"
+
+        kept = name(latest)
+        others = ", ".join(sorted({name(c.cohort) + (" as built earlier" if name(c.cohort) == kept else "")
+                                   for c in dropped}))
+        out.notes.append(f"{len(dropped)} run(s) on another cohort ignored ({others}); the runs of the most recent "
+                         f"run's cohort ({kept}) are shown; give each cohort its own --experiment "
+                         "(abps train's default experiment is the cohort's folder name)")
     out.cells, notes = dedupe_cells(cells)
     out.notes.extend(notes)
     for kind, platforms in (("clinical", [c.platform for c in out.cells]),

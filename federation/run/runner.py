@@ -33,13 +33,16 @@ from federation.engine import kernels
 from federation.engine.mixing import apply_momentum, check_row_stochastic
 from federation.engine.mlp import AdamState, StackedParams
 from federation.methods import Context, Method, get_method
+from federation.methods.registry import run_label
 from federation.run.realworld import RealWorld
 from federation.run.results import write_results
 from federation.run.tracking import (
+    COHORT_NAME_TAG,
     COHORT_TAG,
     KIND_RUN,
     KIND_TAG,
     KIND_TRAIN,
+    LABEL_TAG,
     METHOD_TAG,
     SEED_TAG,
     Tracker,
@@ -338,6 +341,7 @@ def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> d
 
     return {
         "method": cfg.method,
+        "label": run_label(cfg.method, cfg.params.get("goal")),
         "cohort": cohort,
         "config": cfg.model_dump(mode="json"),
         "seeds": {str(r.seed): r.summary() for r in results},
@@ -390,17 +394,20 @@ def run_training(
     cid = federation_id(cohort_dir)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
-    bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method,
+    label = run_label(cfg.method, cfg.params.get("goal"))
+    bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=label,
                     metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d}
-    with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
-                                                              COHORT_TAG: cid})
+    common = {METHOD_TAG: cfg.method, LABEL_TAG: label, COHORT_TAG: cid,
+              COHORT_NAME_TAG: Path(cohort_dir).resolve().name}
+    with bar, (tracker.parent(f"{label} seeds {' '.join(map(str, seeds))}", parent_params,
+                              {KIND_TAG: KIND_TRAIN, **common})
                if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
-            with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
-                                {KIND_TAG: KIND_RUN, METHOD_TAG: cfg.method, SEED_TAG: str(seed), COHORT_TAG: cid})
+            with (tracker.child(f"{label} seed {seed}", {"seed": seed, "cohort_id": cid},
+                                {KIND_TAG: KIND_RUN, SEED_TAG: str(seed), **common})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -468,7 +475,9 @@ class _Progress:
             self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
             self._p.__enter__()
-            self._seeds = self._p.add_task(f"{self.label} seeds", total=self.n_seeds, info="")
+            from rich.markup import escape
+
+            self._seeds = self._p.add_task(escape(f"{self.label} seeds"), total=self.n_seeds, info="")
             self._rounds = self._p.add_task("rounds", total=self.total_rounds, info="")
         return self
 

@@ -13,8 +13,10 @@ Tag schema (names are the constants below; no other module spells a tag name):
 
 * ``abps.kind`` (:data:`KIND_TAG`): ``train`` (an ``abps train`` parent), ``run`` (one seed of
   ``abps train``), ``sweep`` (a sweep's parent), ``cell`` (one sweep cell), ``report``;
-* ``method``, ``seed`` on every clinical run; ``abps.cohort_id`` (content hash of the cohort);
-* sweep cells add ``abps.config_hash``, ``abps.label``, ``abps.sweep_hash``, ``abps.cell_seconds``;
+* ``method``, ``seed``, ``abps.label`` (the row name, method plus a goal its preset does not set:
+  :func:`federation.methods.run_label`) on every clinical run; ``abps.cohort_id`` (content hash of
+  the cohort) and ``abps.cohort`` (its folder name);
+* sweep cells add ``abps.config_hash``, ``abps.sweep_hash``, ``abps.cell_seconds``;
 * image-benchmark runs carry ``benchmark`` (``sage`` / ``vv``).
 
 Concurrency: creating a new store's schema and an experiment happen once,
@@ -56,6 +58,7 @@ KIND_TRAIN, KIND_RUN, KIND_SWEEP, KIND_CELL, KIND_REPORT = "train", "run", "swee
 METHOD_TAG = "method"
 SEED_TAG = "seed"
 COHORT_TAG = "abps.cohort_id"
+COHORT_NAME_TAG = "abps.cohort"  # the cohort's folder name (how notes name a cohort; the id is its content hash)
 HASH_TAG = "abps.config_hash"
 LABEL_TAG = "abps.label"
 SWEEP_TAG = "abps.sweep_hash"
@@ -88,10 +91,55 @@ def engine_tags(info: dict[str, str]) -> dict[str, str]:
     return {ENGINE_STEP_TAG: info.get("engine_step", "?"), **platform_tags(info)}
 
 
+#: MLflow's own settings, honoured by every command (a ``--tracking-uri`` / ``--experiment`` option wins)
+URI_ENV, EXPERIMENT_ENV = "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"
+#: the experiment tag the MLflow UI (3.x) reads to open an experiment on its runs, not on GenAI traces
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+#: headline final metrics, named to sort first in the UI's metric lists (upper case before lower
+#: case): the test AUROC mean across centers, bandwidth = cumulative model bytes / FedAvg's reference
+#: traffic (n x full fp32 model x reference_rounds; ``rel_bandwidth``), isolation = share of centers
+#: with no partner, mean over rounds (``rest_share_mean``; partner-selection methods only)
+HEADLINE = {"AUROC": "final_auroc_mean", "Bandwidth": "rel_bandwidth", "Isolation": "rest_share_mean"}
+
+
 def default_tracking_uri() -> str:
-    """``sqlite:///mlflow/mlflow.db`` (relative to the working directory; folder created)."""
+    """The ``MLFLOW_TRACKING_URI`` environment variable when set (MLflow's convention, e.g. a shared
+    tracking server), else the project's store ``sqlite:///mlflow/mlflow.db`` (relative to the
+    working directory; folder created)."""
+    env = os.environ.get(URI_ENV, "").strip()
+    if env:
+        return env
     Path("mlflow").mkdir(exist_ok=True)
     return "sqlite:///mlflow/mlflow.db"
+
+
+def experiment_name(given: str | None, default: str) -> str:
+    """The experiment a command uses: ``given`` (its ``--experiment``), else the
+    ``MLFLOW_EXPERIMENT_NAME`` environment variable, else ``default``."""
+    return given or os.environ.get(EXPERIMENT_ENV, "").strip() or default
+
+
+def quiet_mlflow() -> None:
+    """Keep MLflow's INFO lines (database creation and upgrades, run links) and library deprecation
+    warnings off the console; warnings and errors still show."""
+    import logging
+    import warnings
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for mod in ("mlflow", "starlette", "pydantic", "alembic", "sqlalchemy"):
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=mod)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
+
+
+def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
+    """The :data:`HEADLINE` metrics of a run's final metrics (those present and finite)."""
+    out = {}
+    for name, key in HEADLINE.items():
+        v = final.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+            out[name] = float(v)
+    return out
 
 
 def flatten(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -173,6 +221,7 @@ def open_client(uri: str) -> Any:
     here, once, under :func:`store_lock` (concurrent first users used to crash on the race)."""
     from mlflow.tracking import MlflowClient
 
+    quiet_mlflow()
     with store_lock(uri):
         client = MlflowClient(uri)
         client.search_experiments(max_results=1)  # creates / upgrades the schema
@@ -191,11 +240,9 @@ class Tracker:
     """
 
     def __init__(self, tracking_uri: str | None, experiment: str, create: bool = True) -> None:
-        import mlflow
-
+        # the client carries the URI; mlflow.set_tracking_uri would also export it as
+        # MLFLOW_TRACKING_URI, so that every later command in the process followed this store
         self.uri = tracking_uri or default_tracking_uri()
-        self._mlflow = mlflow
-        mlflow.set_tracking_uri(self.uri)
         self.client = open_client(self.uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None and not create:
@@ -204,9 +251,12 @@ class Tracker:
             with store_lock(self.uri):
                 exp = self.client.get_experiment_by_name(experiment)  # another process may have made it
                 exp_id = exp.experiment_id if exp is not None else \
-                    self.client.create_experiment(experiment, artifact_location=self._artifact_root())
+                    self.client.create_experiment(experiment, artifact_location=self._artifact_root(),
+                                                  tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         else:
             exp_id = exp.experiment_id
+            if create and EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag, or by another tool
+                _retry(lambda: self.client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND))
         self.experiment_id = exp_id
         self._stack: list[str] = []
         self._end: dict[str, tuple[str | None, int | None]] = {}
@@ -351,13 +401,13 @@ class Tracker:
             self.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ts)
 
     def log_final(self, summary: dict[str, Any]) -> None:
-        """Log the :data:`FINAL_KEYS` of a run summary, and the finite numbers of its
-        ``method_summary`` (a method's ``final_metrics``, e.g. ABPS's ``rest_share_mean``), as
-        final metrics at step = rounds run."""
+        """Log the :data:`FINAL_KEYS` of a run summary, the finite numbers of its
+        ``method_summary`` (a method's ``final_metrics``, e.g. ABPS's ``rest_share_mean``) and
+        the :data:`HEADLINE` metrics as final metrics at step = rounds run."""
         final = {k: summary[k] for k in FINAL_KEYS if k in summary}
         final.update({k: float(v) for k, v in (summary.get("method_summary") or {}).items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))})
-        self.log_metrics(final, int(summary.get("rounds_run") or 0))
+        self.log_metrics({**headline_metrics(final), **final}, int(summary.get("rounds_run") or 0))
 
     def log_json(self, obj: Any, artifact_file: str) -> None:
         """Store ``obj`` as a strict-JSON artifact of the current run (NaN / infinity -> null).

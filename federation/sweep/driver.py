@@ -153,7 +153,8 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
         out.skipped = [c.key for c in cells if c.key in done]
         # two cells with the same resolved config and seed are one computation
         todo = list({c.key: c for c in reversed(todo)}.values())[::-1]
-        log = CellLog(tracker, parent, cid, all_keys, s_hash, stale_runs(tracker))
+        log = CellLog(tracker, parent, cid, all_keys, s_hash, stale_runs(tracker),
+                      cohort_name=Path(cohort_dir).resolve().name)
         threads = spec.resources.threads
         bar = _SweepProgress(progress, len(todo), workers)
         try:

@@ -15,6 +15,7 @@ from typing import Any
 from federation.core.evaluation import log_clinical
 from federation.run.tracking import (
     CELL_SECONDS_TAG,
+    COHORT_NAME_TAG,
     COHORT_TAG,
     ENGINE_STEP_TAG,
     HASH_TAG,
@@ -85,11 +86,12 @@ class CellLog:
             so the MLflow compare view lines runs up).
         sweep_hash: the sweep's identity tag.
         stale: runs left RUNNING by a killed sweep, by key (marked KILLED when their cell restarts).
+        cohort_name: the cohort's folder name (tag ``abps.cohort``).
     """
 
     def __init__(self, tracker: Tracker, parent_id: str, cohort: str, all_keys: list[str], sweep_hash: str,
-                 stale: dict[Key, list[str]]) -> None:
-        self.tracker, self.parent_id, self.cohort = tracker, parent_id, cohort
+                 stale: dict[Key, list[str]], cohort_name: str = "") -> None:
+        self.tracker, self.parent_id, self.cohort, self.cohort_name = tracker, parent_id, cohort, cohort_name
         self.all_keys, self.sweep_hash, self.stale = all_keys, sweep_hash, stale
         self.open: dict[Key, list[Any]] = {}  # key -> [run id, last step logged]
 
@@ -100,6 +102,7 @@ class CellLog:
         for rid in self.stale.pop(cell.key, []):
             self.tracker.close(rid, "KILLED")
         tags = {KIND_TAG: KIND_CELL, HASH_TAG: cell.config_hash, COHORT_TAG: self.cohort, LABEL_TAG: cell.label,
+                COHORT_NAME_TAG: self.cohort_name,
                 SWEEP_TAG: self.sweep_hash, METHOD_TAG: cell.method, SEED_TAG: str(cell.seed)}
         params = cell_params(cell, self.cohort)
         rid = self.tracker.create(cell.run_name, {k: params.get(k, "none") for k in self.all_keys}, tags,

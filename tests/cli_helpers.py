@@ -1,0 +1,73 @@
+"""Helpers of the CLI and MLflow tests: run `abps` in-process for its exit code, a free loopback
+port, and a local `mlflow server` started and stopped around a block (bounded in time)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+MLFLOW = Path(sys.executable).with_name("mlflow")
+
+
+def run_main(args: list[str]) -> int:
+    """``abps ARGS`` in this process; its exit code (0 when it returns)."""
+    from cli.app import main
+
+    try:
+        main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(store_uri: str, folder: Path, extra: tuple[str, ...] = (), wait_s: float = 180.0) -> Iterator[str]:
+    """A `mlflow server` on a free loopback port over ``store_uri`` (log in ``folder/server.log``),
+    yielding its base URL once ``/health`` answers; its process group is stopped after the block.
+    ``wait_s`` guards against a hang; it is not a timing assertion."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = folder / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([str(MLFLOW), "server", "--backend-store-uri", store_uri, *extra, "--host",
+                                 "127.0.0.1", "--port", str(port), "--workers", "1"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    pass
+                assert proc.poll() is None, log_path.read_text()[-2000:]
+                assert time.monotonic() < deadline, f"mlflow server did not answer within {wait_s:.0f} s"
+                time.sleep(0.5)
+            yield base
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn workers (our own session)
+                proc.wait(timeout=20)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+    assert proc.poll() is not None
