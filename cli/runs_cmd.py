@@ -143,7 +143,7 @@ def runs(
     from rich.markup import escape
     from rich.table import Table
 
-    from federation.report import collect_runs, mean_std, table1
+    from federation.report import collect_runs, table1
     from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell
     from federation.run.tracking import Tracker
 

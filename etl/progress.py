@@ -7,7 +7,7 @@ nothing when no bar is open (library use, tests) or stderr is not a terminal (lo
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 _active: list = []  # [(Progress, task id)] while a bar is open
 

@@ -12,8 +12,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from cli.project import default_cohort, describe_mimic
 from tests.cli_helpers import free_port as _free_port
 from tests.cli_helpers import run_main as _main
-from cli.project import default_cohort, describe_mimic
 
 REPO = Path(__file__).resolve().parents[1]
 

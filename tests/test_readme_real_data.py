@@ -12,8 +12,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.cli_helpers import run_main as _main
 
 REPO = Path(__file__).resolve().parents[1]
