@@ -12,6 +12,9 @@ from cli import project
 from cli.app import app
 from etl.errors import InputError
 
+#: the sources ``abps etl --source`` reads
+SOURCES = ("mimic", "eicu", "meds")
+
 
 def _fractions(text: str) -> tuple[float, float, float]:
     try:
@@ -95,7 +98,7 @@ def etl_command(
 
         rep = run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
     else:
-        raise InputError(f"unknown --source '{source}' (choose from mimic, eicu, meds)")
+        raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
     dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "

@@ -59,6 +59,7 @@ def runs(
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
     mean +- std across seeds, bandwidth relative to FedAvg and the last round's isolation rate."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from federation.report import collect_runs, mean_std, table1
@@ -82,7 +83,7 @@ def runs(
     for r in rows:
         iso = mean_std(isolation.get(r.label, []))[0]
         auroc = (auroc_cell(r) if r.n_undefined else f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}")
-        table.add_row(r.label, r.seeds, auroc,
+        table.add_row(escape(r.label), r.seeds, auroc,  # a label such as "abps [kappa=1]" is no rich markup
                       f"{_fmt(r.bandwidth, '.2f')}x", _fmt(iso, '.2f'))
     Console(width=max(100, Console().width)).print(table)
     if basis != "fedavg":

@@ -18,6 +18,7 @@ from typer.core import TyperCommand
 from cli import project
 from cli.app import app
 from etl.errors import InputError
+from etl.io import check_writable
 
 _BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
 _THREAD_KEYS = {"sage": "num_threads", "vv": "threads"}  # each benchmark config's torch thread count
@@ -153,6 +154,7 @@ def train(
         out_path = Path(output or file_cfg.get("output") or project.run_output(
             experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))))
         project.check_output(out_path, force)
+        check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
             file_cfg = {**file_cfg, _THREAD_KEYS[name]: threads}
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "

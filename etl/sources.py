@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import re
+import weakref
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -154,6 +155,20 @@ def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None
         raise InputError(f"{table.path}: no data rows (a header only); {why}")
 
 
+#: every open ETL connection, for :func:`interrupt_all` (weak: a closed, dropped connection leaves)
+_LIVE: "weakref.WeakSet[duckdb.DuckDBPyConnection]" = weakref.WeakSet()
+
+
+def interrupt_all() -> None:
+    """Interrupt the query running on every open ETL connection (called from another thread when
+    a signal arrives: a multi-threaded query does not stop for a signal on its own; cli.app)."""
+    for con in list(_LIVE):
+        try:
+            con.interrupt()
+        except Exception:  # a closed connection
+            pass
+
+
 def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | None = None) -> duckdb.DuckDBPyConnection:
     """The one function that opens a DuckDB connection for the ETL (both sources, every step).
 
@@ -164,6 +179,7 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
     explicitly). Without ``memory_limit`` / ``scratch`` (schema probes) DuckDB's defaults apply.
     """
     con = duckdb.connect(":memory:")
+    _LIVE.add(con)
     con.execute("SET TimeZone = 'UTC'")
     con.execute(f"SET threads = {int(threads)}")
     if memory_limit is not None:

@@ -229,6 +229,10 @@ class RealWorldConfig(_Strict):
         return self
 
 
+#: method parameters whose +infinity means "off" (:class:`abps.privacy.MetadataDpParams`)
+INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -254,6 +258,10 @@ class RunConfig(_Strict):
     @classmethod
     def _finite_params(cls, v: dict[str, Any]) -> dict[str, Any]:
         # method parameters are validated by each method; a NaN / infinity is refused for all of them
+        # except where infinity has a meaning: epsilon = inf is the DP mechanism off (abps.privacy);
+        # YAML's `.inf` is stored as the string "inf" that `=inf` gives, so a dumped config validates again
+        v = {k: "inf" if k in INF_MEANS_OFF and isinstance(x, float) and x == float("inf") else x
+             for k, x in v.items()}
         bad = [k for k, x in v.items() if count_non_finite(x)]
         if bad:
             raise ValueError(f"method parameter {bad[0]!r} must be a finite number")

@@ -18,18 +18,18 @@ import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
-from etl.io import atomic_write_text
+from etl.io import atomic_write_text, check_writable
 from federation.checks import check_finite, check_finite_params
 from federation.config import RunConfig
 from federation.data import FederatedData, cohort_id
 from federation.drift_scenario import apply_drift, drifting_copy
 from federation.engine import AdamState, StackedParams, mix_seed, n_params
-from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical
+from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical, publishable_per_center
 from federation.ledger import Ledger
 from federation.loop import EvalSchedule, drive
 from federation.methods import Context, Method, get_method
 from federation.realworld import RealWorld
-from federation.tracking import (COHORT_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
+from federation.tracking import (COHORT_TAG, HASH_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
                                  SEED_TAG, Tracker, engine_tags, finite)
 from federation import kernels
 from federation.metrics import summarize
@@ -382,22 +382,27 @@ def run_training(
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
+        check_writable(out, "--output")  # before the work, not after it
     data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
     cid = cohort_id(cohort_dir)
+    from federation.sweep.cells import config_hash  # (the sweep package imports this module)
+
+    chash = config_hash(cfg, cid)  # runs of one method with different configs are told apart (abps runs)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=cfg.method,
                     metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
-                     "d_features": data.d}
+                     "d_features": data.d, "torch_threads": torch.get_num_threads()}  # (abps train --threads)
     with bar, (tracker.parent(f"{cfg.method}", parent_params, {KIND_TAG: KIND_TRAIN, METHOD_TAG: cfg.method,
                                                               COHORT_TAG: cid})
                if tracker else _null()):
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{cfg.method}-seed{seed}", {"seed": seed, "cohort_id": cid},
-                                {KIND_TAG: KIND_RUN, METHOD_TAG: cfg.method, SEED_TAG: str(seed), COHORT_TAG: cid})
+                                {KIND_TAG: KIND_RUN, METHOD_TAG: cfg.method, SEED_TAG: str(seed), COHORT_TAG: cid,
+                                 HASH_TAG: chash})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -413,7 +418,7 @@ def run_training(
                     tracker.log_final(res.summary())
                     tracker.set_tags(engine_tags(kernels.build_info()))
                     log_clinical(tracker, res.clinical, res.rounds_run)
-                    tracker.log_json(res.per_center, "per_center.json")
+                    tracker.log_json(publishable_per_center(res.per_center), "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
                     tracker.log_json(cfg.model_dump(mode="json"), "config.json")
@@ -425,7 +430,8 @@ def run_training(
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
-        atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n")
+        # without overwrite: created only if absent at commit time (another run may have written it meanwhile)
+        atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n", exclusive=not overwrite)
     return doc
 
 

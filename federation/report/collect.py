@@ -81,17 +81,32 @@ class Collected:
     notes: list[str] = field(default_factory=list)
 
 
-def _label(method: str, params: dict[str, str]) -> str:
-    """Row label of an ``abps train`` run: the method, plus the goal when the run set one that
-    its preset does not (``abps --goal diversity`` is not the base ABPS row)."""
-    goal = str(params.get("params.goal", "none")).lower()
-    if goal in ("none", ""):
-        return method
+def _default_params(method: str) -> dict[str, str] | None:
+    """The method's parameters as its preset resolves them (``params.<name>`` -> MLflow's text of the
+    value), or None for a method this build does not know."""
+    from federation.tracking import flatten
+
     try:
-        preset = str(get_method(method).default_config.get("params", {}).get("goal") or "none").lower()
-    except Exception:  # a method this build does not know: keep the goal in the label
-        preset = "none"
-    return method if goal == preset else f"{method} [goal={goal}]"
+        cls = get_method(method)
+        resolved = cls.Params(**(cls.default_config.get("params") or {})).model_dump(mode="json")
+    except Exception:
+        return None
+    return {k: str(v) for k, v in flatten({"params": resolved}).items()}
+
+
+def _label(method: str, params: dict[str, str]) -> str:
+    """Row label of an ``abps train`` run: the method, plus every method parameter the run set to a
+    value its preset does not have (``abps --goal diversity`` is not the base ABPS row, nor is
+    ``abps --param kappa=1`` the kappa = 3 one), e.g. ``abps [goal=diversity, kappa=1]``."""
+    defaults = _default_params(method)
+    set_ = {k: v for k, v in params.items() if k.startswith("params.")}
+    if defaults is None:  # a method this build does not know: keep the goal in the label
+        goal = str(set_.get("params.goal", "none")).lower()
+        return method if goal in ("none", "") else f"{method} [goal={goal}]"
+    differ = [f"{k[len('params.'):]}={v}" for k, v in sorted(set_.items(), key=lambda kv: (kv[0] != "params.goal",
+                                                                                            kv[0]))
+              if str(defaults.get(k, "none")).lower() != str(v).lower()]
+    return f"{method} [{', '.join(differ)}]" if differ else method
 
 
 def _cell_from_run(r: Any) -> CellRun | None:

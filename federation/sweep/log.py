@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from federation.sweep.cells import Cell
-from federation.evaluation import log_clinical
+from federation.evaluation import log_clinical, publishable_per_center
 from federation.tracking import (CELL_SECONDS_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
                                  KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, engine_tags, flatten)
 
@@ -125,7 +125,7 @@ class CellLog:
                     tags.update(engine_tags(result["platform"]))  # the worker's machine and kernel build
                 tr.set_tags(tags)
                 log_clinical(tr, result.get("clinical"), int(result["summary"].get("rounds_run") or 0))
-                tr.log_json(result["per_center"], "per_center.json")
+                tr.log_json(publishable_per_center(result["per_center"]), "per_center.json")
                 for name, obj in (result.get("artifacts") or {}).items():
                     tr.log_json(obj, name)
                 tr.log_json(cell.config.model_dump(mode="json"), "config.json")
