@@ -7,7 +7,7 @@ ABPS := $(VENV)/bin/abps
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo_out
 
-.PHONY: install test test-cpus demo bench clean ui
+.PHONY: install test test-cpus lint demo bench clean ui
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# the layers contract (pyproject.toml [tool.importlinter])
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 # the numerically sensitive tests as an AVX2 machine, the eager step and a machine with no compiler
 test-cpus: $(STAMP)

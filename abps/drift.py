@@ -42,7 +42,7 @@ from torch import Tensor
 from abps.beliefs import BetaBeliefs
 from abps.privacy import MetadataRelease
 from abps.goal_filter import candidate_mask
-from federation.drift_scenario import drift_centers
+from federation.data.drift_scenario import drift_centers
 
 __all__ = ["DriftParams", "WelchWindows", "DriftMonitor", "welch_pvalues", "restart_beliefs", "rounds_until_zero",
            "candidate_overlap"]

@@ -40,7 +40,7 @@ import polars as pl
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir
-from federation.config import build_config
+from federation.core.config import build_config
 from federation.methods import get_method
 
 __all__ = ["STUDY_CONFIG", "choose_harmful", "flip_centers", "write_harmful_cohort", "read_harmful", "study_config",
@@ -153,7 +153,7 @@ def read_harmful(cohort_dir: str | Path) -> list[str]:
 
 def study_config(method: str, harmful: Sequence[str], rounds: int, gamma: float = 0.02,
                  acceptance: str = "deferred") -> object:
-    """The :class:`federation.config.RunConfig` of one study arm: :data:`STUDY_CONFIG` with
+    """The :class:`federation.core.config.RunConfig` of one study arm: :data:`STUDY_CONFIG` with
     ``watch_centers`` = the flipped ids; ABPS arms also get ``gamma`` (default 0.02: small enough
     for a UCB to fall below tau_acc after one bad partnership, see
     :func:`abps.beliefs.max_resting_gamma`, and for a peer known to help by the median healthy credit,

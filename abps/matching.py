@@ -120,7 +120,7 @@ def propose_reject(
         rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
         proposer_check: see step 5 of the module docstring.
         acceptance: ``first_come`` or ``deferred``, step 7 of the module docstring.
-        available: ``[n]`` bool centers up this round (issue 20, federation/realworld.py), or None
+        available: ``[n]`` bool centers up this round (issue 20, federation/run/realworld.py), or None
             (all). An unavailable center proposes nothing, and a proposal to it fails (counted as
             sent, never accepted); the proposer goes on down its list. No belief changes: only
             partners are credited (after_exchange).

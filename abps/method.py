@@ -33,7 +33,7 @@ from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
 from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
-from federation.checks import check_finite
+from federation.core.checks import check_finite
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
 
@@ -86,8 +86,9 @@ class SelectionParams(MetadataDpParams):
         # inf is the mechanism off, which holds trivially.
         # (by value, not by which fields were given: a dumped config lists every default again)
         off = (None, float("inf"))
-        dp = sorted(k for k, f in MetadataDpParams.model_fields.items()
-                    if (getattr(self, k) not in off if k == "metadata_dp_epsilon" else getattr(self, k) != f.default))
+        dp = sorted((k for k, f in MetadataDpParams.model_fields.items()
+                     if (getattr(self, k) not in off if k == "metadata_dp_epsilon" else getattr(self, k) != f.default)),
+                    key=lambda k: (k != "metadata_dp_epsilon", k))
         if dp and self.goal is None:
             raise ValueError(f"{dp[0]} applies only when metadata is released, i.e. with a goal "
                              "(--goal, or the presets abps-hom | abps-div | abps-align); without a goal "

@@ -43,7 +43,7 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 from torch import Tensor
 
-from federation.engine import mix_seed
+from federation.core.seeding import mix_seed
 
 __all__ = [
     "MetadataDpParams",

@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python -m benchmarks.bench_abps [--centers 230] [--rounds 3] [--threads 1] [--out FILE.json]
 
-Runs FedAvg and base ABPS with the runtime's round loop (:func:`federation.runner.run_one`) on the
+Runs FedAvg and base ABPS with the runtime's round loop (:func:`federation.run.runner.run_one`) on the
 synthetic default cohort (FedProx-Synthetic(1, 1), ``n`` centers, seed 0), times every round from the
 runner's per-round callback, and splits ABPS's extra cost into its hooks: ``plan_round`` (UCB +
 propose-reject + W) and ``after_exchange`` (coalition rows, the one batched ``evaluate_mixtures``
@@ -33,10 +33,10 @@ TARGET_RATIO = 1.5
 
 
 def _time_method(name: str, data, rounds: int, seed: int) -> dict[str, Any]:
-    from federation.config import build_config
+    from federation.core.config import build_config
     from federation.methods import get_method
     from federation.methods.registry import METHODS
-    from federation.runner import run_one
+    from federation.run.runner import run_one
 
     base_cls = get_method(name)
     hook_s: dict[str, list[float]] = {"plan_round": [], "after_exchange": []}
@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 
-    from federation import kernels
-    from federation.data import FederatedData
-    from federation.synthetic import generate_fedprox_cohort
+    from federation.engine import kernels
+    from federation.data.tensors import FederatedData
+    from federation.data.synthetic import generate_fedprox_cohort
 
     cohort, centers = generate_fedprox_cohort(a.centers, seed=0)
     data = FederatedData.from_frames(cohort, centers)

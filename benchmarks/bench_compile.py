@@ -6,8 +6,8 @@ Usage::
         [--modes default,max-autotune-no-cudagraphs] [--dynamic false] [--workload flower|engine]
         [--no-from-bits] [--out FILE.json]
 
-Question answered: should :mod:`federation.kernels` (hand-written C++ for the element-wise work of
-:meth:`federation.engine.StackedEngine._grads`) be replaced by ``torch.compile`` of the eager step?
+Question answered: should :mod:`federation.engine.kernels` (hand-written C++ for the element-wise work of
+:meth:`federation.engine.mlp.StackedEngine._grads`) be replaced by ``torch.compile`` of the eager step?
 
 Workload: ``--workload flower`` (default) is the FedAvg-vs-Flower workload of
 :mod:`benchmarks.bench_flower` (:func:`benchmarks.bench_flower.federated_data`: ``--clients`` clients of
@@ -65,14 +65,14 @@ def _env(kernels: str):
 
 
 def build_data(workload: str, clients: int, seed: int, tmp: str):
-    """The benchmark's :class:`federation.data.FederatedData`: bench_flower's equal-size clients, or
+    """The benchmark's :class:`federation.data.tensors.FederatedData`: bench_flower's equal-size clients, or
     bench_engine's FedProx-Synthetic cohort (the same generator call as ``bench_engine.main``)."""
     if workload == "flower":
         from benchmarks.bench_flower import federated_data
 
         return federated_data(clients, seed), f"bench_flower workload, {clients} clients x 250 train rows, d = 60"
-    from federation.data import FederatedData
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.tensors import FederatedData
+    from federation.data.synthetic import write_fedprox_cohort
 
     cohort = str(Path(tmp) / f"fedprox{clients}")
     write_fedprox_cohort(cohort, n_centers=clients, alpha=0.5, beta=0.5, seed=0, mean_size=300, shared=0.8)
@@ -81,7 +81,7 @@ def build_data(workload: str, clients: int, seed: int, tmp: str):
 
 def _step_inputs(eng, seed_round: int = 0) -> dict[str, Any]:
     """One full step's inputs (the first 128 rows of every center, step 0's dropout draws)."""
-    from federation.engine import keep_from_bits
+    from federation.engine.mlp import keep_from_bits
 
     tr = eng.data.splits["train"]
     n, bs = eng.n, eng.cfg.batch_size
@@ -97,7 +97,7 @@ def _step_inputs(eng, seed_round: int = 0) -> dict[str, Any]:
 
 def _grads_from_bits(eng) -> Callable:
     """``_grads`` taking the int16 draws ``[c, w, h1 + h2]`` instead of float masks (masks built
-    inside, by the rule of :func:`federation.engine.keep_from_bits`)."""
+    inside, by the rule of :func:`federation.engine.mlp.keep_from_bits`)."""
     h1 = eng.hidden[0]
 
     def fn(p, x, y, rows, real, bits, thr, scale):
@@ -129,9 +129,9 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[f
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the result, also written under bench_out/."""
-    from federation import kernels
-    from federation.config import EngineConfig
-    from federation.engine import PARAM_NAMES, AdamState, StackedEngine
+    from federation.engine import kernels
+    from federation.core.config import EngineConfig
+    from federation.engine.mlp import PARAM_NAMES, AdamState, StackedEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=230)

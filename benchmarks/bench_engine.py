@@ -8,7 +8,7 @@ slow down several-fold; set 2 on an idle machine).
 
 Measures, per FedAvg round (2 local epochs, batch 128, MLP d-128-64-1):
 * stacked: ``StackedEngine.train_round`` + mixing (one einsum) + batched val/test AUROC;
-* loop: ``federation.reference.LoopTrainer`` (one torch.optim.Adam per center) + a Python
+* loop: ``federation.engine.reference.LoopTrainer`` (one torch.optim.Adam per center) + a Python
   average over centers + per-center evaluation; same random streams;
 * bmm vs ``torch.func.vmap(grad(functional))`` for one full-width training step;
 * FLOPs per round (multiply-add = 2 FLOPs; forward + backward = 3 x forward except layer 1's
@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
-from federation.config import EngineConfig
-from federation.data import FederatedData
-from federation.engine import AdamState, StackedEngine, forward
+from federation.core.config import EngineConfig
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import AdamState, StackedEngine, forward
 from federation.methods.baselines import fedavg_matrix
-from federation.metrics import batched_auroc
-from federation.mixing import mix_params
-from federation.reference import LoopTrainer
-from federation.synthetic import write_fedprox_cohort
+from federation.core.metrics import batched_auroc
+from federation.engine.mixing import mix_params
+from federation.engine.reference import LoopTrainer
+from federation.data.synthetic import write_fedprox_cohort
 
 OUT = Path("bench_out")
 #: issue 3 target: the stacked engine at >= 5x the per-center loop

@@ -133,9 +133,9 @@ def _cohort(out: Path) -> Path:
 def run_cell(data: Any, goal: str, reading: dict[str, Any], rounds: int, seed: int) -> dict[str, Any]:
     """One ABPS+P+Q+kappa=1 run under ``goal`` and ``reading``: per-round rest share and |P|, final
     bandwidth and AUROC."""
-    from federation.config import build_config
+    from federation.core.config import build_config
     from federation.methods import get_method
-    from federation.runner import run_one
+    from federation.run.runner import run_one
 
     name = PRESET[goal]
     # bandwidth relative to FedAvg over the same number of rounds (the ledger default divides by 50 rounds)
@@ -211,7 +211,7 @@ def main() -> None:
     import torch
 
     from etl.io import atomic_write_text
-    from federation.data import FederatedData
+    from federation.data.tensors import FederatedData
 
     torch.set_num_threads(int(os.environ.get("ABPS_FIDELITY_THREADS", "1")))
     out = Path(os.environ.get("ABPS_FIDELITY_OUT", "bench_out/fidelity"))

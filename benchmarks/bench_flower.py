@@ -29,7 +29,7 @@ client, i.e. ``--threads`` actors of one torch thread each.
   installed or ``--no-flower`` is given.
 * **loop**: the same client code (:func:`local_train`, :func:`client_auroc`) run client after client
   in this process, averaging in NumPy-free torch; ``--threads`` torch threads.
-* **abps**: :func:`federation.runner.run_one` with ``fedavg`` and
+* **abps**: :func:`federation.run.runner.run_one` with ``fedavg`` and
   ``engine.reset_optimizer_each_round = true`` (fresh Adam per round) on the same rows, timed from
   its per-round callback; it also scores a 30-row test split per round, which the others do not.
 
@@ -128,10 +128,10 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, gen: t
 @torch.no_grad()
 def client_auroc(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """Val AUROC of ``model`` on one client's rows ``x [rows, 60]``, ``y [rows]``; NaN for a
-    one-class split. Rank-based (:func:`federation.metrics.batched_auroc` on one row, the
+    one-class split. Rank-based (:func:`federation.core.metrics.batched_auroc` on one row, the
     computation abps uses), equal to scikit-learn's ``roc_auc_score`` (tests/test_benchmarks.py)
     at about a tenth of its cost per call."""
-    from federation.metrics import batched_auroc
+    from federation.core.metrics import batched_auroc
 
     model.eval()
     s = model(x).squeeze(-1)
@@ -173,9 +173,9 @@ def run_loop(n: int, rounds: int, seed: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ abps
 def federated_data(n: int, seed: int):
-    """The workload as a :class:`federation.data.FederatedData` (all clients have equal sizes,
+    """The workload as a :class:`federation.data.tensors.FederatedData` (all clients have equal sizes,
     so no padding)."""
-    from federation.data import FederatedData, SplitTensors
+    from federation.data.tensors import FederatedData, SplitTensors
 
     rows = [client_data(i, seed) for i in range(n)]
     splits = {}
@@ -190,9 +190,9 @@ def federated_data(n: int, seed: int):
 
 def run_ours(data, rounds: int, seed: int, method: str = "fedavg") -> dict[str, Any]:
     """``run_one`` on the workload (fresh Adam per round); seconds per round from the callback."""
-    from federation.config import build_config
+    from federation.core.config import build_config
     from federation.methods import get_method
-    from federation.runner import run_one
+    from federation.run.runner import run_one
 
     cls = get_method(method)
     cfg = build_config(method, cls.default_config, {"engine": {"reset_optimizer_each_round": True}},
@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def _without_prefetch(fn, *args):
     """``fn(*args)`` with the engine's dropout-mask helper thread off
-    (:attr:`federation.engine.StackedEngine.prefetch_bytes` = 0; results are the same)."""
-    from federation.engine import StackedEngine
+    (:attr:`federation.engine.mlp.StackedEngine.prefetch_bytes` = 0; results are the same)."""
+    from federation.engine.mlp import StackedEngine
 
     saved = StackedEngine.prefetch_bytes
     StackedEngine.prefetch_bytes = 0
@@ -398,8 +398,8 @@ def _eager_step(fn, *args):
 
 
 def _kernels_in_use() -> bool:
-    """Whether the abps runs used the fused C++ kernels (:mod:`federation.kernels`)."""
-    from federation import kernels
+    """Whether the abps runs used the fused C++ kernels (:mod:`federation.engine.kernels`)."""
+    from federation.engine import kernels
 
     return kernels.available()
 

@@ -34,9 +34,9 @@ def main() -> None:
 
     from abps.harmful import read_harmful, study_config, study_rows, window_summary, write_harmful_cohort
     from etl.io import atomic_write_text
-    from federation.data import FederatedData
-    from federation.runner import run_one
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.tensors import FederatedData
+    from federation.run.runner import run_one
+    from federation.data.synthetic import write_fedprox_cohort
 
     torch.set_num_threads(1)
     out = Path(os.environ.get("ABPS_HARMFUL_OUT", "bench_out/harmful"))

@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python -m benchmarks.bench_memory [--centers 20] [--rounds 200] [--early 20]
         [--methods fedavg abps] [--tolerance 0.05] [--threads 1] [--out FILE.json]
 
-Runs each method with the runtime's round loop (:func:`federation.runner.run_one`) on the synthetic
+Runs each method with the runtime's round loop (:func:`federation.run.runner.run_one`) on the synthetic
 FedProx-Synthetic(1, 1) cohort (``--centers`` centers, seed 0) and reads the process's resident set
 size (psutil) from the runner's per-round callback after round ``--early`` and after the last
 round. A leak that grows with the rounds (a per-round tensor kept alive, an autograd graph held
@@ -33,9 +33,9 @@ def _rss_mb() -> float:
 
 
 def _measure(method: str, data: Any, rounds: int, early: int, seed: int) -> dict[str, Any]:
-    from federation.config import build_config
+    from federation.core.config import build_config
     from federation.methods import get_method
-    from federation.runner import run_one
+    from federation.run.runner import run_one
 
     cls = get_method(method)
     cfg = build_config(method, cls.default_config, {"engine": {"local_epochs": 1}}, rounds)
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--early must be >= 1 and below --rounds")
     torch.set_num_threads(a.threads)
 
-    from federation.data import FederatedData
-    from federation.synthetic import generate_fedprox_cohort
+    from federation.data.tensors import FederatedData
+    from federation.data.synthetic import generate_fedprox_cohort
 
     cohort, centers = generate_fedprox_cohort(a.centers, seed=0)
     data = FederatedData.from_frames(cohort, centers)

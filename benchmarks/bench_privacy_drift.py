@@ -6,7 +6,7 @@ Privacy-utility: for each goal (homogeneity, diversity, alignment: the ``abps-ho
 (mean ``mean_partners``), the final test AUROC and the overlap of the noisy candidate sets with the
 exact ones (share of exact candidate pairs kept, and Jaccard) over ``--overlap-seeds`` noise draws.
 
-Drift: the label-flip scenario (:mod:`federation.drift_scenario`, the ``--flip-count`` largest centers
+Drift: the label-flip scenario (:mod:`federation.data.drift_scenario`, the ``--flip-count`` largest centers
 from round ``--flip-round``) under base ABPS, ABPS with the fixed ``belief_decay`` and ABPS with the
 Welch-t drift windows (:mod:`abps.drift`). Per run: partnerships touching a flipped center per round,
 rounds until their share falls to half its pre-flip level and until they stop (none for 3 rounds),
@@ -39,12 +39,12 @@ from abps.goal_filter import candidate_mask
 from abps.method import PRESETS, AbpsParams
 from abps.privacy import MetadataRelease
 from etl.io import atomic_write_text
-from federation.config import build_config
-from federation.data import FederatedData
-from federation.drift_scenario import LabelFlipDrift, drift_centers
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
+from federation.data.drift_scenario import LabelFlipDrift, drift_centers
 from federation.methods.registry import METHODS, get_method, register
-from federation.runner import run_one
-from federation.tracking import finite
+from federation.run.runner import run_one
+from federation.run.tracking import finite
 
 GOAL_PRESETS = {"homogeneity": "abps-hom", "diversity": "abps-div", "alignment": "abps-align"}
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, math.inf)

@@ -33,7 +33,7 @@ TARGET_PEAK_GB = 16.0
 
 def realworld_block() -> dict[str, Any]:
     """The ``realworld:`` block of the benchmark: daily 30 % availability and 1-100 Mbit/s links."""
-    from federation.config import deep_merge, load_yaml
+    from federation.core.config import deep_merge, load_yaml
 
     daily = load_yaml(CONFIGS / "realworld-daily30.yaml")
     links = load_yaml(CONFIGS / "realworld-hetero-links.yaml")
@@ -46,11 +46,11 @@ def _worker(method: str, n: int, rounds: int, seed: int, threads: int) -> dict[s
     import torch
 
     torch.set_num_threads(threads)
-    from federation.config import build_config
-    from federation.data import FederatedData
+    from federation.core.config import build_config
+    from federation.data.tensors import FederatedData
     from federation.methods import get_method
-    from federation.runner import run_one
-    from federation.synthetic import generate_fedprox_cohort
+    from federation.run.runner import run_one
+    from federation.data.synthetic import generate_fedprox_cohort
 
     t0 = time.perf_counter()
     cohort, centers = generate_fedprox_cohort(n, seed=0)

@@ -29,12 +29,13 @@ from typing import Any
 import torch
 
 from etl.io import atomic_write_text
-from federation.graphs import neighbour_table
-from federation.images import selectors as sel
-from federation.images.data import make_graph, make_shards, subsample
+from federation.core.graphs import neighbour_table
+from federation.methods import selectors as sel
+from federation.data.image_shards import make_graph, make_shards, subsample
 from federation.images.int8 import predict_shared_int8
-from federation.images.models import StackedModel
-from federation.images.run import load_dataset, parse_config, run_selector
+from federation.engine.image_model import StackedModel
+from federation.images.run import load_dataset, run_selector
+from federation.methods.selectors import parse_config
 
 
 def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "er",

@@ -7,14 +7,14 @@ Usage::
 
 Each method runs in a fresh child process (so that its peak RSS, ``ru_maxrss``, is its own): the
 child draws the cohort (``generate_fedprox_cohort(n, seed=0)``: FedProx-Synthetic(1, 1), mean 300
-stays per center, lognormal sizes), builds :class:`federation.data.FederatedData`, and runs
-:func:`federation.runner.run_one` for ``--rounds`` rounds with the method's default config. Reported
+stays per center, lognormal sizes), builds :class:`federation.data.tensors.FederatedData`, and runs
+:func:`federation.run.runner.run_one` for ``--rounds`` rounds with the method's default config. Reported
 per method: cohort build seconds, seconds per round (first round separately; mean of the others),
 peak RSS in GB and the RSS after the data was built, against the issue's target of 16 GB peak.
 
 At this size every ``[n, n]`` object matters: FedAvg's rank-one ``W`` is mixed once and broadcast,
 ABPS's ``W`` (kappa + 1 non-zeros per row) and its coalition rows are mixed by gathering
-(``federation.mixing.mix``, ``Context.evaluate_mixtures``), and the engine splits a step into
+(``federation.engine.mixing.mix``, ``Context.evaluate_mixtures``), and the engine splits a step into
 segments of at most ``StackedEngine.max_segment`` centers.
 """
 
@@ -80,11 +80,11 @@ def _worker(methods: list[str], n: int, rounds: int, seed: int, threads: int, cl
     torch.set_num_threads(threads)
     if limit_gb is not None:
         _watchdog(limit_gb, floor_gb)
-    from federation.config import build_config
-    from federation.data import FederatedData
+    from federation.core.config import build_config
+    from federation.data.tensors import FederatedData
     from federation.methods import get_method
-    import federation.runner as runner
-    from federation.synthetic import generate_fedprox_cohort
+    import federation.run.runner as runner
+    from federation.data.synthetic import generate_fedprox_cohort
 
     import psutil
 

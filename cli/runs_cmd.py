@@ -26,7 +26,7 @@ def ui(
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
 ) -> int:
     """Start the MLflow UI on the project's store and print its URL; Ctrl-C stops it."""
-    from federation.tracking import default_tracking_uri
+    from federation.run.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri()
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -64,7 +64,7 @@ def runs(
 
     from federation.report import collect_runs, mean_std, table1
     from federation.report.abps_table1 import auroc_cell
-    from federation.tracking import Tracker
+    from federation.run.tracking import Tracker
 
     tracker = Tracker(tracking_uri, experiment, create=False)  # InputError naming a missing experiment
     col = collect_runs(tracker)

@@ -46,7 +46,7 @@ def sweep(
     from cli.train_cmd import _parse_seeds
 
     seeds = _parse_seeds(seeds, list(ctx.args)) or None
-    from federation.cross import cross_summary_line, is_cross_sweep, run_cross_sweep
+    from federation.sweep.cross import cross_summary_line, is_cross_sweep, run_cross_sweep
 
     if is_cross_sweep(config):  # `datasets:` (configs/cross.yaml): one sweep per data set, one experiment
         if cohort is not None:
@@ -67,7 +67,7 @@ def sweep(
     out = run_sweep(spec, base, cohort_dir, executor=executor, workers=workers, address=address, rounds=rounds,
                     seeds=list(seeds) if seeds else None, tracking_uri=tracking_uri, experiment=experiment,
                     progress=not no_progress)
-    from federation.runner import dropped_message
+    from federation.run.runner import dropped_message
 
     for d in out.dropped:
         note = dropped_message(d, d["kept"])

@@ -20,7 +20,7 @@ def synth_fedprox(
     shared: float = typer.Option(0.0, "--shared", help="weight of a model component common to all centers"),
 ) -> None:
     """FedProx-Synthetic (Li et al. 2020, Sec. 5.1) in the cohort contract (binary logistic labels)."""
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
 
     write_fedprox_cohort(out, n_centers=centers, alpha=alpha, beta=beta, seed=seed, mean_size=mean_size,
                          shared=shared)

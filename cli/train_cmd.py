@@ -135,7 +135,7 @@ def train(
 
     `abps train --goal diversity` alone trains the goal-aware ABPS preset on this project's cohort.
     """
-    from federation.config import build_config, load_yaml
+    from federation.core.config import build_config, load_yaml
 
     seed_list = _parse_seeds(seeds, list(ctx.args))
     file_cfg = load_yaml(config) if config is not None else None
@@ -172,7 +172,7 @@ def train(
     if method is None:
         raise InputError("--method is required (or --goal, or a --config naming `method:`)")
     from federation.methods import get_method
-    from federation.runner import run_training
+    from federation.run.runner import run_training
 
     cls = get_method(method)
     if cohort is None:
@@ -193,7 +193,7 @@ def train(
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
                        progress=not no_progress, overwrite=force)
-    from federation.runner import dropped_message
+    from federation.run.runner import dropped_message
 
     note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])
     if note:
@@ -219,7 +219,7 @@ def train(
         f"{cfg.method}: {'AUROC' if auroc else doc['metric']} {head} (across {seeds_text}{over}), "
         f"bandwidth {s['rel_bandwidth']['mean']:.2f}x FedAvg's {cfg.reference_rounds} rounds -> {output}"
     )
-    from federation.evaluation import clinical_line
+    from federation.core.evaluation import clinical_line
 
     if (line := clinical_line(doc["seeds"])) is not None:
         typer.echo(line)

@@ -1,7 +1,7 @@
 """The cohort schema: column contract of cohort.parquet and centers.parquet (docs/data_dictionary.md).
 
 Defined once here and used by both ETL sources (etl/mimic.py, etl/eicu.py, etl/pipeline.py) and by
-the runtime (federation/data.py, federation/synthetic.py). The Charlson column list has a single
+the runtime (federation/data/tensors.py, federation/data/synthetic.py). The Charlson column list has a single
 source, :data:`etl.charlson.CCI_COLUMNS`.
 """
 

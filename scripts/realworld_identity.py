@@ -16,11 +16,11 @@ import warnings
 
 import torch
 
-from federation.config import build_config
-from federation.data import FederatedData
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
 from federation.methods import get_method
-from federation.runner import run_one
-from federation.synthetic import generate_fedprox_cohort
+from federation.run.runner import run_one
+from federation.data.synthetic import generate_fedprox_cohort
 
 NEW_KEYS = ("available_share", "dropped_updates", "round_seconds", "virtual_hours", "intentional_rest_share")
 

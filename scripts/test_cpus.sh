@@ -46,5 +46,5 @@ if PATH="$bin" command -v g++ c++ clang++ >/dev/null 2>&1; then
   echo "error: could not hide the C++ compiler from PATH" >&2; exit 1
 fi
 PATH="$bin" CXX= ABPS_KERNELS_CACHE="$work/kernels-check" "$PY" -W ignore -c \
-  "from federation import kernels; assert kernels.step_name() == 'eager', 'kernels built without a compiler'"
+  "from federation.engine import kernels; assert kernels.step_name() == 'eager', 'kernels built without a compiler'"
 run_pass no-compiler PATH="$bin" ABPS_KERNELS=auto CXX=

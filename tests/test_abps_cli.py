@@ -9,7 +9,7 @@ import pytest
 
 import cli.train_cmd  # noqa: F401  (registers `abps train`)
 from cli.app import main
-from federation.synthetic import write_fedprox_cohort
+from federation.data.synthetic import write_fedprox_cohort
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Welch-t drift windows (abps/drift.py), the label-flip drift scenario (federation/drift_scenario.py),
+"""Welch-t drift windows (abps/drift.py), the label-flip drift scenario (federation/data/drift_scenario.py),
 and both features inside an ABPS run (DP off reproduces today's run exactly)."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from abps.beliefs import BetaBeliefs
 from abps.drift import (DriftMonitor, DriftParams, WelchWindows, candidate_overlap, restart_beliefs, rounds_until_zero,
                         welch_pvalues)
 from abps.method import AbpsMethod
-from federation.config import build_config
-from federation.data import FederatedData
-from federation.drift_scenario import LabelFlipDrift, apply_drift, drift_centers, drifting_copy
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
+from federation.data.drift_scenario import LabelFlipDrift, apply_drift, drift_centers, drifting_copy
 from federation.methods import get_method
-from federation.runner import run_one
-from federation.synthetic import generate_fedprox_cohort
+from federation.run.runner import run_one
+from federation.data.synthetic import generate_fedprox_cohort
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -295,7 +295,7 @@ def test_both_features_from_the_cli(tmp_path):
 
     import cli.train_cmd  # noqa: F401  (registers `abps train`)
     from cli.app import main
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
     from mlflow.tracking import MlflowClient
 
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=8, seed=2, mean_size=80.0, shared=0.8)
@@ -343,7 +343,7 @@ def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
     runs gives report tables whose numbers are the runs' own summaries (issue 17)."""
     from federation import report as rp
     from federation.sweep import SweepSpec, expand_cells, load_sweep, run_sweep
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
 
     spec, base = load_sweep(CONFIGS / "privacy-study.yaml")
     assert len(expand_cells(spec, base, "c")) == 3 * 6 * 5

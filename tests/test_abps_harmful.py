@@ -14,10 +14,10 @@ import torch
 from abps.harmful import (choose_harmful, flip_centers, main, mean_finite, read_harmful, study_config, study_rows,
                           write_harmful_cohort)
 from etl.errors import InputError
-from federation.data import FederatedData
+from federation.data.tensors import FederatedData
 from federation.methods.registry import METHODS
-from federation.runner import run_one
-from federation.synthetic import generate_fedprox_cohort, write_fedprox_cohort
+from federation.run.runner import run_one
+from federation.data.synthetic import generate_fedprox_cohort, write_fedprox_cohort
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from abps.method import PRESETS, AbpsMethod, AbpsParams
-from federation.config import build_config, load_yaml
-from federation.data import FederatedData
-from federation.engine import StackedEngine, n_params
-from federation.ledger import Ledger
+from federation.core.config import build_config, load_yaml
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import StackedEngine, n_params
+from federation.core.ledger import Ledger
 from federation.methods import Context, get_method
-from federation.metrics import batched_auroc
-from federation.mixing import exchanged_keys, head_keys, mix_params
-from federation.runner import run_one
-from federation.synthetic import generate_fedprox_cohort
+from federation.core.metrics import batched_auroc
+from federation.engine.mixing import exchanged_keys, head_keys, mix_params
+from federation.run.runner import run_one
+from federation.data.synthetic import generate_fedprox_cohort
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -326,8 +326,8 @@ def test_report_shows_isolation_per_seed(tmp_path):
     import json
 
     from federation.report import write_report
-    from federation.runner import run_training
-    from federation.synthetic import write_fedprox_cohort
+    from federation.run.runner import run_training
+    from federation.data.synthetic import write_fedprox_cohort
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     cohort = write_fedprox_cohort(tmp_path / "c", n_centers=6, seed=1, mean_size=60, shared=0.8)

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import federation.runner
-from federation.config import EngineConfig, build_config
-from federation.data import FederatedData
-from federation.engine import PARAM_NAMES, AdamState, forward, n_params
+import federation.run.runner
+from federation.core.config import EngineConfig, build_config
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import PARAM_NAMES, AdamState, forward, n_params
 from federation.methods import get_method
 from federation.methods.bnn import (
     BnnFL,
@@ -24,8 +24,8 @@ from federation.methods.bnn import (
     rho_key,
     softplus_inv,
 )
-from federation.runner import run_one
-from federation.synthetic import centers_table, generate_fedprox_cohort, write_fedprox_cohort
+from federation.run.runner import run_one
+from federation.data.synthetic import centers_table, generate_fedprox_cohort, write_fedprox_cohort
 
 torch.set_num_threads(1)
 
@@ -138,7 +138,7 @@ def test_momentum_is_rejected(cohort: Path) -> None:
 def test_runner_trains_bnn_with_its_own_engine(cohort: Path) -> None:
     data = FederatedData.from_cohort(cohort)
     cfg = build_config("bnn-fl", {}, {"reference_rounds": 1, "params": {"eval_samples": 0}}, 1)
-    assert federation.runner.run_one(cfg, data, 11).rel_bandwidth == pytest.approx(2.0)
+    assert federation.run.runner.run_one(cfg, data, 11).rel_bandwidth == pytest.approx(2.0)
     assert isinstance(BnnFL().make_engine(data, cfg, 11), StackedBayesEngine)
 
 

@@ -10,15 +10,16 @@ import pytest
 import torch
 
 import federation.methods.decentralized as dec
-from federation.config import build_config
-from federation.data import FederatedData
-from federation.engine import AdamState, StackedEngine, mix_seed, n_params
-from federation.graphs import adjacency_tensor, metropolis_weights, sparse_connected_graph
-from federation.ledger import Ledger, undirected_edges
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
+from federation.core.seeding import mix_seed
+from federation.engine.mlp import AdamState, StackedEngine, n_params
+from federation.core.graphs import adjacency_tensor, metropolis_weights, sparse_connected_graph
+from federation.core.ledger import Ledger, undirected_edges
 from federation.methods import Context, get_method
-from federation.mixing import exchanged_keys, head_keys
-from federation.runner import run_one
-from federation.synthetic import write_fedprox_cohort
+from federation.engine.mixing import exchanged_keys, head_keys
+from federation.run.runner import run_one
+from federation.data.synthetic import write_fedprox_cohort
 
 torch.set_num_threads(1)
 N = 12

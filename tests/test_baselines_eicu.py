@@ -14,10 +14,10 @@ import pytest
 
 from etl.eicu import run_eicu_etl
 from etl.mimic import EtlOptions
-from federation.config import DataConfig, build_config, load_yaml
-from federation.data import FederatedData
+from federation.core.config import DataConfig, build_config, load_yaml
+from federation.data.tensors import FederatedData
 from federation.methods import get_method
-from federation.runner import run_one
+from federation.run.runner import run_one
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -1,4 +1,4 @@
-"""Communication graphs and Metropolis-Hastings weights (federation.graphs)."""
+"""Communication graphs and Metropolis-Hastings weights (federation.core.graphs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from etl.errors import InputError
-from federation.graphs import (
+from federation.core.graphs import (
     adjacency_tensor,
     build_graph,
     edge_list,
@@ -106,7 +106,7 @@ def test_star_and_aliases_one_naming() -> None:
     assert sorted(star.edges()) == [(0, 1), (0, 2), (0, 3), (0, 4)]  # hub 0 (variance paper III-C1)
     assert sorted(build_graph("er", 30, 1, p=0.3).edges()) == sorted(build_graph("erdos-renyi", 30, 1, p=0.3).edges())
     assert sorted(build_graph("BA", 20, 2, m=3).edges()) == sorted(build_graph("barabasi-albert", 20, 2, m=3).edges())
-    from federation.graphs import neighbour_table
+    from federation.core.graphs import neighbour_table
     cand, valid, deg = neighbour_table(star)
     assert deg.tolist() == [4, 1, 1, 1, 1]
     assert cand[0].tolist() == [1, 2, 3, 4] and cand[1].tolist() == [0, -1, -1, -1]

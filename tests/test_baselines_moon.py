@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from federation.engine import Batch, forward, init_params
+from federation.engine.mlp import Batch, forward, init_params
 from federation.methods.baselines import Moon, MoonParams
 
 torch.set_num_threads(1)

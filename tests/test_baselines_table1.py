@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.config import load_yaml
+from federation.core.config import load_yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TUNED = ("fedprox", "feddyn", "moon", "decefl", "defta", "wpfed", "bnn-fl")

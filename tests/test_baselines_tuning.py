@@ -1,4 +1,4 @@
-"""federation.tuning: the validation-AUROC tuning table and configs/tuning.yaml (issue 23)."""
+"""federation.report.tuning: the validation-AUROC tuning table and configs/tuning.yaml (issue 23)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.tuning import TuningRecord, tuning_csv, tuning_markdown, tuning_rows
+from federation.report.tuning import TuningRecord, tuning_csv, tuning_markdown, tuning_rows
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -133,7 +133,7 @@ def test_synth_fedprox_refuses_a_foreign_folder(tiny_cohort, tmp_path):
 
 
 def test_undefined_auroc_is_null_in_strict_json(tiny_cohort, tmp_path):
-    from federation.tracking import finite
+    from federation.run.tracking import finite
 
     doc = finite({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
     assert json.loads(json.dumps(doc, allow_nan=False)) == {"a": None, "b": [1.0, None], "c": {"d": 2}}

@@ -10,7 +10,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from federation.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
+from federation.core.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
                                  bootstrap_mean_auroc, distribution, subgroup_gaps)
 
 
@@ -129,12 +129,12 @@ def test_subgroup_gaps_match_sklearn_and_suppress_small_groups(centers):
 
 
 def test_bootstrap_counts_equal_resorting_every_replicate_bit_for_bit(centers):
-    """The bootstrap intervals, computed from draw counts along one sort (federation.metrics.CountedAuroc),
+    """The bootstrap intervals, computed from draw counts along one sort (federation.core.metrics.CountedAuroc),
     equal those of the definition: every replicate's resampled rows gathered and sorted afresh
     (batched_auroc per center; batched_auroc per subgroup and overall, pooled), ties and padding
     included, to the last bit."""
-    from federation.clinical import _resample_within_center
-    from federation.metrics import batched_auroc
+    from federation.core.clinical import _resample_within_center
+    from federation.core.metrics import batched_auroc
 
     s, y, m = _padded(centers)
     n, rows = s.shape

@@ -1,5 +1,5 @@
-"""The clinical figures of a run (federation/evaluation.py): a 2-round FedAvg run on the real
-MIMIC-IV demo writes them to results.json and MLflow, equal to federation.clinical's functions
+"""The clinical figures of a run (federation/core/evaluation.py): a 2-round FedAvg run on the real
+MIMIC-IV demo writes them to results.json and MLflow, equal to federation.core.clinical's functions
 applied to the run's final test predictions; subgroup codes checked against Polars."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import torch
 from sklearn.metrics import average_precision_score, brier_score_loss
 
 from etl.mimic import EtlOptions, run_etl
-from federation.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
+from federation.core.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
                                  bootstrap_mean_auroc, distribution, subgroup_gaps)
-from federation.config import build_config
-from federation.data import FederatedData
-from federation.evaluation import SUBGROUP_AXES, as_logits, group_codes
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
+from federation.core.evaluation import SUBGROUP_AXES, as_logits, group_codes
 from federation.methods import get_method
-from federation.metrics import batched_auroc
-from federation.runner import run_one, run_training
+from federation.core.metrics import batched_auroc
+from federation.run.runner import run_one, run_training
 
 SEED = 5
 
@@ -199,7 +199,7 @@ def test_report_shows_clinical_and_fairness_tables(trained):
 
 
 def test_train_prints_the_clinical_line(trained):
-    from federation.evaluation import clinical_line
+    from federation.core.evaluation import clinical_line
 
     written = trained[0]
     line = clinical_line(written["seeds"])

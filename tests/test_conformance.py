@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from etl.mimic import EtlOptions, run_etl
-from federation.config import build_config, load_yaml
-from federation.data import FederatedData
+from federation.core.config import build_config, load_yaml
+from federation.data.tensors import FederatedData
 from federation.methods import METHODS, Method, all_methods, method_names, paper_order
 from federation.methods.registry import register
-from federation.runner import run_one
+from federation.run.runner import run_one
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NAMES = method_names()

@@ -82,8 +82,8 @@ def test_cross_sweep_and_report(sets: tuple[Path, Path], tmp_path: Path) -> None
 
 
 def test_bad_image_spec_names_the_option(tmp_path: Path) -> None:
-    from federation.data import FederatedData
+    from federation.data.load import load_federation
 
     (tmp_path / "images.yaml").write_text("n_clients: 1\n")
     with pytest.raises(InputError, match="images.yaml: option 'n_clients'"):
-        FederatedData.from_cohort(tmp_path)
+        load_federation(tmp_path)

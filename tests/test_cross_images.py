@@ -1,4 +1,4 @@
-"""The SAGE benchmark's image clients as a federation of the runtime (issue 18, federation/cross.py):
+"""The SAGE benchmark's image clients as a federation of the runtime (issue 18, federation/data/images.py):
 ABPS, FedAvg, DeFTA, random partners and the SAGE selectors through one round loop and one ledger on a
 small real Fashion-MNIST federation (4 clients, Dirichlet 0.1, 2,000 images)."""
 
@@ -12,11 +12,12 @@ import torch
 
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR
-from federation.config import build_config
-from federation.cross import ImageFederation, image_federation_id
-from federation.data import FederatedData, cohort_id
+from federation.core.config import build_config
+from federation.data.images import ImageFederation, image_federation_id
+from federation.data.load import federation_id, load_federation
+from federation.engine.build import build_engine
 from federation.methods import get_method
-from federation.runner import run_one
+from federation.run.runner import run_one
 
 pytestmark = pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
                                 reason="Fashion-MNIST not installed at /usr/share/datasets/fashion-mnist")
@@ -41,7 +42,7 @@ def fmnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def data(fmnist: Path) -> ImageFederation:
     torch.set_num_threads(1)
-    d = FederatedData.from_cohort(fmnist)
+    d = load_federation(fmnist)
     assert isinstance(d, ImageFederation)
     return d
 
@@ -66,7 +67,7 @@ def test_image_federation_is_a_cohort(fmnist: Path, data: ImageFederation) -> No
     assert float(data.meta_base[0, 0]) == pytest.approx(shares.max(), rel=1e-6)
     assert float(data.meta_base[0, 1]) == pytest.approx(np.log(len(y)), rel=1e-6)
     assert data.meta[0, 3:13].numpy() == pytest.approx(shares, abs=1e-6)
-    assert cohort_id(fmnist) == image_federation_id(fmnist) and len(cohort_id(fmnist)) == 16
+    assert federation_id(fmnist) == image_federation_id(fmnist) and len(federation_id(fmnist)) == 16
     with pytest.raises(InputError, match="centralized"):
         data.pooled()
 
@@ -77,13 +78,13 @@ def test_fedavg_ledger_and_accuracy_by_hand(data: ImageFederation) -> None:
     from sklearn.metrics import accuracy_score
 
     from federation.methods import Context
-    from federation.ledger import Ledger
+    from federation.core.ledger import Ledger
 
     assert ENC + DEC + HEAD == 220_411
     res = run_one(_cfg("fedavg", 1), data, 5, keep_params=True)
     assert res.model_bytes == 4 * 220_411 * 4 == 3_526_576
     assert res.rel_bandwidth == pytest.approx(1 / 50)
-    engine = data.make_engine(_cfg("fedavg", 1), 5)
+    engine = build_engine(data, _cfg("fedavg", 1), 5)
     logits = engine.predict(res.params, "test")
     s = data.splits["test"]
     ref = [accuracy_score(s.y[k, : int(s.n[k])].long().numpy(), logits[k, : int(s.n[k])].argmax(-1).numpy())

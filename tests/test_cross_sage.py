@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from federation.config import build_config
-from federation.data import FederatedData, SplitTensors
-from federation.engine import StackedEngine, init_params
-from federation.ledger import Ledger
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData, SplitTensors
+from federation.engine.mlp import StackedEngine, init_params
+from federation.core.ledger import Ledger
 from federation.methods import Context, get_method
-from federation.mixing import exchanged_keys, head_keys
-from federation.runner import run_one
+from federation.engine.mixing import exchanged_keys, head_keys
+from federation.run.runner import run_one
 
 D = 3          # features
 VAL = 64       # validation rows per center = its anchor pool

@@ -12,7 +12,7 @@ import pytest
 import cli.synth_fedprox_cmd  # noqa: F401  (registers `abps synth fedprox`)
 import cli.train_cmd  # noqa: F401
 from cli.app import main
-from federation.config import build_config, load_yaml
+from federation.core.config import build_config, load_yaml
 from federation.methods import get_method
 from federation.methods.baselines import BASELINES
 
@@ -53,7 +53,7 @@ def test_train_fedavg_writes_results_and_mlflow(cohort, tmp_path, ml_uri):
     assert len(parents) == 1 and len(children) == 2
     child = children[0]
     assert child.data.params["engine.lr"] == "0.001" and child.data.params["method"] == "fedavg"
-    from federation import kernels
+    from federation.engine import kernels
     assert child.data.tags["abps.engine_step"] == kernels.step_name()  # which step computed it
     import torch
 

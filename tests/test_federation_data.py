@@ -1,4 +1,4 @@
-"""federation.synthetic and federation.data: contract columns, per-center encoding, errors."""
+"""federation.data.synthetic and federation.data.tensors: contract columns, per-center encoding, errors."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from etl.errors import InputError
-from federation.data import FederatedData
+from federation.data.tensors import FederatedData
 from etl.schema import CATEGORICAL_FEATURES, CENTER_COLUMNS, COHORT_COLUMNS, NUMERIC_FEATURES
-from federation.synthetic import generate_fedprox_cohort, write_fedprox_cohort
+from federation.data.synthetic import generate_fedprox_cohort, write_fedprox_cohort
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +85,8 @@ def test_missing_file_and_column_raise_input_error(frames, tmp_path):
 
 # ---- numeric encoding modes (issue 21) ------------------------------------------------------
 
-from federation.config import DataConfig  # noqa: E402
-from federation.data import HISTOGRAM_RANGES, encode_numeric, histogram_median, numeric_statistics  # noqa: E402
+from federation.core.config import DataConfig  # noqa: E402
+from federation.data.tensors import HISTOGRAM_RANGES, encode_numeric, histogram_median, numeric_statistics  # noqa: E402
 
 
 def _train_raw(fd):

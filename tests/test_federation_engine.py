@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from federation.config import EngineConfig
-from federation.data import FederatedData
-from federation.engine import AdamState, RandomStreams, StackedEngine
-from federation.reference import LoopTrainer
-from federation.synthetic import write_fedprox_cohort
+from federation.core.config import EngineConfig
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import AdamState, RandomStreams, StackedEngine
+from federation.engine.reference import LoopTrainer
+from federation.data.synthetic import write_fedprox_cohort
 from tests.numerics import assert_adam_tracks
 
 
@@ -63,17 +63,17 @@ def test_permutations_are_per_center_and_valid():
 def test_permutations_equal_the_dense_key_sort():
     """The packed computation (keys of real rows only) gives the dense definition's result: every
     position of center i keyed hash(c_i ^ r) if real, 2^32 + r if padding, stably sorted."""
-    from federation.engine import _M32, _hash32, mix_seed
+    from federation.core.seeding import M32, hash32, mix_seed
 
     rs = RandomStreams(3)
     g = torch.Generator().manual_seed(0)
     n_rows = (torch.rand(40, generator=g) ** 3 * 300).long()
     n_rows[0], n_rows[5], n_rows[6] = 300, 0, 1
     centers = torch.randperm(40, generator=g)
-    base = _hash32(torch.tensor([mix_seed(3, 2, 1) & _M32], dtype=torch.int64))
-    c = _hash32(base ^ centers)
+    base = hash32(torch.tensor([mix_seed(3, 2, 1) & M32], dtype=torch.int64))
+    c = hash32(base ^ centers)
     r = torch.arange(300)
-    key = _hash32(_hash32(c.unsqueeze(1) ^ r.unsqueeze(0)) ^ 0x5BD1E995)
+    key = hash32(hash32(c.unsqueeze(1) ^ r.unsqueeze(0)) ^ 0x5BD1E995)
     key = torch.where(r.unsqueeze(0) >= n_rows.unsqueeze(1), (1 << 32) + r.unsqueeze(0), key)
     dense = torch.argsort(key, dim=1, stable=True)
     assert torch.equal(rs.permutations(n_rows, 300, 2, 1, centers=centers), dense)
@@ -173,7 +173,7 @@ def _padded_copy(fd: FederatedData) -> FederatedData:
     as before the packed layout: the engine then reads the padded ``x``."""
     from dataclasses import replace
 
-    from federation.data import SplitTensors
+    from federation.data.tensors import SplitTensors
 
     splits = {k: SplitTensors(s.x.clone(), s.y.clone(), s.mask.clone(), s.n.clone(), s.raw.clone())
               for k, s in fd.splits.items()}
@@ -198,9 +198,9 @@ def test_packed_layout_holds_the_padded_values(data):
 
 
 def test_packed_and_padded_runs_are_identical(data):
-    from federation.config import build_config
+    from federation.core.config import build_config
     from federation.methods import get_method
-    from federation.runner import run_one
+    from federation.run.runner import run_one
 
     padded = _padded_copy(data)
     for s in padded.splits.values():
@@ -216,8 +216,8 @@ def test_blockwise_numeric_fit_equals_whole_split(data):
     equal the fit on the whole padded split, bit for bit; so does the blockwise encoding."""
     import numpy as np
 
-    from federation.config import DataConfig
-    from federation.data import _fit_numeric, encode_numeric, numeric_statistics
+    from federation.core.config import DataConfig
+    from federation.data.tensors import _fit_numeric, encode_numeric, numeric_statistics
 
     tr = data.splits["train"]
     whole = numeric_statistics(tr.raw, tr.mask, DataConfig(), "per-center")
@@ -240,7 +240,7 @@ def test_blockwise_numeric_fit_equals_whole_split(data):
 def test_bootstrap_blocks_give_the_single_draw_interval():
     """The clinical bootstraps draw their replicates in blocks (bounded memory at many
     centers); the intervals equal those of one draw of all replicates."""
-    import federation.clinical as C
+    import federation.core.clinical as C
 
     g = torch.Generator().manual_seed(0)
     n, rows = 30, 50
@@ -275,7 +275,7 @@ def test_non_finite_count_fast_path_is_exact():
     """The per-round finite check sums first (one reduction): a finite sum proves every element
     finite, a non-finite one falls back to the exact count, so finite values whose sum overflows
     still count 0 and +inf / -inf pairs (sum NaN) count 2."""
-    from federation.checks import count_non_finite
+    from federation.core.checks import count_non_finite
 
     big = torch.full((4, 3), 3e38)  # finite, but the float32 sum overflows to inf
     assert not bool(torch.isfinite(big.sum())) and count_non_finite(big) == 0
@@ -309,7 +309,7 @@ def test_dropout_helper_thread_gives_identical_training(data, monkeypatch):
 def test_allocator_tuning_is_once_per_process_and_can_be_refused(monkeypatch):
     """``tune_allocator`` sets glibc's malloc parameters once per process (engines call it), and
     ``ABPS_MALLOC_TUNE=0`` leaves the allocator alone in a process not yet tuned."""
-    import federation.engine as eng_mod
+    import federation.engine.mlp as eng_mod
 
     monkeypatch.setattr(eng_mod, "_TUNED", None)
     monkeypatch.setenv("ABPS_MALLOC_TUNE", "0")

@@ -1,4 +1,4 @@
-"""Fused CPU kernels of the engine step (federation/kernels.py) against the eager PyTorch ops
+"""Fused CPU kernels of the engine step (federation/engine/kernels.py) against the eager PyTorch ops
 they replace, the engine's fused step against its eager step, and the fallback selection.
 
 Element-wise outputs are the same float operations in the same order as the eager ops, so they
@@ -15,11 +15,11 @@ import warnings
 import pytest
 import torch
 
-from federation import kernels
-from federation.config import EngineConfig
-from federation.data import FederatedData
-from federation.engine import AdamState, RandomStreams, StackedEngine, keep_from_bits
-from federation.synthetic import write_fedprox_cohort
+from federation.engine import kernels
+from federation.core.config import EngineConfig
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import AdamState, RandomStreams, StackedEngine, keep_from_bits
+from federation.data.synthetic import write_fedprox_cohort
 from tests.numerics import assert_adam_tracks
 
 K_DROP = round(0.2 * 65536)

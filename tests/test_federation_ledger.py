@@ -5,9 +5,9 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
-from federation.engine import n_params
-from federation.ledger import Ledger, undirected_edges
-from federation.mixing import exchanged_keys
+from federation.engine.mlp import n_params
+from federation.core.ledger import Ledger, undirected_edges
+from federation.engine.mixing import exchanged_keys
 
 N, D = 230, 56
 SIZES = n_params(D, (128, 64))

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from federation.config import build_config
-from federation.data import FederatedData
-from federation.engine import n_params
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import n_params
 from federation.methods import METHODS, get_method
 from federation.methods.baselines import BASELINES
-from federation.mixing import exchanged_keys
-from federation.runner import run_one
-from federation.synthetic import write_fedprox_cohort
+from federation.engine.mixing import exchanged_keys
+from federation.run.runner import run_one
+from federation.data.synthetic import write_fedprox_cohort
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def _feddyn_quadratic(aggregation: str, rounds: int = 400):
 def test_feddyn_local_term_gradient_is_algorithm_1_line_5():
     from types import SimpleNamespace
 
-    from federation.engine import Batch
+    from federation.engine.mlp import Batch
     from federation.methods.baselines import FedDyn, FedDynParams
 
     m = FedDyn(FedDynParams(alpha=0.3))
@@ -181,7 +181,7 @@ def test_centralized_pools_one_encoding_and_early_stops(data):
     """Issues 21 / 23: the Centralized reference trains on one encoding fitted on the pooled train
     split (pooled rows have numeric mean 0 / std 1 as a whole) and early-stops on validation."""
     from etl.errors import InputError
-    from federation.config import DataConfig
+    from federation.core.config import DataConfig
 
     cls = get_method("centralized")
     cfg = build_config("centralized", cls.default_config, None, rounds=3)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from federation.metrics import batched_auroc, grouped_auroc, summarize
+from federation.core.metrics import batched_auroc, grouped_auroc, summarize
 
 
 def test_batched_auroc_equals_sklearn_with_ties_and_padding():

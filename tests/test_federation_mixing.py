@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from federation.config import build_config
-from federation.data import FederatedData
-from federation.engine import StackedEngine, forward
-from federation.ledger import Ledger
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import StackedEngine, forward
+from federation.core.ledger import Ledger
 from federation.methods import Context
 from federation.methods.baselines import fedavg_matrix
-from federation.metrics import batched_auroc
-from federation.mixing import apply_momentum, check_row_stochastic, exchanged_keys, mix, wire
-from federation.synthetic import write_fedprox_cohort
+from federation.core.metrics import batched_auroc
+from federation.engine.mixing import apply_momentum, check_row_stochastic, exchanged_keys, mix, wire
+from federation.data.synthetic import write_fedprox_cohort
 
 
 def test_bf16_wire_rounds_received_values_only():
@@ -92,9 +92,9 @@ def test_evaluate_mixtures_matches_manual(tmp_path):
 def test_variance_correction_restores_mean_input_variance():
     """Algorithm 3 (Tian et al. 2024) through the runtime's transform: a uniform average of
     n independent layers has ~1/n of their variance; the correction restores the mean."""
-    from federation.variance import layer_variance
-    from federation.mixing import mix_params
-    from federation.variance import variance_correct
+    from federation.core.variance import layer_variance
+    from federation.engine.mixing import mix_params
+    from federation.core.variance import variance_correct
 
     torch.manual_seed(0)
     n = 8
@@ -116,8 +116,8 @@ def test_variance_correction_restores_mean_input_variance():
 def test_variance_correction_option_runs_in_the_round_loop(tmp_path):
     """`exchange.variance_correction` reaches the runner: after a FedAvg round every center holds
     the same average, rescaled to the mean variance of the centers' layers."""
-    from federation.variance import layer_variance
-    from federation.runner import run_one
+    from federation.core.variance import layer_variance
+    from federation.run.runner import run_one
 
     write_fedprox_cohort(tmp_path / "c", n_centers=5, seed=2, mean_size=100, shared=0.8)
     data = FederatedData.from_cohort(tmp_path / "c")
@@ -141,7 +141,7 @@ def _dense_mix(w, theta, bf16, own):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_mix_rank_one_and_sparse_paths_equal_dense(bf16):
-    from federation.mixing import sparse_rows
+    from federation.engine.mixing import sparse_rows
 
     g = torch.Generator().manual_seed(5)
     n = 24
@@ -185,7 +185,7 @@ def test_evaluate_mixtures_sparse_rows_equal_dense(tmp_path, monkeypatch, head, 
     got = ctx.evaluate_mixtures(wc, tc, "val", chunk=37)
     assert torch.equal(ctx.evaluate_mixtures(wc.to_sparse(), tc, "val", chunk=37).nan_to_num(-1), got.nan_to_num(-1))
     monkeypatch.setattr(base, "SPARSE_RATIO", 10**9)  # force the dense path, dense einsum mixing included
-    monkeypatch.setattr("federation.mixing.SPARSE_RATIO", 10**9)
+    monkeypatch.setattr("federation.engine.mixing.SPARSE_RATIO", 10**9)
     ref = ctx.evaluate_mixtures(wc, tc, "val", chunk=37)
     assert torch.isfinite(ref).sum() > 80
     assert torch.allclose(got, ref, atol=1e-9, equal_nan=True)

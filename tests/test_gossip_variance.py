@@ -6,7 +6,7 @@ import torch
 
 from etl.errors import InputError
 from federation.gossip.model import LENET5_LAYOUT, init_stacked, xavier_bound
-from federation.variance import (correct_flat, flat_layer_variance, layer_variance,
+from federation.core.variance import (correct_flat, flat_layer_variance, layer_variance,
                                         variance_corrected_average, variance_corrected_mix)
 
 

@@ -1,4 +1,4 @@
-"""The one loop driver (federation/loop.py) and the three runtimes on it.
+"""The one loop driver (federation/core/loop.py) and the three runtimes on it.
 
 The driver's call order is checked against hand-written sequences; the clinical runner, the SAGE
 runner and the gossip simulation are checked against figures recorded before they were moved onto
@@ -17,13 +17,13 @@ import torch
 
 from etl.images import FASHION_MNIST_DIR
 from etl.mimic import EtlOptions, run_etl
-from federation.config import build_config
-from federation.data import FederatedData
+from federation.core.config import build_config
+from federation.data.tensors import FederatedData
 from federation.gossip import GossipConfig, simulate
 from federation.images.run import cli_run
-from federation.loop import EvalSchedule, drive
+from federation.core.loop import EvalSchedule, drive
 from federation.methods import all_methods
-from federation.runner import run_one
+from federation.run.runner import run_one
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "loop_before_refactor.json").read_text())
 

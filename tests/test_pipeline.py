@@ -75,7 +75,7 @@ def test_train_fedavg_and_abps_diversity_on_the_synthetic_cohort(synth_cohort, t
     # the goal-aware filter ran: each center's 15-dim metadata vector crossed the network once
     n_centers = pl.read_parquet(synth_cohort / "cohort" / "centers.parquet").height
     # plus, once, the federated encoding's aggregates when the centers are small (data.preprocessing auto)
-    from federation.data import FederatedData
+    from federation.data.tensors import FederatedData
 
     enc = FederatedData.from_cohort(synth_cohort / "cohort").encoding_bytes
     assert doc["seeds"]["11"]["metadata_bytes"] == n_centers * 15 * 4 + enc

@@ -11,11 +11,11 @@ from pydantic import ValidationError
 
 from abps.matching import propose_reject
 from etl.errors import InputError
-from federation.availability import Availability
-from federation.clock import Profiles, deadline_cut, finish_times
-from federation.config import AvailabilityConfig, DeadlineConfig, ProfilesConfig, RealWorldConfig
+from federation.run.availability import Availability
+from federation.run.clock import Profiles, deadline_cut, finish_times
+from federation.core.config import AvailabilityConfig, DeadlineConfig, ProfilesConfig, RealWorldConfig
 from federation.methods.baselines import fedavg_matrix
-from federation.realworld import mask_mixing
+from federation.run.realworld import mask_mixing
 
 IDS = ["A", "B", "C"]
 

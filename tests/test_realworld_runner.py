@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from abps.method import AbpsMethod
-from federation.availability import Availability
-from federation.config import RealWorldConfig, build_config, load_yaml
-from federation.data import FederatedData
+from federation.run.availability import Availability
+from federation.core.config import RealWorldConfig, build_config, load_yaml
+from federation.data.tensors import FederatedData
 from federation.methods import get_method
 from federation.methods.baselines import FedAvg
 from federation.methods.registry import METHODS
-from federation.runner import run_one
-from federation.synthetic import generate_fedprox_cohort
+from federation.run.runner import run_one
+from federation.data.synthetic import generate_fedprox_cohort
 
 pytestmark = pytest.mark.filterwarnings("ignore:per-center preprocessing")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -173,7 +173,7 @@ def test_cli_bad_trace_is_one_line_error_before_any_run(tmp_path):
     import subprocess
     import sys
 
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
 
     repo = Path(__file__).resolve().parents[1]
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=3, seed=1, mean_size=60.0)

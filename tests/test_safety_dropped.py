@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from federation.data import FederatedData
+from federation.data.tensors import FederatedData
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from cli.app import main; main()"]
@@ -35,7 +35,7 @@ def c95(mimic_demo_dir, tmp_path_factory) -> Path:
 
 
 def _independent_count(cohort_dir: Path, min_train: int) -> dict[str, int]:
-    """Counted straight from the parquet files, without federation.data."""
+    """Counted straight from the parquet files, without federation.data.tensors."""
     co = pl.read_parquet(cohort_dir / "cohort.parquet")
     n_centers = pl.read_parquet(cohort_dir / "centers.parquet").height
     per = co.group_by("center_id").agg((pl.col("split") == "train").sum().alias("tr"), pl.len().alias("n"),

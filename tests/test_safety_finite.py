@@ -21,10 +21,10 @@ import torch
 from pydantic import ValidationError
 from sklearn.metrics import roc_auc_score
 
-from federation.checks import NonFiniteError, check_finite, check_finite_params
-from federation.config import RunConfig
-from federation.metrics import batched_auroc
-from federation.mixing import check_row_stochastic
+from federation.core.checks import NonFiniteError, check_finite, check_finite_params
+from federation.core.config import RunConfig
+from federation.core.metrics import batched_auroc
+from federation.engine.mixing import check_row_stochastic
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from cli.app import main; main()"]
@@ -154,9 +154,9 @@ def test_issue_recipes_stop_with_one_line(iid3, tmp_path, recipe, needle):
 def test_method_outputs_nan_is_undefined_and_left_out_inf_stops(iid3, monkeypatch, value, stops):
     """A method's NaN round metric (e.g. a mean over no observed partner) is not logged; an
     infinity stops the run with the one-line error."""
-    from federation.data import FederatedData
+    from federation.data.tensors import FederatedData
     from federation.methods import get_method
-    from federation.runner import run_one
+    from federation.run.runner import run_one
 
     fedavg = get_method("fedavg")
     monkeypatch.setattr(fedavg, "after_exchange", lambda self, ctx, r, plan: {"probe_metric": value, "ok": 0.5})

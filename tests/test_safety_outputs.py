@@ -49,7 +49,7 @@ def one_line_error(code: int, err: str, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory) -> Path:
     """A synthetic FedProx cohort of 6 centers: some centers' test cells hold fewer than 30 rows."""
-    from federation.synthetic import write_fedprox_cohort
+    from federation.data.synthetic import write_fedprox_cohort
 
     return write_fedprox_cohort(tmp_path_factory.mktemp("c") / "cohort", n_centers=6, seed=3, mean_size=120.0)
 
@@ -171,7 +171,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_results(cohort, tmp_path
 def test_a_results_file_written_meanwhile_is_not_overwritten(cohort, tmp_path, capsys, monkeypatch):
     """Two `abps train --output r.json` at once: the one that finishes second finds r.json written
     after its start check, and fails instead of overwriting it (no --force)."""
-    from federation.tracking import Tracker
+    from federation.run.tracking import Tracker
 
     out = tmp_path / "r.json"
     real = Tracker.log_json
@@ -265,7 +265,7 @@ def test_per_center_figures_obey_the_small_cell_rule(cohort, tmp_path, capsys):
     cell is small by the subgroups' rule (fewer than 30 rows or 5 of either class)."""
     from mlflow.tracking import MlflowClient
 
-    from federation.clinical import MIN_CELL_EVENTS, MIN_CELL_ROWS, is_small_cell
+    from federation.core.clinical import MIN_CELL_EVENTS, MIN_CELL_ROWS, is_small_cell
 
     assert (MIN_CELL_ROWS, MIN_CELL_EVENTS) == (30, 5)
     assert [is_small_cell(n, p) for n, p in ((29, 10), (30, 5), (30, 4), (30, 26), (30, 25), (40, None), (2, None))] \
@@ -316,7 +316,7 @@ def test_runs_of_one_method_with_different_configs_are_not_pooled(cohort, tmp_pa
 
 def test_a_kappa_1_run_is_not_labelled_kappa_3(cohort, tmp_path, capsys):
     from federation.report import collect_runs
-    from federation.tracking import Tracker
+    from federation.run.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     assert cli(capsys, "train", "--method", "abps", "--param", "kappa=1", "--cohort", str(cohort), "--seeds", "1",

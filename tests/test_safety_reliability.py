@@ -19,7 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from federation import sweep as sw
-from federation.synthetic import write_fedprox_cohort
+from federation.data.synthetic import write_fedprox_cohort
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -35,7 +35,7 @@ def test_kill_9_while_logging_a_cell_then_rerun_loses_and_duplicates_nothing(tmp
     script.write_text(textwrap.dedent(f"""
         import os, signal
         from federation import sweep as sw
-        from federation.tracking import Tracker
+        from federation.run.tracking import Tracker
 
         real, seen = Tracker.log_json, []
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from federation.synthetic import write_fedprox_cohort
-from federation import tracking
+from federation.data.synthetic import write_fedprox_cohort
+from federation.run import tracking
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from cli.app import main; main()"]
@@ -71,7 +71,7 @@ def test_retry_waits_out_a_locked_database_only():
 
 
 def test_tag_names_are_spelled_only_in_tracking():
-    """One tag schema: no module but federation/tracking.py spells an `abps.*` tag name."""
+    """One tag schema: no module but federation/run/tracking.py spells an `abps.*` tag name."""
     import re
 
     offenders = []

@@ -14,13 +14,14 @@ from sklearn.metrics import f1_score
 
 from etl.errors import InputError
 from etl.images import ImageDataset
-from federation.images import selectors as sel
-from federation.graphs import neighbour_table
-from federation.images.data import make_graph, make_shards
-from federation.images.metrics import accuracy, confusion_matrices, macro_f1
-from federation.images.models import (EncoderDecoderClassifier, ModelSpec, StackedAdam, StackedModel,
+from federation.methods import selectors as sel
+from federation.core.graphs import neighbour_table
+from federation.data.image_shards import make_graph, make_shards
+from federation.core.image_metrics import accuracy, confusion_matrices, macro_f1
+from federation.engine.image_model import (EncoderDecoderClassifier, ModelSpec, StackedAdam, StackedModel,
                                       batch_plan, to_float)
-from federation.images.run import cli_run, parse_config
+from federation.images.run import cli_run
+from federation.methods.selectors import parse_config
 
 TINY = ModelSpec(in_channels=1, image_size=28, base_width=4, latent_dim=8)
 
@@ -250,9 +251,9 @@ def test_train_steps_rejects_a_plan_with_a_gap():
 def test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients():
     """The int8 evaluation path counts only if >= 99.5 % of predictions equal fp32's (docs/sage.md)."""
     from etl.images import FASHION_MNIST_DIR, load_idx_dataset
-    from federation.images.data import subsample
+    from federation.data.image_shards import subsample
     from federation.images.int8 import predict_shared_int8
-    from federation.images.models import FMNIST_SPEC
+    from federation.engine.image_model import FMNIST_SPEC
 
     torch.set_num_threads(1)
     assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"

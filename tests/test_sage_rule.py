@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from federation.images import sage
-from federation.images import selectors as sel
-from federation.images.models import FMNIST_SPEC, StackedModel
+from federation.methods import sage_rule as sage
+from federation.methods import selectors as sel
+from federation.engine.image_model import FMNIST_SPEC, StackedModel
 
 
 # --- eq. (7) --------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_all_eight_selectors_end_to_end(tmp_path):
     assert table["AQ-128"]["budget_consumed"] >= table["SAGE-OS"]["budget_consumed"]
     assert table["AQ-128"]["budget_consumed"] >= table["Vanilla SAGE"]["budget_consumed"]
     assert 1.0 < table["PENS"]["comm_oh"] <= 2.0 and 1.0 < table["PFedDST"]["comm_oh"] <= 2.0
-    # Traffic through federation.ledger: omega (encoder + decoder) on each undirected edge used;
+    # Traffic through federation.core.ledger: omega (encoder + decoder) on each undirected edge used;
     # probe bytes = sum d m x (784 image bytes out + 10 float32 logits back).
     assert table["LOCAL"]["model_bytes"] == 0 and table["LOCAL"]["probe_bytes"] == 0
     assert table["RG"]["probe_bytes"] == 0

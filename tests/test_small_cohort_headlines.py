@@ -9,7 +9,7 @@ import json
 import pytest
 
 from cli.app import main
-from federation.config import EvaluationConfig
+from federation.core.config import EvaluationConfig
 
 
 def test_required_centers_by_hand():

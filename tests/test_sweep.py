@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from etl.errors import InputError
-from federation.config import RunConfig
-from federation.synthetic import write_fedprox_cohort
+from federation.core.config import RunConfig
+from federation.data.synthetic import write_fedprox_cohort
 from federation import sweep as sw
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -175,7 +175,7 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
     assert len(finished) == 4 and len(set(keys)) == 4  # no duplicates
     assert all(r.data.tags["mlflow.parentRunId"] == out1.parent_run_id for r in finished)
     # each cell records which engine step computed it (fused kernels and eager differ in rounding)
-    from federation import kernels
+    from federation.engine import kernels
     assert {r.data.tags["abps.engine_step"] for r in finished} == {kernels.step_name()}
     # every cell logs the clinical figures, as abps train does (metrics and the per-center table)
     for r in finished:
@@ -202,7 +202,7 @@ def test_interrupted_logging_leaves_no_finished_run(cohort, tmp_path, monkeypatc
 
     uri = f"sqlite:///{tmp_path}/ml.db"
     spec = _spec({"name": "halfway", "seeds": [1], "rounds": 2, "methods": ["fedavg"]})
-    from federation.tracking import Tracker
+    from federation.run.tracking import Tracker
 
     real_log = Tracker.log_json
 
@@ -267,7 +267,7 @@ def test_executor_key(tmp_path):
 
 
 def test_sweep_artifacts_are_strict_json_and_runs_show_compute_time(cohort, tmp_path, monkeypatch):
-    """One writer (federation.tracking.Tracker): NaN becomes null in sweep artifacts, as in
+    """One writer (federation.run.tracking.Tracker): NaN becomes null in sweep artifacts, as in
     results.json; a cell run's start / end times are those of its computation, not of the logging;
     per-round metrics carry the time their round ended."""
     import time

@@ -35,7 +35,7 @@ from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
 from etl.io import atomic_write_text
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
-from federation.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
+from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
              "threads"}

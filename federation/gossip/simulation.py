@@ -49,12 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from etl.errors import InputError
 from etl.images import ImageDataset
 from etl.partition import dirichlet_partition, iid_partition
-from federation import graphs
-from federation.loop import EvalSchedule, drive
+from federation.core import graphs
+from federation.core.loop import EvalSchedule, drive
 from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
 from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accuracy_own, accuracy_stacked,
                                      init_stacked, inv_lr, sgd_step, stacked_gradients)
-from federation.variance import correct_flat, flat_layer_variance
+from federation.core.variance import correct_flat, flat_layer_variance
 
 
 #: Sec. III-C3 threshold (0.8) over the paper's reaching target (0.9 on MNIST).
@@ -225,7 +225,7 @@ class GossipResult:
 
 
 def build_graph(cfg: GossipConfig, seed: int) -> nx.Graph:
-    """Regular(N, k) or Star(N) with hub 0, drawn by :func:`federation.graphs.build_graph`."""
+    """Regular(N, k) or Star(N) with hub 0, drawn by :func:`federation.core.graphs.build_graph`."""
     return graphs.build_graph(cfg.topology, cfg.n_nodes, seed, k=cfg.degree)
 
 

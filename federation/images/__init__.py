@@ -4,6 +4,6 @@ Public entry point: :func:`cli_run` (``federation.images.cli_run``
 = ``federation.images.run.cli_run``). See docs/sage.md.
 """
 
-from federation.images.run import SageConfig, cli_run, parse_config
+from federation.images.run import cli_run
 
-__all__ = ["cli_run", "SageConfig", "parse_config"]
+__all__ = ["cli_run"]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.ao.nn.intrinsic.quantized import ConvReLU2d
 
-from federation.images.models import _grouped_head, to_float
+from federation.engine.image_model import _grouped_head, to_float
 
 #: quantized engine of the grouped convolutions, named explicitly (``x86`` would pick FBGEMM on CPUs
 #: without AVX512-VNNI).

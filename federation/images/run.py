@@ -2,10 +2,10 @@
 
 One configuration (data set x graph x Dirichlet alpha) runs every selected selector from the same
 partition, graph and initialisation (Sec. V-A). A round is: local epoch of all K clients (stacked)
--> probe if the selector needs it (:mod:`federation.images.probe`, eq. (4)) -> the selector's
+-> probe if the selector needs it (:mod:`federation.methods.probe`, eq. (4)) -> the selector's
 ``decide`` -> its ``mix`` (eq. (2) or its native average) -> metrics, as the step and evaluation
-hooks of the one loop driver :func:`federation.loop.drive`. Selectors are registered classes
-(:mod:`federation.images.selectors`); this runner knows none of them by name.
+hooks of the one loop driver :func:`federation.core.loop.drive`. Selectors are registered classes
+(:mod:`federation.methods.selectors`); this runner knows none of them by name.
 
 Entry point: :func:`cli_run` (also ``federation.images.cli_run``), dispatched to by
 ``abps train --config configs/sage-*.yaml``.
@@ -17,120 +17,31 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from torch import Tensor
 
 from etl.errors import InputError
-from etl.images import FASHION_MNIST_DIR, ImageDataset, load_cifar10, load_idx_dataset
+from etl.images import ImageDataset
 from etl.io import atomic_write_text
-from federation.images import selectors as sel
-from federation.graphs import neighbour_table
-from federation.images.data import ClientShards, make_graph, make_shards, subsample
-from federation.images.metrics import accuracy, confusion_matrices, macro_f1
-from federation.images.models import CIFAR10_SPEC, FMNIST_SPEC, ModelSpec, StackedModel
-from federation.images.probe import draw_anchors, empty_table, probe
-from federation.images.sage import evidence_saving
-from federation.ledger import Ledger
-from federation.loop import EvalSchedule, drive
-from federation.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
-
-
-class PensOptions(BaseModel):
-    """PENS settings: peers merged per round and the share of rounds spent on discovery."""
-
-    model_config = ConfigDict(extra="forbid")
-    top_m: int = Field(2, ge=1)
-    discovery_fraction: float = Field(0.1, gt=0, le=1)
-
-
-class PfeddstOptions(BaseModel):
-    """PFedDST settings: peers merged per round and the score's alpha and c."""
-
-    model_config = ConfigDict(extra="forbid")
-    top_k: int = Field(2, ge=1)
-    alpha: float = 1.0
-    c: float = 1.0
-
-
-class SageConfig(BaseModel):
-    """A SAGE benchmark configuration (configs/sage-*.yaml; defaults = the paper's Sec. V).
-
-    Raises (via :func:`parse_config`): InputError naming the offending option.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    benchmark: Literal["sage"] = "sage"
-    name: str | None = None
-    dataset: Literal["fmnist", "cifar10"] = "fmnist"
-    data_root: str | None = None
-    n_clients: int = Field(50, ge=2)
-    rounds: int = Field(250, ge=1)
-    graph: Literal["er", "ba"] = "er"
-    er_p: float = 0.15
-    ba_m: int = 3
-    alpha_dir: float = Field(0.1, gt=0)
-    seeds: list[int] = [0]
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    alpha_mix: float = Field(0.5, ge=0, le=1)
-    recon_weight: float = Field(1.0, ge=0)
-    schedule: list[int] = [16, 32, 64, 128]
-    delta: float = Field(0.1, gt=0, lt=1)
-    lambda_cost: float = Field(2e-3, ge=0)
-    stage_cost: Literal["increment", "cumulative"] = "increment"
-    eval_every: int = Field(1, ge=1)
-    eval_precision: Literal["fp32", "int8"] = "fp32"
-    train_samples: int | None = Field(None, ge=1)
-    test_samples: int | None = Field(None, ge=1)
-    selectors: list[str] = list(sel.SELECTORS)
-    pens: PensOptions = PensOptions()
-    pfeddst: PfeddstOptions = PfeddstOptions()
-    num_threads: int | None = Field(None, ge=1)
-
-    @field_validator("selectors")
-    @classmethod
-    def _selectors(cls, v: list[str]) -> list[str]:
-        out = [sel.canonical_selector(s) for s in v]
-        if not out:
-            raise ValueError("at least one selector is required")
-        return list(dict.fromkeys(out))
-
-    @field_validator("schedule")
-    @classmethod
-    def _schedule(cls, v: list[int]) -> list[int]:
-        if not v or v[0] < 1 or any(b <= a for a, b in zip(v, v[1:])):
-            raise ValueError(f"must be increasing positive integers, got {v}")
-        return v
-
-
-def parse_config(config: dict[str, Any], rounds: int | None = None,
-                 seeds: list[int] | None = None) -> SageConfig:
-    """Validate a config dict (overriding rounds / seeds); InputError names the bad option."""
-    cfg = dict(config)
-    if rounds is not None:
-        cfg["rounds"] = rounds
-    if seeds is not None:
-        cfg["seeds"] = list(seeds)
-    try:
-        return SageConfig(**cfg)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
-        raise InputError(f"sage config: option '{loc}': {err['msg']}") from None
+import federation.methods.selectors as sel
+from federation.methods.selectors import SageConfig, exchange_adjacency, parse_config
+from federation.core.graphs import neighbour_table
+from federation.data.image_shards import (ClientShards, load_image_dataset, make_graph, make_shards,
+                                           probe_bytes_per_anchor, subsample)
+from federation.core.image_metrics import accuracy, confusion_matrices, macro_f1
+from federation.engine.image_model import ModelSpec, StackedModel, model_spec_for
+from federation.methods.probe import draw_anchors, empty_table, probe
+from federation.methods.sage_rule import evidence_saving
+from federation.core.ledger import Ledger
+from federation.core.loop import EvalSchedule, drive
+from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
 
 def load_dataset(cfg: SageConfig) -> tuple[ImageDataset, ModelSpec]:
     """The configured data set and its model spec (Fashion-MNIST default, CIFAR-10 from data_root)."""
-    if cfg.dataset == "fmnist":
-        return load_idx_dataset(cfg.data_root or FASHION_MNIST_DIR, "fashion-mnist"), FMNIST_SPEC
-    if cfg.data_root is None:
-        raise InputError("sage config: option 'data_root' is required for dataset cifar10 "
-                         "(a folder holding cifar-10-batches-py)")
-    return load_cifar10(cfg.data_root), CIFAR10_SPEC
+    return load_image_dataset(cfg.dataset, cfg.data_root), model_spec_for(cfg.dataset)
 
 
 # --- evaluation ---------------------------------------------------------------------------
@@ -165,7 +76,7 @@ def evaluate(model: StackedModel, shards: ClientShards, precision: str = "fp32")
 # --- tracking -----------------------------------------------------------------------------
 
 def make_tracker(tracking_uri: str | None, experiment: str | None):
-    """A ``federation.tracking.Tracker`` (None = the default store ``sqlite:///mlflow/mlflow.db``);
+    """A ``federation.run.tracking.Tracker`` (None = the default store ``sqlite:///mlflow/mlflow.db``);
     ``tracking_uri="none"`` disables MLflow and returns None."""
     if tracking_uri is not None and tracking_uri.strip().lower() in ("", "none"):
         return None
@@ -241,29 +152,6 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
                    model_bytes=ledger.model_bytes, probe_bytes=ledger.probe_bytes,
                    total_bytes=ledger.total_bytes, rel_bandwidth=ledger.relative_bandwidth)
     return {"history": history, "summary": summary}
-
-
-def exchange_adjacency(peers: Tensor) -> Tensor:
-    """bool [K, K]: ``A[k, j]`` when receiver k took a model-bearing object from peer j this round.
-
-    Args:
-        peers: long [K, P] selected peers (padding -1), :attr:`selectors.Decision.peers`.
-    """
-    k = peers.shape[0]
-    adj = torch.zeros(k, k, dtype=torch.bool)
-    rows = torch.arange(k)[:, None].expand_as(peers)
-    ok = peers >= 0
-    adj[rows[ok], peers[ok]] = True
-    return adj
-
-
-def probe_bytes_per_anchor(x_train: Tensor, n_classes: int) -> int:
-    """Bytes one (receiver, candidate, anchor) probe moves: the uint8 image out, float32 logits back.
-
-    Args:
-        x_train: uint8 [N, C, H, W] (C H W bytes per anchor image).
-    """
-    return int(x_train[0].numel()) * x_train.element_size() + 4 * n_classes
 
 
 def _round_metrics(selector: str, dec: sel.Decision, degree: Tensor, m_max: int,

@@ -1,4 +1,4 @@
-"""The method interface the round loop (:mod:`federation.runner`) calls.
+"""The method interface the round loop (:mod:`federation.run.runner`) calls.
 
 A method is a small object holding its own state; the runner holds none of it. Per run:
 
@@ -8,14 +8,14 @@ A method is a small object holding its own state; the runner holds none of it. P
    a. local training of all centers (stacked). If the class overrides
       ``local_loss(ctx, params, batch) -> Tensor [a]``, the engine adds it to each active
       center's batch loss (``params``: the active centers' stacked parameters with
-      gradient; ``batch``: :class:`federation.engine.Batch`, ``batch.centers`` = their
+      gradient; ``batch``: :class:`federation.engine.mlp.Batch`, ``batch.centers`` = their
       indices);
    b. ``plan = method.plan_round(ctx, r)`` -> :class:`RoundPlan`: ``w`` ``[n, n]``
       row-stochastic (None = no exchange this round), the peer ``adjacency`` ``[n, n]`` bool
       (symmetric; edges that carried a model, for the ledger), ``server_links`` (center-server
       edges that carried a model: FedAvg n), ``probe_bytes``, ``metadata_bytes``;
    c. exchange: ``mixed = W @ wire(theta)`` over the exchanged block
-      (:mod:`federation.mixing`), then ``method.after_mix(ctx, r, prev, mixed)`` (default
+      (:mod:`federation.engine.mixing`), then ``method.after_mix(ctx, r, prev, mixed)`` (default
       identity; FedDyn's server correction), then server momentum when configured;
    d. ``extras = method.after_exchange(ctx, r, plan)`` -> ``dict[str, float]`` logged with the
       round's metrics (e.g. isolation rate; ABPS computes Shapley credit here with
@@ -32,7 +32,7 @@ under a ``realworld:`` block, else None: a method must not pair with an unavaila
 the live or given parameters) and :meth:`Context.evaluate_mixtures`.
 
 Methods override hooks, never the loop. Besides the ones above: ``make_engine(data, cfg, seed)``
-builds the stacked trainer (default :class:`federation.engine.StackedEngine`; BNN+FL's Bayesian
+builds the stacked trainer (default :class:`federation.engine.mlp.StackedEngine`; BNN+FL's Bayesian
 MLP engine), ``aggregate(ctx, w, params)`` forms the exchanged block from ``W`` (default
 ``W @ wire(theta)`` over ``ctx.exchanged``; BNN+FL mixes posterior means and variances),
 ``scores(ctx, params, split, round_idx)`` gives the per-row scores AUROC is computed from
@@ -63,12 +63,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
-from federation.config import RunConfig
-from federation.data import FederatedData
-from federation.engine import PARAM_NAMES, Batch, StackedParams, StackedEngine, forward
-from federation.ledger import Ledger
-from federation.metrics import batched_auroc
-from federation.mixing import SPARSE_RATIO, mix, mix_params, sparse_rows, wire
+from federation.core.config import RunConfig
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import PARAM_NAMES, Batch, StackedParams, StackedEngine, forward
+from federation.engine.build import build_engine
+from federation.core.ledger import Ledger
+from federation.core.metrics import batched_auroc
+from federation.engine.mixing import SPARSE_RATIO, mix, mix_params, sparse_rows, wire
 
 
 class NoParams(BaseModel):
@@ -112,7 +113,7 @@ class Context:
     round_start: StackedParams = field(default_factory=dict)
     pre_exchange: StackedParams = field(default_factory=dict)
     rng: torch.Generator = field(default_factory=torch.Generator)
-    #: ``[n]`` bool centers available this round (federation/realworld.py); None = all (no realworld block)
+    #: ``[n]`` bool centers available this round (federation/run/realworld.py); None = all (no realworld block)
     available: torch.Tensor | None = None
 
     @property
@@ -174,7 +175,7 @@ class Context:
         Returns:
             ``[m]`` float64 AUROC (NaN where tc[r]'s split holds one class).
         """
-        if hasattr(self.engine, "evaluate_mixtures"):  # an engine of its own model (federation.cross, issue 18)
+        if hasattr(self.engine, "evaluate_mixtures"):  # an engine of its own model (federation.data.images, issue 18)
             return self.engine.evaluate_mixtures(self, wc, tc, split, params)
         theta = params if params is not None else self.pre_exchange
         s = self.data.splits[split]
@@ -250,7 +251,7 @@ class Method(Generic[P]):
     pooled: ClassVar[bool] = False
     #: payloads of the exchanged block's size that one model transfer carries (ledger bytes)
     payloads_per_link: ClassVar[int] = 1
-    #: what :meth:`scores` returns: ``"logit"`` or ``"probability"`` (calibration figures, federation/evaluation.py)
+    #: what :meth:`scores` returns: ``"logit"`` or ``"probability"`` (calibration figures, federation/core/evaluation.py)
     score_kind: ClassVar[str] = "logit"
 
     def __init__(self, params: P | None = None) -> None:
@@ -258,11 +259,9 @@ class Method(Generic[P]):
 
     def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> StackedEngine:
         """The stacked trainer of ``data`` (all centers, or the pooled union for a ``pooled``
-        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``. A
-        federation with an engine of its own (``data.make_engine``: the image clients of
-        federation.cross, issue 18) builds it."""
-        own = getattr(data, "make_engine", None)
-        return own(cfg, seed) if own is not None else StackedEngine(data, cfg.engine, seed)
+        method): ``init_params()``, ``train_round(params, state, r, local_loss)``, ``predict``
+        (:func:`federation.engine.build.build_engine`)."""
+        return build_engine(data, cfg, seed)
 
     def setup(self, ctx: Context) -> None:
         """Called once before round 0."""
@@ -277,7 +276,7 @@ class Method(Generic[P]):
 
     def aggregate(self, ctx: Context, w: torch.Tensor, params: StackedParams) -> StackedParams:
         """The exchanged block after mixing with ``w [n, n]`` (row-stochastic): ``{k: W @
-        wire(params[k])}`` for k in ``ctx.exchanged`` (:func:`federation.mixing.mix_params`).
+        wire(params[k])}`` for k in ``ctx.exchanged`` (:func:`federation.engine.mixing.mix_params`).
         Returns only the replaced entries; the runner copies them into ``params``."""
         return mix_params(w, params, ctx.exchanged, ctx.bf16)
 

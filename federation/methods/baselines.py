@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from federation.engine import Batch, StackedParams, forward
+from federation.engine.mlp import Batch, StackedParams, forward
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
 

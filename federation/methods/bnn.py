@@ -17,10 +17,10 @@ server forms the sample-weighted FedAvg of the posterior means and of the poster
 (moment averaging; Saile et al. 2024 aggregate the posterior moments of a Bayesian network). Both
 moments cross every center-server link, so a round costs 2 n payloads: 2.00x FedAvg's bytes.
 
-The runtime's :class:`federation.engine.StackedEngine` trains one point-estimate MLP, so this
+The runtime's :class:`federation.engine.mlp.StackedEngine` trains one point-estimate MLP, so this
 module carries its own stacked trainer (:class:`StackedBayesEngine`, a subclass that reuses the
 engine's per-center batch streams, ordering and per-center Adam); :class:`BnnFL` plugs it and the
-moment averaging into the one round loop of :func:`federation.runner.run_one` through the
+moment averaging into the one round loop of :func:`federation.run.runner.run_one` through the
 ``Method`` hooks (same metrics, ledger and early stopping as every method; docs/baselines.md).
 Evaluation scores the predictive mean ``mean_s sigmoid(f(x; w_s))`` over ``eval_samples`` weight
 draws (0 = the posterior-mean network). Deviations from the runtime MLP: no dropout and no Adam
@@ -37,13 +37,14 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from etl.errors import InputError
-from federation.config import EngineConfig, RunConfig
-from federation.data import FederatedData
-from federation.engine import PARAM_NAMES, AdamState, StackedParams, StackedEngine, forward, init_params, mix_seed
+from federation.core.config import EngineConfig, RunConfig
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import PARAM_NAMES, AdamState, StackedParams, StackedEngine, forward, init_params
+from federation.core.seeding import mix_seed
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.baselines import fedavg_matrix
 from federation.methods.registry import register
-from federation.mixing import mix
+from federation.engine.mixing import mix
 
 
 def softplus_inv(sigma: torch.Tensor) -> torch.Tensor:
@@ -195,7 +196,7 @@ def aggregate_posteriors(params: StackedParams, w: torch.Tensor, keys: tuple[str
     """Mix posterior means and variances with the row-stochastic ``w [n, n]``.
 
     ``mu_i <- sum_j w_ij mu_j`` and ``sigma_i^2 <- sum_j w_ij sigma_j^2`` for every k in ``keys``
-    (the bf16 wire transform of :func:`federation.mixing.mix` applies to both payloads);
+    (the bf16 wire transform of :func:`federation.engine.mixing.mix` applies to both payloads);
     returns the new ``mu_<k>`` and ``rho_<k> = softplus^-1(sigma)`` tensors.
     """
     out: StackedParams = {}
@@ -218,7 +219,7 @@ class BnnFL(Method):
     """BNN+FL (ABPS paper Sec. 6.2 / Table 1; Saile et al. 2024 style): mean-field Bayesian MLP
     trained by Bayes by Backprop, FedAvg of posterior means and variances (2.00x FedAvg's bytes).
 
-    It runs in the one round loop (:func:`federation.runner.run_one`) through hooks: its engine
+    It runs in the one round loop (:func:`federation.run.runner.run_one`) through hooks: its engine
     is :class:`StackedBayesEngine` (:meth:`make_engine`), each round's plan is FedAvg's star
     ``W = 1 p^T`` with n server links, :meth:`aggregate` mixes posterior means and variances over
     the exchanged block (:func:`aggregate_posteriors`; ``exchange.head_layers`` keeps the head's
@@ -252,7 +253,7 @@ class BnnFL(Method):
     def aggregate(self, ctx: Context, w: torch.Tensor, params: StackedParams) -> StackedParams:
         return aggregate_posteriors(params, w, ctx.exchanged, ctx.bf16)
 
-    score_kind = "probability"  # scores are predictive-mean probabilities (federation.evaluation)
+    score_kind = "probability"  # scores are predictive-mean probabilities (federation.core.evaluation)
 
     def scores(self, ctx: Context, params: StackedParams, split: str, round_idx: int) -> torch.Tensor:
         """``[n, rows]`` predictive mean probability (:meth:`StackedBayesEngine.predict_proba`,

@@ -1,10 +1,10 @@
 """Decentralized peer-to-peer baselines of the ABPS paper's Table 1 (Sec. 6.2): DeceFL, DeFTA, WPFed.
 
 Each method is a mixing matrix over peer edges (no server): after the stacked local training of
-every center (2 local epochs, :class:`federation.engine.StackedEngine`), center i replaces its
+every center (2 local epochs, :class:`federation.engine.mlp.StackedEngine`), center i replaces its
 exchanged block by ``sum_j W[i, j] theta_j`` where W is non-zero only on the edges of the round's
 communication graph. The ledger counts each undirected edge that carried a model once per
-round (:mod:`federation.ledger`), so a round over a graph with n edges costs what FedAvg's star
+round (:mod:`federation.core.ledger`), so a round over a graph with n edges costs what FedAvg's star
 costs (n payloads): the 1.00x column of Table 1.
 
 * :class:`DeceFL` (Yuan et al. 2023): fixed graph, Metropolis-Hastings weights.
@@ -15,7 +15,7 @@ costs (n payloads): the 1.00x column of Table 1.
   (SimHash) similarity filtering plus a weighted neighbour score that mixes the similarity with
   peer-reported model quality.
 
-The graph of DeceFL and DeFTA is drawn once per run (:mod:`federation.graphs`, default: a
+The graph of DeceFL and DeFTA is drawn once per run (:mod:`federation.core.graphs`, default: a
 connected random graph with exactly n edges) and exposed as ``method.artifacts["graph.json"]``
 (center indices and center ids only). Docs: docs/baselines.md.
 """
@@ -27,10 +27,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from federation.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
+from federation.core.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
-from federation.engine import forward
+from federation.engine.mlp import forward
 
 GraphKind = Literal["sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert"]
 
@@ -38,7 +38,7 @@ GraphKind = Literal["sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albe
 class GraphParams(BaseModel):
     """Communication-graph parameters shared by the fixed-graph methods.
 
-    ``graph``: family (:data:`federation.graphs.GRAPH_KINDS`; default ``sparse`` = connected,
+    ``graph``: family (:data:`federation.core.graphs.GRAPH_KINDS`; default ``sparse`` = connected,
     exactly n edges); ``graph_k`` (k-regular degree), ``graph_p`` (Erdos-Renyi edge
     probability), ``graph_m`` (Barabasi-Albert edges per new node); ``graph_seed``: the graph's
     seed (None = the run seed, so each seed of a sweep has its own fixed graph).
@@ -103,7 +103,7 @@ class DeceFL(_FixedGraphMethod[DeceFLParams]):
     symmetric doubly-stochastic W. Here the local step is the runtime's local training (2 epochs
     of Adam) and W is the Metropolis-Hastings matrix of the fixed graph,
     ``W_ij = 1 / (1 + max(d_i, d_j))`` on edges, ``W_ii = 1 - sum_{j != i} W_ij``
-    (:func:`federation.graphs.metropolis_weights`; Xiao & Boyd 2004). Every graph edge
+    (:func:`federation.core.graphs.metropolis_weights`; Xiao & Boyd 2004). Every graph edge
     carries a model each round. Extra metric: ``consensus_dist`` (:func:`consensus_distance`
     after mixing).
     """

@@ -1,19 +1,19 @@
 """The SAGE benchmark's peer selectors as a method of the runtime (issue 18): ``sage``.
 
 One registered :class:`federation.methods.base.Method` wraps every selector of
-:data:`federation.images.selectors.REGISTRY` (LOCAL, RG, PENS, PFedDST, AQ-128, SAGE-NF, Vanilla SAGE,
+:data:`federation.methods.selectors.REGISTRY` (LOCAL, RG, PENS, PFedDST, AQ-128, SAGE-NF, Vanilla SAGE,
 SAGE-OS; ``params.selector``), so the SAGE rules run on any federation of the runtime, the clinical
 cohorts included, through the same round loop, method registry and ledger as ABPS and the baselines.
 
 A round (SAGE paper, Sec. III-IV and Algorithm 1; the runner calls the hooks):
 
 * ``plan_round`` after local training: every center k draws this round's nested anchor set from its
-  OWN validation rows (:func:`federation.images.probe.draw_anchors`; the ``val`` split is the anchor
+  OWN validation rows (:func:`federation.methods.probe.draw_anchors`; the ``val`` split is the anchor
   pool: for an image federation that is SAGE's 10 % anchor part); if the selector probes this round,
   each neighbour j's post-local-update predictor scores k's anchors (inputs out, predictions back)
   and k scores them against its own labels: the empirical 0-1 risk of eq. (4) at every stage of the
-  schedule, and mean cross-entropy for PENS / PFedDST (:func:`federation.images.probe.probe`, the
-  benchmark's own function); ``decide`` -> :class:`federation.images.selectors.Decision`; ``mix`` ->
+  schedule, and mean cross-entropy for PENS / PFedDST (:func:`federation.methods.probe.probe`, the
+  benchmark's own function); ``decide`` -> :class:`federation.methods.selectors.Decision`; ``mix`` ->
   the row-stochastic ``W`` (eq. (2), ``alpha_mix``; PENS / PFedDST their native averages). The
   ledger gets one payload per undirected edge that carried a model and the probe bytes
   (per (receiver, candidate, anchor): the anchor's features out, the prediction back).
@@ -34,12 +34,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, ClassVar, Literal
 
+import networkx as nx
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from federation.engine import forward, mix_seed
+from federation.core.graphs import neighbour_table
+from federation.core.seeding import mix_seed
+from federation.data.image_shards import make_graph
+from federation.engine.mlp import forward
 from federation.methods.base import Context, Method, RoundPlan
+import federation.methods.selectors as sel
+from federation.methods.probe import draw_anchors, empty_table, probe
 from federation.methods.registry import register
+from federation.methods.sage_rule import truncate_schedule
+from federation.methods.selectors import canonical_selector
 
 __all__ = ["SageSelectorParams", "SageSelectorMethod"]
 
@@ -73,8 +81,6 @@ class SageSelectorParams(BaseModel):
     @field_validator("selector")
     @classmethod
     def _known(cls, v: str) -> str:
-        from federation.images.selectors import canonical_selector
-
         return canonical_selector(v)
 
     @field_validator("schedule")
@@ -86,7 +92,7 @@ class SageSelectorParams(BaseModel):
 
 
 class _ClinicalProbe:
-    """The probe interface of :func:`federation.images.probe.probe` over a clinical federation's
+    """The probe interface of :func:`federation.methods.probe.probe` over a clinical federation's
     validation rows: ``pair_logits(x_all, models, rows) -> [P, M, 2]`` two-class logits ``(0, z)`` of
     center ``models[p]``'s MLP on the flattened validation rows ``rows[p]``."""
 
@@ -124,17 +130,10 @@ class SageSelectorMethod(Method):
 
     def setup(self, ctx: Context) -> None:
         """Graph, neighbour table, the selector object and its random streams."""
-        import networkx as nx
-
-        from federation.graphs import neighbour_table
-        from federation.images import selectors as sel
-        from federation.images.data import make_graph
-        from federation.images.run import SageConfig
-
         p: SageSelectorParams = self.p  # type: ignore[assignment]
         g = nx.complete_graph(ctx.n) if p.graph == "complete" else make_graph(p.graph, ctx.n, ctx.seed, p.er_p, p.ba_m)
         self.cand, self.cand_valid, self.degree = neighbour_table(g)
-        cfg = SageConfig(rounds=ctx.cfg.max_rounds, schedule=list(p.schedule), delta=p.delta, lambda_cost=p.lambda_cost,
+        cfg = sel.SageConfig(rounds=ctx.cfg.max_rounds, schedule=list(p.schedule), delta=p.delta, lambda_cost=p.lambda_cost,
                          stage_cost=p.stage_cost, alpha_mix=p.alpha_mix, pens=p.pens, pfeddst=p.pfeddst,
                          selectors=[p.selector])
         self.rule = sel.REGISTRY[p.selector](cfg, self.cand, self.cand_valid, self.degree, ctx.n_train,
@@ -155,10 +154,6 @@ class SageSelectorMethod(Method):
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         """Anchors from each center's own validation rows -> probe (when the selector needs it) ->
         decide -> ``W``; the ledger's edges and probe bytes."""
-        from federation.images.probe import draw_anchors, empty_table, probe
-        from federation.images.run import exchange_adjacency
-        from federation.images.sage import truncate_schedule
-
         model, shards = self._probe_view(ctx)
         rows, valid = draw_anchors(shards, int(self.schedule[-1]), self.g_anchor)
         own_ce = None
@@ -176,7 +171,7 @@ class SageSelectorMethod(Method):
         dec = self.rule.decide(round_idx, table, own_ce, SimpleNamespace(params=heads))
         self.last = dec
         evals = (self.degree.to(torch.float64) * dec.anchors_used.to(torch.float64)).sum() if self.rule.evidence else 0.0
-        return RoundPlan(w=self.rule.mix(dec), adjacency=exchange_adjacency(dec.peers),
+        return RoundPlan(w=self.rule.mix(dec), adjacency=sel.exchange_adjacency(dec.peers),
                          probe_bytes=int(round(float(evals) * self.unit)))
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:

@@ -22,7 +22,7 @@ from federation.report.realworld import FILES as REALWORLD_FILES
 from federation.report.realworld import realworld_section
 from federation.report.sage_tables import sage_figure, sage_markdown, sage_tables
 from federation.report.vv_table import vv_table
-from federation.tracking import KIND_REPORT, KIND_TAG, Tracker, check_no_identifiers, finite
+from federation.run.tracking import KIND_REPORT, KIND_TAG, Tracker, check_no_identifiers, finite
 
 __all__ = ["build_report", "write_report"]
 

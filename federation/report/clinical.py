@@ -1,4 +1,4 @@
-"""`abps report` sections for the clinical figures of issue 19 (federation/evaluation.py).
+"""`abps report` sections for the clinical figures of issue 19 (federation/core/evaluation.py).
 
 Beside ABPS Table 1: a **clinical table** (per method: worst-10 % and Gini of the per-center
 AUROC, the bootstrap interval of its mean, AUPRC, Brier, ECE, median calibration intercept /

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from federation.methods import get_method
-from federation.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_REPORT,
+from federation.run.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_REPORT,
                                  KIND_SWEEP, KIND_TAG, KIND_TRAIN, LABEL_TAG, METHOD_TAG, PLATFORM_COMPARED,
                                  PLATFORM_TAG_PREFIX, SEED_TAG, SELECTOR_TAG, Tracker)
 
@@ -84,7 +84,7 @@ class Collected:
 def _default_params(method: str) -> dict[str, str] | None:
     """The method's parameters as its preset resolves them (``params.<name>`` -> MLflow's text of the
     value), or None for a method this build does not know."""
-    from federation.tracking import flatten
+    from federation.run.tracking import flatten
 
     try:
         cls = get_method(method)

@@ -1,12 +1,12 @@
 """The cross table (issue 18): rows = selectors, columns = data sets, cells = the data set's metric and
 the ledger's bandwidth, from the runs of a cross sweep (``abps sweep --config configs/cross.yaml``,
-:func:`federation.cross.run_cross_sweep`).
+:func:`federation.sweep.cross.run_cross_sweep`).
 
 Each data set is one sweep whose parent run carries the tags ``abps.dataset`` (the column label) and
 ``abps.metric`` (``auroc`` on a clinical cohort, ``accuracy`` on an image federation); its cells are the
 FINISHED cell runs with the parent's cohort id. A cell of the table: the across-seed mean (and std) of the
 final test metric (mean over centers), the relative bandwidth (cumulative model bytes / FedAvg's 50-round
-bytes on that data set, :class:`federation.ledger.Ledger`) and the total bytes (model + probe +
+bytes on that data set, :class:`federation.core.ledger.Ledger`) and the total bytes (model + probe +
 metadata) in MB. Only aggregates: no center or row identifier.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from federation.report.common import csv_text, fmt, md_table, mean_std
-from federation.tracking import COHORT_TAG, KIND_CELL, KIND_SWEEP, KIND_TAG, LABEL_TAG, SEED_TAG, Tracker
+from federation.run.tracking import COHORT_TAG, KIND_CELL, KIND_SWEEP, KIND_TAG, LABEL_TAG, SEED_TAG, Tracker
 
 __all__ = ["FILES", "cross_rows", "cross_markdown", "cross_section"]
 
@@ -29,7 +29,7 @@ def _datasets(tracker: Tracker) -> list[dict[str, Any]]:
     """The data sets of the experiment's cross sweeps, in the order they were first run:
     ``{"label", "metric", "cohort", "labels" (row labels in sweep order)}``; the latest parent wins
     per label."""
-    from federation.cross import DATASET_TAG, METRIC_TAG
+    from federation.sweep.cross import DATASET_TAG, METRIC_TAG
 
     found: dict[str, dict[str, Any]] = {}
     for r in sorted(tracker.search(f"tags.`{KIND_TAG}` = '{KIND_SWEEP}'"), key=lambda r: r.info.start_time):

@@ -1,7 +1,7 @@
 """`abps report` sections of issue 17: the privacy-utility study of the DP metadata release and the
 drift study of the Welch-t drift windows (docs/privacy.md; ABPS paper Sec. 7, items i and iii).
 
-Both read only what the runs logged through :class:`federation.tracking.Tracker` (params, final
+Both read only what the runs logged through :class:`federation.run.tracking.Tracker` (params, final
 metrics, per-round metric histories), so a sweep (``configs/privacy-study.yaml``,
 ``configs/drift-study.yaml``) followed by ``abps report`` redraws every table and the figure:
 

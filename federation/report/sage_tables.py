@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from federation.report.common import csv_text, fmt, md_table, mean_std
-from federation.tracking import SELECTOR_TAG
+from federation.run.tracking import SELECTOR_TAG
 
 __all__ = ["SAGE_SELECTORS", "sage_tables", "sage_markdown", "sage_figure"]
 

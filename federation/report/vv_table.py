@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from federation.report.common import csv_text, fmt, md_table, mean_std
-from federation.tracking import ARM_TAG, GRID_CELL_TAG
+from federation.run.tracking import ARM_TAG, GRID_CELL_TAG
 
 __all__ = ["vv_table"]
 

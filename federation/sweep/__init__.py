@@ -3,7 +3,7 @@ or on Ray, logged to MLflow from the driver as they run, resumable.
 
 Modules: :mod:`~federation.sweep.spec` (the sweep file), :mod:`~federation.sweep.cells` (expansion,
 hashes, the pure cell function), :mod:`~federation.sweep.executors` (serial, process pool, Ray),
-:mod:`~federation.sweep.log` (the MLflow runs, through :class:`federation.tracking.Tracker`),
+:mod:`~federation.sweep.log` (the MLflow runs, through :class:`federation.run.tracking.Tracker`),
 :mod:`~federation.sweep.schedule` (longest-expected-first order of the cells on a pool or Ray) and
 :mod:`~federation.sweep.driver` (:func:`run_sweep`).
 
@@ -20,7 +20,7 @@ parent run per sweep (tag ``abps.kind = sweep``, found again by its ``abps.sweep
 rerun; tag ``abps.executor``) and one child run per cell (tag ``abps.kind = cell``) with
 
 * tags ``method``, ``seed``, ``abps.label``, ``abps.config_hash``, ``abps.cohort_id``;
-* params: the flattened resolved :class:`~federation.config.RunConfig` plus ``seed``, ``label``
+* params: the flattened resolved :class:`~federation.core.config.RunConfig` plus ``seed``, ``label``
   and ``cohort_id``; keys that another cell of the sweep has and this one lacks (a method
   without ``params.kappa``) are logged as ``"none"``, so the MLflow compare view lines runs up;
 * metrics per round (step = round), logged while the cell runs (workers send each round back
@@ -29,17 +29,17 @@ rerun; tag ``abps.executor``) and one child run per cell (tag ``abps.kind = cell
 * artifacts ``per_center.json`` (keyed by center_id), ``config.json`` and the method's own;
 * start and end time of the cell's real work (not of the logging), tag ``abps.cell_seconds``.
 
-Tag names are the constants of :mod:`federation.tracking`. A child run is marked FINISHED only
+Tag names are the constants of :mod:`federation.run.tracking`. A child run is marked FINISHED only
 after all of that is logged. Resume: a cell whose
 ``(config_hash, seed)`` already has a FINISHED cell run in the experiment is skipped; runs left
 RUNNING by a killed sweep are ignored and marked KILLED when their cell is rerun.
 
 ``config_hash`` = first 16 hex digits of SHA-256 over the canonical JSON (sorted keys, no
 spaces) of ``{"config": <resolved RunConfig>, "cohort": <cohort id>}``; the cohort id is the
-SHA-256 of ``cohort.parquet`` and ``centers.parquet`` (:func:`cohort_id`).
+SHA-256 of ``cohort.parquet`` and ``centers.parquet`` (:func:`federation.data.load.federation_id`).
 """
 
-from federation.data import cohort_id
+from federation.data.load import federation_id
 from federation.sweep.cells import Cell, canonical_json, config_hash, expand_cells, run_cell, sweep_hash
 from federation.sweep.driver import SweepOutcome, run_sweep
 from federation.sweep.log import cell_params, finished_cells
@@ -48,6 +48,6 @@ from federation.sweep.spec import MethodEntry, Resources, SweepSpec, load_sweep
 
 __all__ = [
     "MethodEntry", "Resources", "SweepSpec", "Cell", "SweepOutcome", "load_sweep", "expand_cells",
-    "config_hash", "cohort_id", "canonical_json", "run_cell", "run_sweep", "finished_cells", "cell_params",
+    "config_hash", "federation_id", "canonical_json", "run_cell", "run_sweep", "finished_cells", "cell_params",
     "sweep_hash", "expected_seconds", "longest_first",
 ]

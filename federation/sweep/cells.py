@@ -15,32 +15,16 @@ import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
-from federation.config import RunConfig, build_config, deep_merge, load_yaml
-from federation.data import FederatedData
-from federation import kernels
+from federation.core.config import RunConfig, build_config, deep_merge, load_yaml
+from federation.data.load import load_federation
+from federation.data.tensors import FederatedData
+from federation.engine import kernels
 from federation.methods import get_method
-from federation.runner import run_one
+from federation.core.config import canonical_json, config_hash
+from federation.run.runner import run_one
 from federation.sweep.spec import SweepSpec
 
 __all__ = ["Cell", "canonical_json", "config_hash", "expand_cells", "sweep_hash", "run_cell", "set_round_hook"]
-
-def canonical_json(obj: Any) -> str:
-    """Canonical JSON text: sorted keys, no whitespace, tuples as lists, NaN refused.
-
-    Raises ValueError for NaN / infinity (they have no canonical JSON form)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
-
-
-def config_hash(cfg: RunConfig, cohort: str) -> str:
-    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``.
-
-    Args:
-        cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
-        cohort: the cohort id (:func:`cohort_id`).
-    """
-    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
-    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
-
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """Return a copy of ``raw`` with ``a.b.c`` set to ``value`` (intermediate mappings created)."""
@@ -175,7 +159,7 @@ def _load_data(cohort: str, min_train: int) -> Any:
     key = (str(Path(cohort).resolve()), int(min_train), p.stat().st_mtime if p.exists() else 0.0)
     if key not in _DATA_CACHE:
         _DATA_CACHE.clear()
-        _DATA_CACHE[key] = FederatedData.from_cohort(cohort, min_train=min_train)
+        _DATA_CACHE[key] = load_federation(cohort, min_train=min_train)
     return _DATA_CACHE[key]
 
 
@@ -194,9 +178,9 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
         {center_id: {...}}, "artifacts": {name: json}, "seconds": wall time of the run,
         "started_ms" / "ended_ms": epoch ms of the run's start and end, "round_ms": epoch ms at
         the end of each round, "engine_step": fused C++ kernels or eager
-        (:func:`federation.kernels.step_name`), "platform": the worker's
-        :func:`federation.kernels.build_info`, "clinical": the run's
-        :class:`federation.evaluation.ClinicalEvaluation` (aggregates only) or None}``; only aggregates, no row-level value. Each round is also
+        (:func:`federation.engine.kernels.step_name`), "platform": the worker's
+        :func:`federation.engine.kernels.build_info`, "clinical": the run's
+        :class:`federation.core.evaluation.ClinicalEvaluation` (aggregates only) or None}``; only aggregates, no row-level value. Each round is also
         reported through the live-progress hook when one is set (:func:`set_round_hook`).
     """
     torch.set_num_threads(int(threads))

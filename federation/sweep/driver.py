@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from etl.errors import InputError
-from federation.data import FederatedData, cohort_id
+from federation.data.load import federation_id, load_federation
 from federation.sweep.cells import Cell, expand_cells, sweep_hash
 from federation.sweep.executors import Event, check_reachable, run_pool, run_ray, run_serial
 from federation.sweep.log import CellLog, cell_params, finished_cells, open_parent, stale_runs
 from federation.sweep.schedule import longest_first
 from federation.sweep.spec import SweepSpec
-from federation.tracking import EXECUTOR_TAG, Tracker
+from federation.run.tracking import EXECUTOR_TAG, Tracker
 
 __all__ = ["SweepOutcome", "run_sweep"]
 
@@ -127,12 +127,12 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     if address:
         check_reachable(address)  # before any MLflow run is opened
     cohort_dir = str(Path(cohort_dir).resolve())
-    cid = cohort_id(cohort_dir)
-    FederatedData.from_cohort(cohort_dir)  # a bad cohort fails here, before any MLflow run
+    cid = federation_id(cohort_dir)
+    load_federation(cohort_dir)  # a bad cohort fails here, before any MLflow run
     cells = expand_cells(spec, base_dir, cid, rounds, seeds)
     dropped = []
     for m in sorted({c.config.min_train for c in cells}):
-        d = FederatedData.from_cohort(cohort_dir, min_train=m)
+        d = load_federation(cohort_dir, min_train=m)
         dropped.append({**d.dropped, "kept": d.n_centers})
     s_hash = sweep_hash(cells)
     all_keys = sorted({k for c in cells for k in cell_params(c, cid)})

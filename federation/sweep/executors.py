@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from etl.errors import InputError
-from federation.sweep import cells as cells_mod
+import federation.sweep.cells as cells_mod
 from federation.sweep.cells import Cell
 
 __all__ = ["Event", "run_serial", "run_pool", "run_ray", "check_reachable"]

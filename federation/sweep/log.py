@@ -1,4 +1,4 @@
-"""The MLflow side of a sweep (driver process only), written through :class:`federation.tracking.Tracker`.
+"""The MLflow side of a sweep (driver process only), written through :class:`federation.run.tracking.Tracker`.
 
 One parent run per sweep (found again by its sweep hash on a rerun) and one child run per cell.
 A cell's run is created when its work starts (start time = the cell's real start), its per-round
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from federation.sweep.cells import Cell
-from federation.evaluation import log_clinical, publishable_per_center
-from federation.tracking import (CELL_SECONDS_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
+from federation.core.evaluation import log_clinical, publishable_per_center
+from federation.run.tracking import (CELL_SECONDS_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
                                  KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, engine_tags, flatten)
 
 __all__ = ["cell_params", "finished_cells", "stale_runs", "open_parent", "CellLog"]

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from etl.errors import InputError
-from federation.config import load_yaml
+from federation.core.config import load_yaml
 
 __all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
 

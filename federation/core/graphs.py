@@ -6,7 +6,7 @@ per run from a seed (same seed -> same graph) and kept fixed for the whole run. 
 * ``sparse`` (default): a connected random graph with exactly n undirected edges: a uniform
   random labelled spanning tree (random Pruefer sequence, Pruefer 1918; n - 1 edges) plus one
   extra edge drawn uniformly among the non-edges. FedAvg's star over n centers moves n model
-  payloads per round (:mod:`federation.ledger`); a decentralized round over this graph moves
+  payloads per round (:mod:`federation.core.ledger`); a decentralized round over this graph moves
   n payloads too, which is the "1.00x" bandwidth column of the ABPS paper's Table 1 for
   DeceFL, DeFTA and WPFed. n = 2 has a single possible edge (1 edge); n = 1 has none.
 * ``ring``: the cycle C_n (n edges for n >= 3).

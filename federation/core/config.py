@@ -8,6 +8,9 @@ CLI's ``--rounds`` overrides last. Unknown keys are errors (``extra="forbid"``).
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import math
 
 from pathlib import Path
@@ -17,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from etl.errors import InputError
-from federation.checks import count_non_finite
+from federation.core.checks import count_non_finite
 
 
 class _Strict(BaseModel):
@@ -45,9 +48,9 @@ class ExchangeConfig(_Strict):
     ``head_layers``: 0 = exchange every layer; 1 = last layer personalized (kept local);
     2 = last two layers personalized. ``bf16_wire``: values received from peers are rounded
     to bfloat16. ``server_momentum``: EMA momentum beta on the exchanged block (0 = off;
-    see :func:`federation.mixing.apply_momentum`). ``variance_correction``: rescale each mixed
+    see :func:`federation.engine.mixing.apply_momentum`). ``variance_correction``: rescale each mixed
     layer to the mean variance of its inputs (Tian et al. 2024, Algorithm 3;
-    :func:`federation.variance.variance_correct`).
+    :func:`federation.core.variance.variance_correct`).
     """
 
     head_layers: Literal[0, 1, 2] = 0
@@ -66,7 +69,7 @@ class EarlyStoppingConfig(_Strict):
 
 
 PREPROCESSING_MODES: tuple[str, ...] = ("auto", "per-center", "federated", "shrinkage", "pooled")
-"""Numeric feature encodings of :class:`DataConfig` (see federation/data.py)."""
+"""Numeric feature encodings of :class:`DataConfig` (see federation/data/tensors.py)."""
 
 
 class EvaluationConfig(_Strict):
@@ -87,7 +90,7 @@ class EvaluationConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """Numeric feature encoding (imputation value, mean, std) of the runtime (federation/data.py).
+    """Numeric feature encoding (imputation value, mean, std) of the runtime (federation/data/tensors.py).
 
     ``preprocessing``:
 
@@ -115,7 +118,7 @@ class DataConfig(_Strict):
 
 class LabelFlipDrift(BaseModel):
     """The ``drift:`` block of a run config: chosen centers flip their labels from a round on
-    (semantics in :mod:`federation.drift_scenario`)."""
+    (semantics in :mod:`federation.data.drift_scenario`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -137,7 +140,7 @@ class LabelFlipDrift(BaseModel):
 class Spread(_Strict):
     """A per-center quantity drawn once per run: ``low`` .. ``high``, uniform on a ``linear`` or
     ``log`` scale (``low == high``: every center gets that value). Used by
-    :class:`ProfilesConfig` (federation/clock.py draws the values)."""
+    :class:`ProfilesConfig` (federation/run/clock.py draws the values)."""
 
     low: float = Field(..., gt=0.0)
     high: float = Field(..., gt=0.0)
@@ -151,7 +154,7 @@ class Spread(_Strict):
 
 
 class AvailabilityConfig(_Strict):
-    """Which centers are up in a round (federation/availability.py; docs/realworld.md).
+    """Which centers are up in a round (federation/run/availability.py; docs/realworld.md).
 
     ``kind``: ``always`` (every center, every round); ``bernoulli`` (each center independently
     with probability ``rate`` per round); ``daily`` (up while the local hour, UTC hour of the
@@ -179,7 +182,7 @@ class AvailabilityConfig(_Strict):
 
 
 class ProfilesConfig(_Strict):
-    """Per-center compute and link profiles (federation/clock.py). ``None`` = infinitely fast.
+    """Per-center compute and link profiles (federation/run/clock.py). ``None`` = infinitely fast.
 
     ``rows_per_s``: training rows processed per second; ``uplink`` / ``downlink``: bytes per
     second; ``latency_s``: seconds per round that exchanges. ``file``: a CSV
@@ -246,7 +249,7 @@ class RunConfig(_Strict):
     min_train: int = Field(1, ge=1, description="centers with fewer train rows are dropped")
     data: DataConfig = DataConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
-    drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.drift_scenario)")
+    drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.data.drift_scenario)")
     realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock")
 
     @field_validator("method")
@@ -315,3 +318,21 @@ def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[st
         if raw.get("early_stopping", {}).get("enabled"):
             raw["early_stopping"] = {**raw["early_stopping"], "max_rounds": rounds}
     return RunConfig.model_validate(raw)
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON text: sorted keys, no whitespace, tuples as lists, NaN refused.
+
+    Raises ValueError for NaN / infinity (they have no canonical JSON form)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+
+
+def config_hash(cfg: RunConfig, cohort: str) -> str:
+    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``.
+
+    Args:
+        cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
+        cohort: the cohort id (:func:`cohort_id`).
+    """
+    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]

@@ -1,10 +1,10 @@
 """Clinical evaluation of a finished run (issue 19): per-center calibration and ranking figures,
 their spread across centers, a bootstrap interval and subgroup gaps.
 
-Called once per (method, seed) from :func:`federation.runner.finalize_run` on the test split at
+Called once per (method, seed) from :func:`federation.run.runner.finalize_run` on the test split at
 the final round (at the best validation round with early stopping), for **every** center,
 including centers that rested or were never selected. Definitions: docs/metrics.md; the
-batched functions are :mod:`federation.clinical` and :func:`federation.metrics.batched_auroc`
+batched functions are :mod:`federation.core.clinical` and :func:`federation.core.metrics.batched_auroc`
 (all centers at once, no loop over centers).
 
 Outputs (aggregates only, keyed by center_id; no row, no identifier):
@@ -32,10 +32,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from federation.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
-                                 MIN_CELL_EVENTS, MIN_CELL_ROWS, bootstrap_mean_auroc, distribution,
-                                 is_small_cell, subgroup_gaps)
-from federation.metrics import batched_auroc
+from federation.core.clinical import (MIN_CELL_EVENTS, MIN_CELL_ROWS, batched_auprc, batched_brier,
+                                      batched_calibration, batched_ece, bootstrap_mean_auroc, distribution,
+                                      is_small_cell, subgroup_gaps)
+from federation.core.metrics import batched_auroc
 
 #: Subgroup axes and their groups, in code order (cohort columns gender, age, race; docs/metrics.md).
 SUBGROUP_AXES: dict[str, tuple[str, ...]] = {

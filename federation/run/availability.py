@@ -1,6 +1,6 @@
 """Center availability per round (issue 20): a boolean mask ``[rounds, n]`` on the center axis.
 
-Three models (:class:`federation.config.AvailabilityConfig`; docs/realworld.md):
+Three models (:class:`federation.core.config.AvailabilityConfig`; docs/realworld.md):
 
 * ``bernoulli``: center ``i`` is up in round ``r`` iff ``u(seed, r, i) < rate``, with ``u`` a
   counter-based uniform (the engine's 32-bit hash of (seed, round, center)), so a center's draws
@@ -14,7 +14,7 @@ Three models (:class:`federation.config.AvailabilityConfig`; docs/realworld.md):
   the run's start; one center may have many rows); with ``trace_period_hours`` the trace repeats.
 
 Every mask is computed with tensor operations over the center axis (no Python loop over centers).
-An unavailable center neither trains nor exchanges in that round (federation/realworld.py).
+An unavailable center neither trains nor exchanges in that round (federation/run/realworld.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.config import AvailabilityConfig
-from federation.engine import _M32, _hash32, mix_seed
+from federation.core.config import AvailabilityConfig
+from federation.core.seeding import M32, hash32, mix_seed
 
 __all__ = ["Availability", "read_center_csv", "uniforms"]
 
@@ -36,9 +36,9 @@ def uniforms(seed: int, stream: int, rows: torch.Tensor, n: int) -> torch.Tensor
     """``[len(rows), n]`` float64 uniforms in [0, 1): ``hash(seed, stream, row, center) / 2^32``.
 
     Counter-based: entry (r, i) depends only on (seed, stream, rows[r], i)."""
-    base = _hash32(torch.tensor(mix_seed(seed, stream) & _M32, dtype=torch.int64) ^ rows.to(torch.int64))
-    cid = (torch.arange(n, dtype=torch.int64) * 0x9E3779B1) & _M32
-    key = _hash32(_hash32(base.unsqueeze(1) ^ cid.unsqueeze(0)) ^ 0x68E31DA4)
+    base = hash32(torch.tensor(mix_seed(seed, stream) & M32, dtype=torch.int64) ^ rows.to(torch.int64))
+    cid = (torch.arange(n, dtype=torch.int64) * 0x9E3779B1) & M32
+    key = hash32(hash32(base.unsqueeze(1) ^ cid.unsqueeze(0)) ^ 0x68E31DA4)
     return key.to(torch.float64) / float(1 << 32)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from federation.checks import NonFiniteError
+from federation.core.checks import NonFiniteError
 
 
 def _finite_double(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -73,7 +73,7 @@ def batched_auroc(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
 class CountedAuroc:
     """Rows of scores sorted once, for the AUROC of many resamples or subsets of them given as counts.
 
-    A resample (e.g. a bootstrap replicate, federation/clinical.py) that draws real row ``i`` of a
+    A resample (e.g. a bootstrap replicate, federation/core/clinical.py) that draws real row ``i`` of a
     row of scores ``c_i`` times gives each drawn copy the mid-rank ``below_i + (tied_i + 1) / 2`` among the drawn rows (``below_i``: drawn rows
     with a lower score, ``tied_i``: drawn rows with the same score, itself included), i.e.
     ``(C(left_i) + C(right_i) + 1) / 2`` with ``C(p)`` the running sum of the counts before sorted

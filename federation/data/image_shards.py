@@ -17,9 +17,33 @@ import torch
 from torch import Tensor
 
 from etl.errors import InputError
-from etl.images import ImageDataset
+from etl.images import FASHION_MNIST_DIR, ImageDataset, load_cifar10, load_idx_dataset
 from etl.partition import dirichlet_partition
-from federation.graphs import GRAPH_ALIASES, build_graph
+from federation.core.graphs import GRAPH_ALIASES, build_graph
+
+
+def load_image_dataset(dataset: str, data_root: str | None) -> ImageDataset:
+    """The image data set of an image federation or a SAGE config: ``fmnist`` (Debian's Fashion-MNIST
+    unless ``data_root``) or ``cifar10`` (``data_root`` holding cifar-10-batches-py).
+
+    Raises:
+        InputError: ``cifar10`` without ``data_root``, or an unreadable data folder.
+    """
+    if dataset == "fmnist":
+        return load_idx_dataset(data_root or FASHION_MNIST_DIR, "fashion-mnist")
+    if data_root is None:
+        raise InputError("sage config: option 'data_root' is required for dataset cifar10 "
+                         "(a folder holding cifar-10-batches-py)")
+    return load_cifar10(data_root)
+
+
+def probe_bytes_per_anchor(x_train: Tensor, n_classes: int) -> int:
+    """Bytes one (receiver, candidate, anchor) probe moves: the uint8 image out, float32 logits back.
+
+    Args:
+        x_train: uint8 [N, C, H, W] (C H W bytes per anchor image).
+    """
+    return int(x_train[0].numel()) * x_train.element_size() + 4 * n_classes
 
 
 @dataclass
@@ -108,7 +132,7 @@ def make_graph(kind: str, n_clients: int, seed: int, er_p: float = 0.15, ba_m: i
     """The configuration's communication graph (Sec. V-A), shared by every selector.
 
     ``er`` (Erdos-Renyi G(K, p), redrawn until connected) or ``ba`` (Barabasi-Albert, m edges per
-    new node), drawn by :func:`federation.graphs.build_graph` (the one graph module).
+    new node), drawn by :func:`federation.core.graphs.build_graph` (the one graph module).
 
     Raises:
         InputError: a kind other than ER / BA, or parameters the family cannot satisfy.

@@ -2,7 +2,7 @@
 
 Three runtimes share it, each supplying its specifics as hooks:
 
-* the clinical runtime, :func:`federation.runner.run_one` (rounds; its own hooks are the
+* the clinical runtime, :func:`federation.run.runner.run_one` (rounds; its own hooks are the
   :class:`federation.methods.Method` hooks: ``make_engine``, ``plan_round``, ``aggregate``,
   ``after_mix``, ``after_exchange``, ``scores``, ``payloads_per_link``);
 * the SAGE benchmark, :func:`federation.images.run.run_selector` (rounds; the selector's
@@ -21,7 +21,7 @@ At each time point the driver
 3. stops after the last time point or when ``stop(tau, row)`` says so (early stopping),
 4. otherwise runs step ``tau``.
 
-Byte accounting stays with the steps, through one :class:`federation.ledger.Ledger` definition
+Byte accounting stays with the steps, through one :class:`federation.core.ledger.Ledger` definition
 (the clinical and SAGE steps call ``Ledger.record``; the gossip step counts messages and
 parameters sent, the quantities of the variance paper).
 """

@@ -1,9 +1,9 @@
 """Real-world federation conditions in the round loop (issue 20; docs/realworld.md).
 
-:class:`RealWorld` is what :func:`federation.runner.run_one` consults when the run config has a
+:class:`RealWorld` is what :func:`federation.run.runner.run_one` consults when the run config has a
 ``realworld:`` block. Per round ``r`` starting at virtual time ``t_r`` (seconds):
 
-1. :meth:`RealWorld.begin_round`: the availability row ``a [n]`` (federation/availability.py) at
+1. :meth:`RealWorld.begin_round`: the availability row ``a [n]`` (federation/run/availability.py) at
    ``(r, t_r)``; ``ctx.available`` is set to it. The parameters, Adam state and server-momentum
    rows of the unavailable centers are held.
 2. Local training runs stacked over all centers as always; :meth:`RealWorld.after_training` puts
@@ -11,7 +11,7 @@
    every center's random streams, and so the available centers' results, unchanged.
 3. :meth:`RealWorld.plan`: the method's plan restricted to the available centers. Peer edges with an
    unavailable end are removed from the ledger's adjacency; star methods keep one server link per
-   available center. The finish time of every participant (federation/clock.py) gives the round's
+   available center. The finish time of every participant (federation/run/clock.py) gives the round's
    duration; a server-based method's deadline policy drops late updates. The mixing matrix
    ``W [n, n]`` keeps only the columns of the centers whose update arrives (available, and on time
    for a server) and is renormalized per row; an unavailable center's row is the identity. For
@@ -37,11 +37,11 @@ import math
 
 import torch
 
-from federation.availability import Availability
-from federation.clock import Profiles, deadline_cut, finish_times
-from federation.config import RealWorldConfig
-from federation.data import FederatedData
-from federation.engine import AdamState, StackedParams
+from federation.run.availability import Availability
+from federation.run.clock import Profiles, deadline_cut, finish_times
+from federation.core.config import RealWorldConfig
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import AdamState, StackedParams
 from federation.methods.base import RoundPlan
 
 __all__ = ["RealWorld", "mask_mixing"]
@@ -157,7 +157,7 @@ class RealWorld:
             if n_avail and n_avail < self.n and bool((up_rows == up_rows[:1]).all()):
                 # the unavailable rows are restored after the exchange (end_exchange), so they may copy
                 # the available centers' common row: FedAvg's W stays rank-one and is mixed with one
-                # product (federation.mixing.mix) instead of a dense [n, n] x [n, P] one
+                # product (federation.engine.mixing.mix) instead of a dense [n, n] x [n, P] one
                 w[~a] = up_rows[0]
         self._m = {
             "available_share": n_avail / self.n,

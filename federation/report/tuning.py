@@ -4,7 +4,7 @@
 baseline's knobs (label ``"<method> <knob>=<value> ..."``). After
 
     abps sweep --config configs/tuning.yaml --cohort COHORT
-    python -m federation.tuning --experiment tuning --out report/
+    python -m federation.report.tuning --experiment tuning --out report/
 
 ``report/tuning.md`` (and ``tuning.csv``) list, per method and grid point, the mean and std across
 seeds of the final **validation** AUROC (mean over centers; ``final_val_auroc_mean``, the best round
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from federation.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
+from federation.run.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
 from etl.errors import InputError
 from etl.io import atomic_write_text
 
@@ -164,7 +164,7 @@ def write_tuning_report(experiment: str, out_dir: str | Path, tracking_uri: str 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m federation.tuning --experiment tuning --out report/ [--tracking-uri URI]``."""
+    """``python -m federation.report.tuning --experiment tuning --out report/ [--tracking-uri URI]``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", default="tuning")
     ap.add_argument("--out", default="report")

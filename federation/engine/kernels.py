@@ -1,6 +1,6 @@
 """Fused element-wise CPU kernels of the stacked engine's hand-written training step.
 
-The engine's step (:meth:`federation.engine.StackedEngine._grads`) spends, besides its batched
+The engine's step (:meth:`federation.engine.mlp.StackedEngine._grads`) spends, besides its batched
 matmuls, several full passes over each ``[c, B, h]`` activation: bias add, ReLU, dropout
 multiply in the forward pass; the outer product ``dL/dlogit * w3``, the ReLU-and-dropout
 gradient (``threshold_backward``) and the bias-gradient sum in the backward pass, plus the
@@ -8,7 +8,7 @@ conversion of the 16-bit dropout draws into float masks. Each kernel here does o
 share in **one pass** and reads the dropout draws directly (no float mask is ever built):
 
 * :func:`bias_relu_drop_` — ``z <- relu(z + b) * keep`` in place, ``keep = bits[..] >= thr``
-  (the rule of :meth:`federation.engine.RandomStreams.keep_masks`), and for the last hidden
+  (the rule of :meth:`federation.engine.mlp.RandomStreams.keep_masks`), and for the last hidden
   layer the logits ``z @ w3 + b3`` in the same pass;
 * :func:`outer_relu_grad` — ``q = (h <= 0 ? 0 : dl * v)``, ``sum_rows(q) / s`` and
   ``s * sum_rows(h * dl)`` (the last hidden layer's pre-activation gradient, its bias gradient
@@ -22,7 +22,7 @@ weight gradient) add their terms in another order than ``torch.sum`` / MKL's GEM
 everything downstream agree within float rounding (tests/test_federation_kernels.py).
 :func:`pcg64_words` gives NumPy's ``PCG64.random_raw`` words (the dropout draws) exactly.
 
-The kernels are plain C++ in ``federation/csrc/abps_kernels.cpp`` (package data; no PyTorch
+The kernels are plain C++ in ``federation/engine/csrc/abps_kernels.cpp`` (package data; no PyTorch
 headers, so a build takes about a second), compiled on first use with the system's C++ compiler
 into a per-user cache (``$ABPS_KERNELS_CACHE``, else ``$ABPS_CACHE_DIR/kernels``, else
 ``$XDG_CACHE_HOME/abps/kernels``, else ``~/.cache/abps/kernels``; keyed by a hash of source,
@@ -57,9 +57,9 @@ import numpy as np
 import torch
 
 from etl.io import user_cache_dir
-from federation import provenance
+from federation.core import provenance
 
-#: the C++ source, shipped as package data (``federation/csrc/abps_kernels.cpp``).
+#: the C++ source, shipped as package data (``federation/engine/csrc/abps_kernels.cpp``).
 SOURCE_PATH = Path(__file__).parent / "csrc" / "abps_kernels.cpp"
 
 #: version the library must report (``abps_kernels_version``); bump with any change of the table.
@@ -101,7 +101,7 @@ def _ctype(c_type: str):
 
 def header() -> str:
     """The C header ``abps_kernels.h`` declaring every function of :data:`SIGNATURES`."""
-    lines = ["// Generated from federation/kernels.py SIGNATURES; do not edit.", "#pragma once",
+    lines = ["// Generated from federation/engine/kernels.py SIGNATURES; do not edit.", "#pragma once",
              "#include <cstdint>", 'extern "C" {']
     for name, (ret, params) in SIGNATURES.items():
         args = ", ".join(f"{t} {n}" for t, n in params) or "void"
@@ -300,7 +300,7 @@ def step_name() -> str:
 
 def build_info() -> dict[str, str]:
     """What computes this process's engine steps, for run tags: the machine
-    (:func:`federation.provenance.machine_info`), ``engine_step`` (``fused`` / ``eager``) and, for
+    (:func:`federation.core.provenance.machine_info`), ``engine_step`` (``fused`` / ``eager``) and, for
     the fused step, ``kernel_compiler`` and ``kernel_flags`` of the build. Runs that differ here
     agree within float rounding, not bit for bit."""
     info = {**provenance.machine_info(), "engine_step": step_name()}

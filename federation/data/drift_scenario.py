@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from federation.config import LabelFlipDrift
-from federation.data import FederatedData
+from federation.core.config import LabelFlipDrift
+from federation.data.tensors import FederatedData
 
 __all__ = ["LabelFlipDrift", "drifting_copy", "apply_drift", "drift_centers"]
 

@@ -17,7 +17,7 @@ the gradient of the summed per-center losses is each center's own gradient. Each
   step) over the centers active at that step, ordered by size),
 * keeps its own Adam moments and its own step counter.
 
-The plain per-center loop in :mod:`federation.reference` consumes the same streams and gives
+The plain per-center loop in :mod:`federation.engine.reference` consumes the same streams and gives
 the same parameters within float tolerance (tests/test_federation_engine.py).
 """
 
@@ -34,39 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adam import adam as _adam
 
-from federation import kernels
-from federation.config import EngineConfig
-from federation.data import FederatedData
+from federation.engine import kernels
+from federation.core.config import EngineConfig
+from federation.core.seeding import M32, hash32, mix_seed
+from federation.data.tensors import FederatedData
 
 PARAM_NAMES: tuple[str, ...] = ("w1", "b1", "w2", "b2", "w3", "b3")
 StackedParams = dict[str, torch.Tensor]
-
-_M32 = 0xFFFFFFFF
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 integer hash (C. Wellons) on int64 tensors holding values in [0, 2^32)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
-
-
-def mix_seed(*parts: int) -> int:
-    """SplitMix64-style combination of Python ints to a 63-bit generator seed."""
-    h = 0x243F6A8885A308D3
-    for p in parts:
-        h = (h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        h ^= h >> 31
-        h = h * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-        h ^= h >> 29
-    return h & 0x7FFFFFFFFFFFFFFF
-
-
-#: Backward-compatible alias (other modules imported the private name).
-_mix_int = mix_seed
-
 
 class RandomStreams:
     """Per-center random streams of a run (seed).
@@ -90,8 +64,8 @@ class RandomStreams:
         the center index that keys row i's stream (default ``arange(n)``)."""
         n = n_rows.shape[0]
         cid = torch.arange(n, dtype=torch.int64) if centers is None else centers.to(torch.int64)
-        base = _hash32(torch.tensor([mix_seed(self.seed, round_idx, epoch) & _M32], dtype=torch.int64))
-        c = _hash32(base ^ cid)  # per-center key
+        base = hash32(torch.tensor([mix_seed(self.seed, round_idx, epoch) & M32], dtype=torch.int64))
+        c = hash32(base ^ cid)  # per-center key
         # keys of the real rows only (a federation of unequal sizes has far fewer real rows than
         # n * max_rows): row r of center i sorts by hash(c_i ^ r), ties by r; one stable sort of
         # (i, key) over the packed rows orders every center at once. Padding positions keep
@@ -99,7 +73,7 @@ class RandomStreams:
         counts = n_rows.to(torch.int64).clamp(0, max_rows)
         owner = torch.repeat_interleave(torch.arange(n, dtype=torch.int64), counts)
         r = torch.arange(owner.numel(), dtype=torch.int64) - (torch.cumsum(counts, 0) - counts)[owner]
-        key = _hash32(_hash32(c[owner] ^ r) ^ 0x5BD1E995)
+        key = hash32(hash32(c[owner] ^ r) ^ 0x5BD1E995)
         order = torch.argsort((owner << 32) | key, stable=True)
         perm = torch.arange(max_rows, dtype=torch.int64).repeat(n, 1)
         perm[owner, r] = r[order]  # sorted position j belongs to the same center as position j
@@ -113,7 +87,7 @@ class RandomStreams:
         """
         numel = n * rows * units
         bg = np.random.PCG64(mix_seed(self.seed, round_idx, epoch, step, 0xD0))
-        if kernels.library() is not None:  # the same words from federation.kernels (about 4x faster)
+        if kernels.library() is not None:  # the same words from federation.engine.kernels (about 4x faster)
             st = bg.state["state"]
             words = kernels.pcg64_words(st["state"], st["inc"], (numel + 3) // 4)
         else:
@@ -313,7 +287,7 @@ class StackedEngine:
 
     Args:
         data: the federated data (train split used for training).
-        cfg: :class:`federation.config.EngineConfig` (model width, dropout, Adam, batch, epochs).
+        cfg: :class:`federation.core.config.EngineConfig` (model width, dropout, Adam, batch, epochs).
         seed: run seed (initial parameters and all streams).
     """
 
@@ -434,7 +408,7 @@ class StackedEngine:
         x_flat, y_flat = tr.packed_x, tr.packed_y
         base, zero_row = tr.offsets[order].unsqueeze(1), x_flat.shape[0] - 1
         n_steps = self.steps_per_epoch()
-        # the fused kernels (federation.kernels) read the int16 draws directly; the eager and
+        # the fused kernels (federation.engine.kernels) read the int16 draws directly; the eager and
         # autograd paths get 0/1 float masks
         fused = (local_loss is None and all(ps[k].dtype == torch.float32 for k in PARAM_NAMES)
                  and kernels.library() is not None)
@@ -554,7 +528,7 @@ class StackedEngine:
 
     def _grads_fused(self, p: StackedParams, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor | None,
                      real: torch.Tensor, bits: torch.Tensor | None, k_drop: int, scale: float) -> StackedParams:
-        """:meth:`_grads` with the element-wise passes of each layer fused (:mod:`federation.kernels`).
+        """:meth:`_grads` with the element-wise passes of each layer fused (:mod:`federation.engine.kernels`).
 
         Same formulas: the forward's bias + ReLU + dropout is one pass per hidden layer reading the
         int16 draws ``bits`` ``[c, w, h1 + h2]`` (:meth:`RandomStreams.dropout_bits`; None = no

@@ -10,7 +10,7 @@ center with its accepted partners). Transforms (ABPS paper Sec. 6.4):
   from a peer is rounded to bf16; its own copy stays fp32:
   ``mixed_i = sum_j W[i,j] bf16(theta_j) + W[i,i] (theta_i - bf16(theta_i))``;
 * server-side EMA momentum (:func:`apply_momentum`, FedAvgM, Hsu et al. 2019);
-* variance correction (:func:`federation.variance.variance_correct`, Tian et al. 2024,
+* variance correction (:func:`federation.core.variance.variance_correct`, Tian et al. 2024,
   Algorithm 3, the one module that implements it): every mixed layer is rescaled to the
   W-weighted mean variance of the layers that went into it.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from federation.engine import PARAM_NAMES, StackedParams
+from federation.engine.mlp import PARAM_NAMES, StackedParams
 
 _HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
 

@@ -2,7 +2,7 @@
 
 Float results of the same seed agree bit for bit only on the same machine, thread count and code
 path; across CPU kinds (another SIMD width sums in another order) they agree within float rounding.
-Every MLflow run carries these facts as tags (:data:`federation.tracking.PLATFORM_TAG_PREFIX`), so a report can say when the
+Every MLflow run carries these facts as tags (:data:`federation.run.tracking.PLATFORM_TAG_PREFIX`), so a report can say when the
 runs it compares came from different machines (docs/reproducibility.md).
 """
 

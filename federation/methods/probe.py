@@ -7,7 +7,7 @@ R_hat^(m_l)_{k,j} at every stage m_l of the schedule (SAGE paper, Sec. III, eq. 
 PFedDST read the same exchange as a mean cross-entropy.
 
 Kept apart from the round loop (:mod:`federation.images.run`) and the decision rules
-(:mod:`federation.images.selectors`) so imports run one way: sage <- probe <- selectors <- run.
+(:mod:`federation.methods.selectors`) so imports run one way: sage <- probe <- selectors <- run.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from federation.images.data import ClientShards
-from federation.images.models import StackedModel
-from federation.images.sage import truncate_schedule
+from federation.data.image_shards import ClientShards
+from federation.engine.image_model import StackedModel
+from federation.methods.sage_rule import truncate_schedule
 
 
 @dataclass

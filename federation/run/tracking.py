@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from etl.errors import InputError
-from federation import provenance
+from federation.core import provenance
 
 _FORBIDDEN_KEYS = {"stay_id", "subject_id", "hadm_id"}
 _T = TypeVar("_T")
@@ -60,7 +60,7 @@ LABEL_TAG = "abps.label"
 SWEEP_TAG = "abps.sweep_hash"
 CELL_SECONDS_TAG = "abps.cell_seconds"
 EXECUTOR_TAG = "abps.executor"
-ENGINE_STEP_TAG = "abps.engine_step"  # federation.kernels.step_name(): fused C++ kernels or eager
+ENGINE_STEP_TAG = "abps.engine_step"  # federation.engine.kernels.step_name(): fused C++ kernels or eager
 BENCHMARK_TAG = "benchmark"
 SELECTOR_TAG = "selector"  # SAGE runs: the selector's display name
 ARM_TAG = "arm"  # variance-correction runs: the arm (plain / corrected)
@@ -76,13 +76,13 @@ FINAL_KEYS = ("final_auroc_mean", "final_auroc_std", "final_val_auroc_mean", "ro
 
 
 def platform_tags(info: dict[str, str]) -> dict[str, str]:
-    """Provenance facts (:func:`federation.provenance.machine_info`) -> tags under
+    """Provenance facts (:func:`federation.core.provenance.machine_info`) -> tags under
     :data:`PLATFORM_TAG_PREFIX`."""
     return {PLATFORM_TAG_PREFIX + k: str(v) for k, v in info.items()}
 
 
 def engine_tags(info: dict[str, str]) -> dict[str, str]:
-    """Tags of a clinical run from :func:`federation.kernels.build_info` (computed where the run
+    """Tags of a clinical run from :func:`federation.engine.kernels.build_info` (computed where the run
     ran): :data:`ENGINE_STEP_TAG` and the platform tags."""
     return {ENGINE_STEP_TAG: info.get("engine_step", "?"), **platform_tags(info)}
 
@@ -313,7 +313,7 @@ class Tracker:
         """Create a RUNNING run and return its id (close it with :meth:`close`): nested under
         ``parent_id``, else under the innermost open run, else top-level. ``start_time_ms``
         (epoch ms, default now) is when its work started. Every run carries this machine's
-        provenance tags (:func:`federation.provenance.machine_info`); a run computed elsewhere (a
+        provenance tags (:func:`federation.core.provenance.machine_info`); a run computed elsewhere (a
         Ray worker) overwrites them with its own."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 

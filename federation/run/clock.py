@@ -27,8 +27,8 @@ from typing import Sequence
 import torch
 
 from etl.errors import InputError
-from federation.availability import read_center_csv, uniforms
-from federation.config import DeadlineConfig, ProfilesConfig, Spread
+from federation.run.availability import read_center_csv, uniforms
+from federation.core.config import DeadlineConfig, ProfilesConfig, Spread
 
 __all__ = ["Profiles", "finish_times", "deadline_cut"]
 
@@ -68,7 +68,7 @@ class Profiles:
 
         Raises:
             InputError: bad profile file (one line naming the file and column; see
-                :func:`federation.availability.read_center_csv`), or a zero rate in it.
+                :func:`federation.run.availability.read_center_csv`), or a zero rate in it.
         """
         n = len(center_ids)
         u = uniforms(cfg.seed, 0xC10C, torch.arange(4), n)  # [4, n], one row per field

@@ -52,6 +52,11 @@ FMNIST_SPEC = ModelSpec(in_channels=1, image_size=28, base_width=16, latent_dim=
 CIFAR10_SPEC = ModelSpec(in_channels=3, image_size=32, base_width=32, latent_dim=128)
 
 
+def model_spec_for(dataset: str) -> ModelSpec:
+    """The SAGE architecture of an image data set (``fmnist`` or ``cifar10``, Sec. V-A)."""
+    return {"fmnist": FMNIST_SPEC, "cifar10": CIFAR10_SPEC}[dataset]
+
+
 class EncoderDecoderClassifier(nn.Module):
     """Conv encoder-decoder representation omega with a 2-layer classifier head phi.
 

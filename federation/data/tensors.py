@@ -5,7 +5,7 @@ model features of the contract:
 
 * numeric (age + 21 vitals): missing values imputed with a median, then standardized with a
   mean and standard deviation, all fitted on train rows only. Whose statistics is set by
-  :class:`federation.config.DataConfig` ``preprocessing`` (:func:`numeric_statistics`):
+  :class:`federation.core.config.DataConfig` ``preprocessing`` (:func:`numeric_statistics`):
 
   - ``per-center``: the center's own train split (ABPS paper Sec. 6.1: "standardized per
     center on the local training split to respect federated isolation"); no statistic
@@ -46,8 +46,8 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.evaluation import group_codes
-from federation.metrics import batched_auroc
+from federation.core.evaluation import group_codes
+from federation.core.metrics import batched_auroc
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -56,7 +56,7 @@ from etl.schema import (
     NUMERIC_FEATURES,
     SPLITS,
 )
-from federation.config import DataConfig
+from federation.core.config import DataConfig
 
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
@@ -70,10 +70,6 @@ def cohort_id(cohort_dir: str | Path) -> str:
     Raises:
         InputError: a file is missing.
     """
-    from federation.cross import image_federation_id, is_image_federation
-
-    if is_image_federation(cohort_dir):  # an image federation (issue 18): the id of its images.yaml
-        return image_federation_id(cohort_dir)
     h = hashlib.sha256()
     for name in ("cohort.parquet", "centers.parquet"):
         p = Path(cohort_dir) / name
@@ -279,7 +275,7 @@ class FederatedData:
         encoding_bytes: bytes a real federation exchanges to fit that encoding (0 for
             ``per-center`` and ``pooled``); the runner charges them to round 1's metadata.
         groups: ``{split: [n, max_rows, 3]}`` int64 subgroup codes per row (sex, age band, race
-            group; :func:`federation.evaluation.group_codes`), -1 on unknown values and padding;
+            group; :func:`federation.core.evaluation.group_codes`), -1 on unknown values and padding;
             empty when the frames lack gender / age / race. Never a model feature: only the
             end-of-run subgroup table reads it.
         dropped: what :meth:`from_frames` left out, as counts only (no ids): ``{"centers",
@@ -299,15 +295,15 @@ class FederatedData:
     dropped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    #: the per-center figure of :meth:`split_metric`; an image federation (federation.cross) says "accuracy"
+    #: the per-center figure of :meth:`split_metric`; an image federation (federation.data.images) says "accuracy"
     metric_name = "auroc"
-    #: the clinical end-of-run figures (federation.evaluation) apply; False for an image federation
+    #: the clinical end-of-run figures (federation.core.evaluation) apply; False for an image federation
     clinical = True
 
     def split_metric(self, scores: torch.Tensor, split: str) -> torch.Tensor:
         """``[n]`` float64 per-center AUROC of ``scores [n, rows]`` on ``split`` (NaN for a one-class
         center; ABPS paper Sec. 6.3). The runner and ``Context.evaluate`` score every split through
-        this hook, so an image federation can answer with accuracy (federation.cross, issue 18)."""
+        this hook, so an image federation can answer with accuracy (federation.data.images, issue 18)."""
         s = self.splits[split]
         return batched_auroc(scores, s.y, s.mask)
 
@@ -390,10 +386,6 @@ class FederatedData:
                 no center is left, or a ``per-center`` encoding meets a center smaller than
                 ``min_center_rows`` with ``small_center: refuse``.
         """
-        from federation.cross import is_image_federation, load_image_federation
-
-        if is_image_federation(cohort_dir):  # a directory with images.yaml: image clients (issue 18)
-            return load_image_federation(cohort_dir)
         cohort_dir = Path(cohort_dir)
         paths = {name: cohort_dir / f"{name}.parquet" for name in ("cohort", "centers")}
         for name, p in paths.items():

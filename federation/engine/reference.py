@@ -2,7 +2,7 @@
 
 This is what a conventional simulator does: for each center in turn, a model and a
 ``torch.optim.Adam`` optimizer, batches of its own shuffled rows. It consumes the same
-random streams as :class:`federation.engine.StackedEngine` (permutation and dropout masks),
+random streams as :class:`federation.engine.mlp.StackedEngine` (permutation and dropout masks),
 so both give the same parameters up to float rounding; the tests check this and the
 benchmark (benchmarks/bench_engine.py) times both. Not used on the training path.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from federation.engine import PARAM_NAMES, StackedParams, StackedEngine
+from federation.engine.mlp import PARAM_NAMES, StackedParams, StackedEngine
 
 
 class LoopTrainer:

@@ -1,5 +1,5 @@
 """The clinical round: local training (stacked) -> plan -> exchange -> after_exchange -> metrics,
-as the step and evaluation hooks of the one loop driver :func:`federation.loop.drive`.
+as the step and evaluation hooks of the one loop driver :func:`federation.core.loop.drive`.
 
 :func:`run_one` runs one (method, seed) on a :class:`FederatedData`; :func:`run_training`
 runs several seeds with MLflow tracking and writes ``results.json``.
@@ -19,22 +19,24 @@ from pydantic import ValidationError
 
 from etl.errors import InputError
 from etl.io import atomic_write_text, check_writable
-from federation.checks import check_finite, check_finite_params
-from federation.config import RunConfig
-from federation.data import FederatedData, cohort_id
-from federation.drift_scenario import apply_drift, drifting_copy
-from federation.engine import AdamState, StackedParams, mix_seed, n_params
-from federation.evaluation import ClinicalEvaluation, evaluate_final, log_clinical, publishable_per_center
-from federation.ledger import Ledger
-from federation.loop import EvalSchedule, drive
+from federation.core.checks import check_finite, check_finite_params
+from federation.core.config import RunConfig, config_hash
+from federation.data.load import federation_id, load_federation
+from federation.data.tensors import FederatedData
+from federation.data.drift_scenario import apply_drift, drifting_copy
+from federation.core.seeding import mix_seed
+from federation.engine.mlp import AdamState, StackedParams, n_params
+from federation.core.evaluation import ClinicalEvaluation, evaluate_final, log_clinical, publishable_per_center
+from federation.core.ledger import Ledger
+from federation.core.loop import EvalSchedule, drive
 from federation.methods import Context, Method, get_method
-from federation.realworld import RealWorld
-from federation.tracking import (COHORT_TAG, HASH_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
+from federation.run.realworld import RealWorld
+from federation.run.tracking import (COHORT_TAG, HASH_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
                                  SEED_TAG, Tracker, engine_tags, finite)
-from federation import kernels
-from federation.metrics import summarize
-from federation.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
-from federation.variance import variance_correct
+from federation.engine import kernels
+from federation.core.metrics import summarize
+from federation.engine.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
+from federation.core.variance import variance_correct
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 
@@ -70,7 +72,7 @@ class RunResult:
         """The results.json entry of this seed (no history, per-center detail, parameters or
         method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
         per-seed isolation figures and the DP budget spent by its metadata releases; ``clinical`` the
-        clinical figures' across-center summary, federation.evaluation)."""
+        clinical figures' across-center summary, federation.core.evaluation)."""
         skip = ("history", "per_center", "params", "artifacts", "clinical")
         out = {k: v for k, v in asdict(self).items() if k not in skip}
         if self.clinical is not None:
@@ -86,11 +88,11 @@ def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, r
               where: tuple = (None, None, None)) -> torch.Tensor:
     """``[n]`` per-center AUROC of the method's scores (:meth:`Method.scores`) on ``split``;
     ``where`` = (method, seed, round) for the error raised when a real row's score is not
-    finite (:func:`federation.checks.check_finite`)."""
+    finite (:func:`federation.core.checks.check_finite`)."""
     s = ctx.data.splits[split]
     scores = method.scores(ctx, params, split, round_idx)
     check_finite(f"{split} scores", scores[s.mask], *where)
-    return ctx.data.split_metric(scores, split)  # AUROC; accuracy on an image federation (federation.cross)
+    return ctx.data.split_metric(scores, split)  # AUROC; accuracy on an image federation (federation.data.images)
 
 
 def run_one(
@@ -119,7 +121,7 @@ def run_one(
     data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
-    if hasattr(engine, "layout"):  # an engine with its own model (federation.cross.ImageEngine, issue 18)
+    if hasattr(engine, "layout"):  # an engine with its own model (federation.engine.images.ImageEngine, issue 18)
         ex, hd, sizes = engine.layout(cfg.exchange.head_layers)
     else:
         ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
@@ -149,18 +151,18 @@ def run_one(
     last: dict[str, torch.Tensor] = {}
 
     def step(r: int) -> None:
-        """Round r up to the ledger record and the method's extras (federation.loop)."""
+        """Round r up to the ledger record and the method's extras (federation.core.loop)."""
         nonlocal state, momentum, rb, extras
         apply_drift(data, cfg.drift, r)
         ctx.round_start = _clone(eval_params())
         if cfg.engine.reset_optimizer_each_round:
             state = AdamState.zeros_like(train_params)
-        if rw is not None:  # availability mask on the center axis (federation/realworld.py)
+        if rw is not None:  # availability mask on the center axis (federation/run/realworld.py)
             ctx.available = rw.begin_round(r, train_params, state, momentum)
         train_engine.train_round(train_params, state, r, local_loss)
         if rw is not None:
             rw.after_training(train_params, state)
-        where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.checks)
+        where = (cfg.method, seed, r + 1)  # non-finite values stop the run (federation.core.checks)
         check_finite_params("parameters after local training", train_params, *where)
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
@@ -230,7 +232,7 @@ def run_one(
 
 def _real_world(cfg: RunConfig, cls: type[Method], data: FederatedData, seed: int,
                 payload_bytes: int) -> RealWorld | None:
-    """The run's :class:`federation.realworld.RealWorld` (None without a ``realworld:`` block).
+    """The run's :class:`federation.run.realworld.RealWorld` (None without a ``realworld:`` block).
 
     Raises:
         InputError: a ``realworld:`` block on a pooled method (the centralized reference has no
@@ -275,7 +277,7 @@ def finalize_run(
             ``final_metrics(ctx)`` hook): goes into results.json per seed; its float entries are
             logged as final MLflow metrics.
         clinical: called after the restore with the 0-based index of the reported round; returns
-            the clinical figures of the test split (federation/evaluation.py), whose per-center
+            the clinical figures of the test split (federation/core/evaluation.py), whose per-center
             values join ``per_center``.
     """
     best_round = rounds_run
@@ -383,11 +385,9 @@ def run_training(
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
         check_writable(out, "--output")  # before the work, not after it
-    data = FederatedData.from_cohort(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
+    data = load_federation(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
-    cid = cohort_id(cohort_dir)
-    from federation.sweep.cells import config_hash  # (the sweep package imports this module)
-
+    cid = federation_id(cohort_dir)
     chash = config_hash(cfg, cid)  # runs of one method with different configs are told apart (abps runs)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
@@ -426,7 +426,7 @@ def run_training(
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
         doc["metric"] = data.metric_name  # "final_auroc_*" hold accuracy on an image federation (issue 18)
-        doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.FederatedData.dropped)
+        doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.tensors.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:

@@ -2,7 +2,7 @@
 
 Every per-center metric takes padded ``[m, rows]`` tensors (one row per center, or per
 bootstrap replicate of a center) with a ``mask`` of real rows, like
-:func:`federation.metrics.batched_auroc`, and returns ``[m]`` float64 with NaN where the
+:func:`federation.core.metrics.batched_auroc`, and returns ``[m]`` float64 with NaN where the
 metric is undefined for that row (no real row; one class only for AUPRC / calibration).
 
 Definitions (docs/metrics.md gives them with their sources):
@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from federation.metrics import CountedAuroc, batched_auroc
+from federation.core.metrics import CountedAuroc, batched_auroc
 
 
 def _check(scores: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> None:
@@ -205,11 +205,11 @@ def bootstrap_mean_auroc(
     Each replicate draws, for every center, as many rows with replacement from that center's
     own real rows as it has, recomputes every center's AUROC (batched over replicates x
     centers) and takes the mean over centers with both classes. A replicate's AUROC is computed
-    from how often it draws each row, along the rows' order sorted once (:class:`federation.metrics.CountedAuroc`):
-    equal, to the last bit, to :func:`federation.metrics.batched_auroc` of the resampled rows.
+    from how often it draws each row, along the rows' order sorted once (:class:`federation.core.metrics.CountedAuroc`):
+    equal, to the last bit, to :func:`federation.core.metrics.batched_auroc` of the resampled rows.
 
     Args:
-        scores, labels, mask: ``[n, rows]`` as for :func:`federation.metrics.batched_auroc`
+        scores, labels, mask: ``[n, rows]`` as for :func:`federation.core.metrics.batched_auroc`
             (real rows first in each row).
         n_boot: replicates B. seed: the generator seed (same seed, same interval).
         level: two-sided coverage.

@@ -16,7 +16,7 @@ A layer whose averaged variance is 0 (e.g. all-zero initial biases) is left unch
 rescale factor is undefined there.
 
 This is the one module that implements Algorithm 3; the clinical runtime
-(:mod:`federation.mixing` / :mod:`federation.runner`) and the gossip benchmark
+(:mod:`federation.engine.mixing` / :mod:`federation.run.runner`) and the gossip benchmark
 (:mod:`federation.gossip.simulation`) both call it. The core is two primitives,
 :func:`layer_variance` (lines 5-7) and :func:`rescale_to_variance` (lines 9-11); the callers:
 
@@ -138,7 +138,7 @@ def variance_correct(w: torch.Tensor, inputs: dict[str, torch.Tensor],
     Args:
         w: ``[m, n]`` row-stochastic mixing matrix of the round.
         inputs: the stacked tensors that were mixed (``[n, ...]`` per key).
-        mixed: ``W @ inputs`` per key (``[m, ...]``), e.g. from :func:`federation.mixing.mix_params`
+        mixed: ``W @ inputs`` per key (``[m, ...]``), e.g. from :func:`federation.engine.mixing.mix_params`
             (which may apply the bf16 wire format first).
     Returns:
         The corrected tensors (new tensors; same keys and shapes as ``mixed``).

@@ -16,12 +16,16 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from torch import Tensor
 
-from federation.images import sage
-from federation.images.probe import ProbeTable
+from etl.errors import InputError
+
+import federation.methods.sage_rule as sage
+from federation.methods.probe import ProbeTable
 
 _ALIASES = {"aq-128": "aq128", "sage-nf": "sage_nf", "nf": "sage_nf", "vanilla": "vanilla_sage",
             "vanilla sage": "vanilla_sage", "vanilla-sage": "vanilla_sage", "sage-os": "sage_os",
@@ -349,7 +353,7 @@ class Selector(ABC):
     """One peer-selection rule of the SAGE benchmark: probe or not, decide, mix.
 
     The round loop (:func:`federation.images.run.run_selector`) calls, every round t:
-    ``needs_probe(t)`` -> (the eq. (4) probe of :mod:`federation.images.probe` if True) ->
+    ``needs_probe(t)`` -> (the eq. (4) probe of :mod:`federation.methods.probe` if True) ->
     ``decide(t, table, own_ce, model)`` -> ``mix(decision)`` -> ``W @ omega``.
 
     Class attributes: ``name`` (identifier), ``display`` (table label), ``with_ce`` / ``own``
@@ -358,7 +362,7 @@ class Selector(ABC):
     ``evidence`` (spends anchor evidence: budget accounting, eq. (28)).
 
     Args (constructor):
-        cfg: the :class:`federation.images.run.SageConfig` (delta, lambda_cost, alpha_mix,
+        cfg: the :class:`SageConfig` (delta, lambda_cost, alpha_mix,
             rounds, pens / pfeddst options).
         cand: long [K, D] neighbour table; cand_valid: bool [K, D]; degree: long [K];
         n_train: long [K] local training-set sizes; generator: the selector's random stream.
@@ -387,7 +391,7 @@ class Selector(ABC):
         Args:
             round_idx: t (0-based); table: the round's probe table (:func:`probe.empty_table`
                 when ``needs_probe`` was False); own_ce: float64 [K] receivers' own CE or None;
-            model: the :class:`federation.images.models.StackedModel` (PFedDST reads the heads).
+            model: the :class:`federation.engine.image_model.StackedModel` (PFedDST reads the heads).
         """
 
     def mix(self, decision: Decision) -> Tensor:
@@ -503,3 +507,104 @@ class SageOs(_AnchorRule):
 SELECTORS: tuple[str, ...] = tuple(REGISTRY)
 DISPLAY: dict[str, str] = {n: c.display for n, c in REGISTRY.items()}
 ANCHOR_SELECTORS: tuple[str, ...] = tuple(n for n, c in REGISTRY.items() if c.anchor_rule)
+
+
+def exchange_adjacency(peers: Tensor) -> Tensor:
+    """bool [K, K]: ``A[k, j]`` when receiver k took a model-bearing object from peer j this round.
+
+    Args:
+        peers: long [K, P] selected peers (padding -1), :attr:`Decision.peers`.
+    """
+    k = peers.shape[0]
+    adj = torch.zeros(k, k, dtype=torch.bool)
+    rows = torch.arange(k)[:, None].expand_as(peers)
+    ok = peers >= 0
+    adj[rows[ok], peers[ok]] = True
+    return adj
+
+
+# --- the SAGE benchmark configuration ------------------------------------------------------
+
+class PensOptions(BaseModel):
+    """PENS settings: peers merged per round and the share of rounds spent on discovery."""
+
+    model_config = ConfigDict(extra="forbid")
+    top_m: int = Field(2, ge=1)
+    discovery_fraction: float = Field(0.1, gt=0, le=1)
+
+
+class PfeddstOptions(BaseModel):
+    """PFedDST settings: peers merged per round and the score's alpha and c."""
+
+    model_config = ConfigDict(extra="forbid")
+    top_k: int = Field(2, ge=1)
+    alpha: float = 1.0
+    c: float = 1.0
+
+
+class SageConfig(BaseModel):
+    """A SAGE benchmark configuration (configs/sage-*.yaml; defaults = the paper's Sec. V).
+
+    Raises (via :func:`parse_config`): InputError naming the offending option.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    benchmark: Literal["sage"] = "sage"
+    name: str | None = None
+    dataset: Literal["fmnist", "cifar10"] = "fmnist"
+    data_root: str | None = None
+    n_clients: int = Field(50, ge=2)
+    rounds: int = Field(250, ge=1)
+    graph: Literal["er", "ba"] = "er"
+    er_p: float = 0.15
+    ba_m: int = 3
+    alpha_dir: float = Field(0.1, gt=0)
+    seeds: list[int] = [0]
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    alpha_mix: float = Field(0.5, ge=0, le=1)
+    recon_weight: float = Field(1.0, ge=0)
+    schedule: list[int] = [16, 32, 64, 128]
+    delta: float = Field(0.1, gt=0, lt=1)
+    lambda_cost: float = Field(2e-3, ge=0)
+    stage_cost: Literal["increment", "cumulative"] = "increment"
+    eval_every: int = Field(1, ge=1)
+    eval_precision: Literal["fp32", "int8"] = "fp32"
+    train_samples: int | None = Field(None, ge=1)
+    test_samples: int | None = Field(None, ge=1)
+    selectors: list[str] = list(SELECTORS)
+    pens: PensOptions = PensOptions()
+    pfeddst: PfeddstOptions = PfeddstOptions()
+    num_threads: int | None = Field(None, ge=1)
+
+    @field_validator("selectors")
+    @classmethod
+    def _selectors(cls, v: list[str]) -> list[str]:
+        out = [canonical_selector(s) for s in v]
+        if not out:
+            raise ValueError("at least one selector is required")
+        return list(dict.fromkeys(out))
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: list[int]) -> list[int]:
+        if not v or v[0] < 1 or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"must be increasing positive integers, got {v}")
+        return v
+
+
+def parse_config(config: dict[str, Any], rounds: int | None = None,
+                 seeds: list[int] | None = None) -> SageConfig:
+    """Validate a config dict (overriding rounds / seeds); InputError names the bad option."""
+    cfg = dict(config)
+    if rounds is not None:
+        cfg["rounds"] = rounds
+    if seeds is not None:
+        cfg["seeds"] = list(seeds)
+    try:
+        return SageConfig(**cfg)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        raise InputError(f"sage config: option '{loc}': {err['msg']}") from None

@@ -1,0 +1,1 @@
+"""One run of a method: the runner, real-world conditions (availability, deadlines), MLflow tracking."""

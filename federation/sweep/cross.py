@@ -1,0 +1,115 @@
+"""The cross sweep: one sweep file whose ``datasets:`` names several cohorts or image federations,
+each run as an ordinary sweep in one MLflow experiment (docs/cross.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from etl.errors import InputError
+from federation.core.config import load_yaml
+from federation.data.load import load_federation
+from federation.run.tracking import Tracker
+from federation.sweep.driver import run_sweep
+from federation.sweep.spec import SweepSpec
+
+__all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_sweep", "cross_summary_line",
+           "DATASET_TAG", "METRIC_TAG"]
+
+#: MLflow tags a cross sweep sets on each data set's parent sweep run (read by federation.report.cross)
+DATASET_TAG = "abps.dataset"
+METRIC_TAG = "abps.metric"
+
+
+class CrossDataset(BaseModel):
+    """One column of the cross table: a cohort (clinical) or image-federation directory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cohort: str
+    rounds: int | None = Field(None, ge=1)
+    seeds: list[int] | None = Field(None, min_length=1)
+
+
+def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDataset]]:
+    """Read a cross sweep file: a sweep file (:class:`federation.sweep.SweepSpec`) plus ``datasets:``
+    (label -> directory, or ``{cohort: DIR, rounds: R, seeds: [...]}`` overriding the file's rounds /
+    seeds for that data set; relative paths from the file's folder).
+
+    Raises:
+        InputError: no ``datasets:``, a bad entry, or an invalid sweep field.
+    """
+    doc = load_yaml(path)
+    raw = doc.pop("datasets", None)
+    if not isinstance(raw, dict) or not raw:
+        raise InputError(f"{path}: `datasets:` must map data-set labels to cohort directories")
+    base = Path(path).resolve().parent
+    sets: dict[str, CrossDataset] = {}
+    for label, v in raw.items():
+        try:
+            d = CrossDataset.model_validate({"cohort": v} if isinstance(v, str) else v)
+        except ValidationError as exc:
+            raise InputError(f"{path}: datasets.{label}: {exc.errors()[0]['msg']}") from None
+        p = Path(d.cohort)
+        sets[str(label)] = d.model_copy(update={"cohort": str(p if p.is_absolute() else base / p)})
+    try:
+        spec = SweepSpec.model_validate(doc)  # the rest is an ordinary sweep file
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise InputError(f"{path}: invalid sweep field {loc}: {first.get('msg')}") from None
+    labels = [e.name for e in spec.methods]
+    if len(set(labels)) != len(labels):
+        raise InputError(f"{path}: methods: a label appears twice (give entries distinct `label:`)")
+    return spec, base, sets
+
+
+def is_cross_sweep(path: str | Path) -> bool:
+    """True when the sweep file has a ``datasets:`` key (``abps sweep`` hands it to :func:`run_cross_sweep`)."""
+    return "datasets" in load_yaml(path)
+
+
+def run_cross_sweep(path: str | Path, *, only: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run a cross sweep: the file's methods x seeds on every data set of ``datasets:``, each data set
+    one ordinary sweep (:func:`federation.sweep.run_sweep`, resumable) in the same MLflow experiment,
+    its parent run tagged with the data set's label (:data:`DATASET_TAG`) and metric
+    (:data:`METRIC_TAG`: ``auroc`` or ``accuracy``).
+
+    Args:
+        path: the cross sweep file (``configs/cross.yaml``).
+        only: labels of the data sets to run (default all).
+        kwargs: passed to :func:`run_sweep` (executor, workers, rounds, seeds, tracking_uri,
+            experiment, progress); ``rounds`` / ``seeds`` override the data sets' own.
+
+    Returns:
+        ``{label: SweepOutcome}``.
+
+    Raises:
+        InputError: bad file, unknown label in ``only``, or a bad cohort.
+    """
+    spec, base, sets = load_cross_sweep(path)
+    unknown = sorted(set(only or ()) - set(sets))
+    if unknown:
+        raise InputError(f"{path}: no data set {unknown[0]!r}; known: {', '.join(sets)}")
+    experiment = kwargs.pop("experiment", None) or spec.experiment or spec.name
+    rounds = kwargs.pop("rounds", None)
+    out: dict[str, Any] = {}
+    for label, d in sets.items():
+        if only and label not in only:
+            continue
+        sub = spec.model_copy(update={"name": f"{spec.name}-{label}"})
+        res = run_sweep(sub, base, d.cohort, rounds=rounds or d.rounds, experiment=experiment,
+                        seeds=kwargs.get("seeds") or d.seeds, **{k: v for k, v in kwargs.items() if k != "seeds"})
+        metric = load_federation(d.cohort).metric_name
+        tracker = Tracker(kwargs.get("tracking_uri"), experiment, create=False)
+        tracker.client.set_tag(res.parent_run_id, DATASET_TAG, label)
+        tracker.client.set_tag(res.parent_run_id, METRIC_TAG, metric)
+        out[label] = res
+    return out
+
+
+def cross_summary_line(label: str, res: Any) -> str:
+    """One console line per data set of a cross sweep."""
+    return (f"  {label}: {len(res.cells)} cells, {len(res.skipped)} already finished, {len(res.ran)} run now, "
+            f"{len(res.failed)} failed")
