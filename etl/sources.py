@@ -144,6 +144,24 @@ def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, .
             raise InputError(f"{table.path}: column '{c}' must be 0 or 1 ({n} rows hold other values)")
 
 
+def check_range(con: duckdb.DuckDBPyConnection, table: Table, bounds: dict[str, tuple[float, float]]) -> None:
+    """Refuse a numeric column holding a value outside ``[lo, hi]`` (a negative age or identifier, a
+    year of 5 digits), which would otherwise drop or move rows silently; empty is missing.
+
+    Raises:
+        InputError: naming the file, the column, the bounds and how many rows are outside.
+    """
+    cols = {c: b for c, b in bounds.items() if c in table.columns}
+    if not cols:
+        return
+    checks = ", ".join(f"count(*) FILTER (WHERE TRY_CAST(trim(CAST({c} AS VARCHAR)) AS DOUBLE) NOT BETWEEN {lo} AND {hi})"
+                       for c, (lo, hi) in cols.items())
+    bad = con.execute(f"SELECT {checks} FROM {table.varchar_scan()}").fetchall()[0]
+    for (c, (lo, hi)), n in zip(cols.items(), bad):
+        if n:
+            raise InputError(f"{table.path}: column '{c}' must lie in [{lo:g}, {hi:g}] ({n} rows do not)")
+
+
 def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None:
     """Refuse a table with a header (or schema) but no data row. Cheap: DuckDB stops after the
     first row (``LIMIT 1``).
