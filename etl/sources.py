@@ -80,6 +80,14 @@ class Table:
                 if kind.startswith("TIMESTAMP WITH TIME ZONE"):
                     # an instant -> its UTC wall-clock time, whatever the session's TimeZone
                     casts.append(f"CAST(timezone('UTC', {c}) AS {types.get(c, 'TIMESTAMP')}) AS {c}")
+                elif types.get(c) in INTEGER_TYPES and kind.startswith(("VARCHAR", "BLOB")):
+                    casts.append(f"{whole_number_sql(self.path, c, types[c])} AS {c}")
+                elif types.get(c) in INTEGER_TYPES and not kind.startswith(_PARQUET_INTEGERS):
+                    # DECIMAL / FLOAT / DOUBLE: a fractional value is refused as in a CSV, never rounded
+                    where = sql_path(f"{self.path} :: {c}")
+                    d = f"CAST({c} AS DOUBLE)"
+                    casts.append(f"CASE WHEN {c} IS NULL THEN NULL WHEN {d} = floor({d}) THEN CAST({c} AS {types[c]}) "
+                                 f"ELSE error('{NOT_WHOLE}{where}') END AS {c}")
                 elif c in types:
                     casts.append(f"CAST({c} AS {types[c]}) AS {c}")
             replace_ = f" REPLACE ({', '.join(casts)})" if casts else ""
@@ -110,6 +118,8 @@ class Table:
 
 
 INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT")
+_PARQUET_INTEGERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+                     "UBIGINT")
 #: Start of the DuckDB error raised by :func:`whole_number_sql` (translated by wrap_duckdb_error).
 NOT_WHOLE = "abps: not a whole number in "
 
