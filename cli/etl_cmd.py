@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +11,7 @@ import typer
 
 from cli import project
 from cli.app import app
-from etl.errors import InputError
+from etl.errors import InputError, InputWarning
 
 #: the sources ``abps etl --source`` reads
 SOURCES = ("mimic", "eicu", "meds")
@@ -33,6 +34,23 @@ def _names(text: str | None) -> tuple[str, ...] | None:
     if not names:
         raise InputError("--meds-splits: expected comma-separated split names like tuning,held_out")
     return names
+
+
+def _run(source: str, src_dir: Path, out: Path, opts, meds_splits: str | None) -> dict:
+    """The ETL of ``source`` (its cohort report)."""
+    if source == "mimic":
+        from etl.mimic import run_etl
+
+        return run_etl(src_dir, out, opts)
+    if source == "eicu":
+        from etl.eicu import run_eicu_etl
+
+        return run_eicu_etl(src_dir, out, opts)
+    if source == "meds":
+        from etl.meds import run_meds_etl
+
+        return run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
+    raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
 
 
 @app.command("etl")
@@ -87,18 +105,14 @@ def etl_command(
     )
     if meds_splits is not None and source != "meds":
         raise InputError("--meds-splits does not apply to --source " + source + "; leave it out")
-    if source == "mimic":
-        rep = run_etl(src_dir, out, opts)
-    elif source == "eicu":
-        from etl.eicu import run_eicu_etl
-
-        rep = run_eicu_etl(src_dir, out, opts)
-    elif source == "meds":
-        from etl.meds import run_meds_etl
-
-        rep = run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
-    else:
-        raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        rep = _run(source, src_dir, out, opts, meds_splits)
+    for w in caught:
+        if issubclass(w.category, InputWarning):
+            typer.echo(f"warning: {w.message}", err=True)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "

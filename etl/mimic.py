@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from etl import charlson
-from etl.errors import InputError
+from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.chart_cache import use_cache
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
@@ -182,6 +183,9 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         for name, bounds in RANGES.items():
             check_range(con, tables[name], bounds)
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
+        if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].varchar_scan()} LIMIT 1").fetchall():
+            warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
+                                       "of the cohort is 0"), stacklevel=1)
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         cache = use_cache(con, tables["chartevents"], types, REQUIRED[("icu", "chartevents")], opts.chart_cache,
                           vitalsign_sql, VITALSIGN_ORDER)

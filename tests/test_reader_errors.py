@@ -47,3 +47,19 @@ def test_a_fractional_decimal_in_an_integer_column_is_refused(mimic_demo_dir, tm
     assert code == 2 and len(lines) == 1, err
     assert "patients.parquet" in lines[0] and "anchor_age" in lines[0] and "whole" in lines[0], lines[0]
     assert not (tmp_path / "o2").exists()
+
+
+def test_an_empty_diagnoses_table_gives_a_warning(mimic_demo_dir, tmp_path, capsys):
+    import gzip
+
+    src = tmp_path / "m"
+    for rel in TABLES:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(mimic_demo_dir / f"{rel}.csv.gz", src / f"{rel}.csv.gz")
+    dx = src / "hosp" / "diagnoses_icd.csv.gz"
+    dx.chmod(0o644)
+    dx.write_bytes(gzip.compress(gzip.decompress(dx.read_bytes()).split(b"\n", 1)[0] + b"\n"))  # header only
+    code, err = _etl(capsys, src, tmp_path / "o")
+    assert code == 0, err
+    (line,) = [ln for ln in err.splitlines() if "diagnoses_icd" in ln]
+    assert line.startswith("warning: ") and "diagnoses_icd.csv.gz: no data rows" in line
