@@ -1,8 +1,7 @@
 """Outputs and the MLflow store under faults: a damaged or foreign store, a read-only store or
 output folder, a full disk, an output path that cannot be a file; outputs committed whole (a cohort
 folder swapped as one unit, a results file created only if absent); per-center figures under the
-subgroups' small-cell rule; runs of one method with different configs not pooled; a signal during a
-multi-threaded DuckDB query."""
+subgroups' small-cell rule; runs of one method with different configs not pooled."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ import contextlib
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
@@ -325,45 +322,3 @@ def test_a_kappa_1_run_is_not_labelled_kappa_3(cohort, tmp_path, capsys):
     assert cell.label == "abps [kappa=1]"
     code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
     assert code == 0 and "kappa=3" not in out and "abps [kappa=1]" in out
-
-
-# ---------------------------------------------------------------------------------- signals
-
-
-_BUSY_CHILD = """
-import sys
-import etl.mimic as m
-real = m.first_day_vitals
-def busy(con, *a, **k):
-    print("ready", file=sys.stderr, flush=True)
-    con.execute("SELECT sum(hash(i)) FROM range(1000000000000) t(i)").fetchall()
-    return real(con, *a, **k)
-m.first_day_vitals = busy
-from cli.app import main
-main(sys.argv[1:])
-"""
-
-
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_a_multi_threaded_query(mimic_demo_dir, tmp_path, sig, code):
-    """With --threads 2 the main thread waits on DuckDB's workers and never sees the signal itself;
-    a watcher thread interrupts the query."""
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]}
-    out = tmp_path / "o"
-    p = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD, "etl", "--mimic-dir", str(mimic_demo_dir),
-                          "--out", str(out), "--window-years", "20", "--min-center-stays", "1", "--threads", "2"],
-                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
-    try:
-        for line in p.stderr:
-            if line.strip() == "ready":
-                break
-        time.sleep(0.5)
-        p.send_signal(sig)
-        rc = p.wait(timeout=30)
-        err = p.stderr.read()
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert rc == code, err[-800:]
-    assert err.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in err
-    assert not out.exists()
