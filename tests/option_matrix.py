@@ -143,7 +143,7 @@ def apply_probe(base: list[str], p: Any, probe: Probe) -> list[str]:
 
 _VOLATILE_KEY = re.compile(r"(^|_)(s|seconds|time|times|timings|timestamp|duration|started|ended|wall|"
                            r"elapsed|ms|run_id|start_time|end_time|created|host|pid)($|_)", re.I)
-_STAMP = re.compile(r"\d{8}-\d{6}")
+_STAMP = re.compile(r"\d{8}-\d{6}|\b[0-9a-f]{32}\b")  # a UTC stamp in a path, an MLflow run id
 _FLOATS = re.compile(r"\d+\.\d+ ?s\b")
 _LOG_LINE = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d ")  # a library's timestamped log line
 
@@ -209,7 +209,8 @@ def observe(scratch: Path, code: int, out: str, err: str) -> dict[str, Any]:
 
 
 def refused_naming(code: int, err: str, flag: str) -> bool:
-    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("warning:", "note:", "cohort:"))]
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("warning:", "note:", "cohort:"))
+             and not _LOG_LINE.match(ln)]  # MLflow's own INFO lines on creating a store
     return code == 2 and "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: ") \
         and flag in lines[0]
 

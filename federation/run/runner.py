@@ -375,7 +375,8 @@ def run_training(
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{cfg.method}: invalid parameter {loc}: {first.get('msg')}") from None
+        raise InputError(f"{cfg.method}: invalid parameter {loc} (--param or the config's params:): "
+                         f"{first.get('msg')}") from None
     if output is not None:
         out = Path(output).resolve()
         if out.is_dir():
