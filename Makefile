@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# the layers contract (pyproject.toml [tool.importlinter])
+# ruff and the layers contract (pyproject.toml [tool.ruff], [tool.importlinter])
 lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
 # the numerically sensitive tests as an AVX2 machine, the eager step and a machine with no compiler

@@ -15,8 +15,9 @@ A pull of pair ``(i, j)`` returns a clipped-utility observation ``phi_bar in [0,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import torch

@@ -1,25 +1,6 @@
 """Beta-Bernoulli beliefs over peers' marginal utility and their UCB ranking score.
 
-Every center ``i`` keeps, for every other center ``j``, a Beta(alpha_{i->j}, beta_{i->j}) posterior
-over the clipped Shapley utility that ``j`` brings to ``i`` (ABPS paper, Sec. 4.2). All ``n * n``
-beliefs live in dense ``[n, n]`` tensors with the *believer* on the rows and the *peer* on the
-columns: ``alpha[i, j]`` is the paper's ``alpha_{i->j}``. The diagonal is unused (a center is not its
-own peer) and is kept at the prior.
-
-Equations implemented here:
-
-* posterior mean ``mu_hat_{i->j} = alpha / (alpha + beta)`` (Sec. 4.3, below eq. 7);
-* UCB score (eq. 7): ``UCB_{j->i}(t) = mu_hat_{i->j} + gamma * sqrt(2 log t / (n_{i->j} + 1))``,
-  returned as ``ucb[i, j]`` (row = the ranking center);
-* conjugate update (eq. 6): ``alpha += phi_bar``, ``beta += 1 - phi_bar``, ``n += 1`` for the pairs
-  that collaborated this round, with ``phi_bar`` in [0, 1] from the affine clip of eq. (5);
-* drift (Sec. 3, "the Bayesian posterior decays toward the prior"): an optional exponential
-  forgetting step between rounds, ``alpha <- alpha0 + rho (alpha - alpha0)``,
-  ``beta <- beta0 + rho (beta - beta0)``, ``n <- rho n`` with ``rho`` in (0, 1]. ``rho = 1`` is no
-  decay (the default). The rule keeps the posterior mean's evidence weight and the pull count equal
-  (``n == alpha + beta - alpha0 - beta0`` holds before and after), so the UCB exploration radius widens
-  again exactly as much as the posterior has forgotten; after ``k`` idle rounds an observation made
-  ``k`` rounds ago weighs ``rho ** k``. A half-life of ``h`` rounds is ``rho = 0.5 ** (1 / h)``.
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -91,7 +72,7 @@ class BetaBeliefs:
     beta0: float = 1.0
 
     @classmethod
-    def prior(cls, n: int, alpha0: float = 1.0, beta0: float = 1.0) -> "BetaBeliefs":
+    def prior(cls, n: int, alpha0: float = 1.0, beta0: float = 1.0) -> BetaBeliefs:
         """Fresh beliefs for ``n`` centers, all at Beta(alpha0, beta0) with zero pulls.
 
         Raises:

@@ -1,47 +1,22 @@
 """Online Welch-t drift windows on the peers' utility observations (ABPS paper Sec. 3, Sec. 7 item iii).
 
-The paper bounds drift inside windows ``Delta t_m`` (assumption A3) and suggests an online Welch
-t-test to place the window boundaries (Sec. 3, the note below Figure 1: expand the window while
-``|mu_t - mu_{t+k}| / sqrt(s_t^2 / N_t + s_{t+k}^2 / N_{t+k})`` stays below ``t_crit`` at
-alpha = 0.05), leaving that estimator to future work (Sec. 7, item iii). This module is the online
-test on what ABPS actually observes: for every believer ``i`` and peer ``j`` it keeps the last ``2w``
-clipped Shapley utilities ``phi_bar_{j->i}`` (eq. 5) in one stacked ring buffer ``[n, n, 2w]``. After
-each round, every pair that made a new observation and holds ``2w`` of them tests its latest ``w``
-observations against the ``w`` before with Welch's unequal-variance t-test
-(:func:`scipy.stats.ttest_ind` with ``equal_var=False``, vectorized over all ready pairs). A p-value
-below ``alpha`` is a detected change of ``j``'s utility to ``i``.
-
-On a detection the believer restarts its Beta belief about that peer from the change point
-(:func:`restart_beliefs`): the prior, plus ``rho`` times the evidence from before the latest window
-(``rho = 0``: forgotten), plus the latest window's ``w`` observations (the evidence after the change),
-and the pair's buffer is emptied so that the next test compares two post-change windows. This is the
-restart rule of change-detection bandits (e.g. CUSUM-UCB, M-UCB) applied per pair. The method also
-re-sends a flagged peer's metadata vector when it changed (:mod:`abps.privacy` counts the release).
-
-Two options (docs/privacy.md section 2 and the measurements of section 4.2): ``drift_scope = "peer"``
-tests one pooled stream per peer (``[1, n, 2w]``: each round the mean phi_bar the peer brought to the
-believers that observed it) instead of one per pair, which fills ``kappa / (n - 1)`` times as slowly;
-``drift_reset = "level"`` keeps the restarted pair's pull count and moves only its mean to the latest
-window's, so the UCB radius of eq. (7) does not widen right after a detected drop.
-
-Default off (``drift_window = 0``); the ``abps-drift`` preset turns it on.
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, Field, model_validator
-from typing import Literal
-
 from scipy import stats
 from torch import Tensor
 
 from abps.beliefs import BetaBeliefs
-from abps.privacy import MetadataRelease
 from abps.goal_filter import candidate_mask
+from abps.privacy import MetadataRelease
 from federation.data.drift_scenario import drift_centers
 
 __all__ = ["DriftParams", "WelchWindows", "DriftMonitor", "welch_pvalues", "restart_beliefs", "rounds_until_zero",
@@ -76,7 +51,7 @@ class DriftParams(BaseModel):
     drift_direction: Literal["both", "drop"] = "both"
 
     @model_validator(mode="after")
-    def _window(self) -> "DriftParams":
+    def _window(self) -> DriftParams:
         if self.drift_window == 1:
             raise ValueError("drift_window must be 0 (off) or >= 2 (a variance needs two observations)")
         return self

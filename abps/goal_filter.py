@@ -1,41 +1,6 @@
 """Goal-aware metadata pre-filter (ABPS paper Sec. 4.1, eq. 3; Algorithm 1 line 10).
 
-Each center publishes a cohort-level metadata vector ``v_i`` (``d = 3``: positive rate, log n_train,
-mean year / 2030; or ``d = 15`` with the 12 Charlson prevalences, docs/data_dictionary.md). Before
-ranking, center ``i`` keeps as candidates ``C_i = {j != i : f_i(v_i, v_j) >= tau_sim}`` with
-
-* homogeneity: ``f = cos(v_i, v_j)``
-* diversity:   ``f = -cos(v_i, v_j)``
-* alignment:   ``f = -|v_{i,0} - v_{j,0}|`` (``v_{.,0}`` = positive rate, the KPI marker)
-
-``tau_sim`` is calibrated per goal so that a fixed fraction (default 25 %) of peers is kept, in one of
-two readings of the paper (``tau_mode``):
-
-* ``global`` (Sec. 4.1: "retain a fixed fraction (we use 25%) of candidate pairs"): one threshold per
-  goal, the ``ceil(0.25 n (n - 1) / 2)``-th largest pair score. ``C`` is symmetric, but a center can
-  end with many candidates (a hub) or none.
-* ``per_center`` (Sec. 6.5: "retain 25% of peers per center"; App. C.2: ``C_i`` is "the top-rho
-  quantile of peers under f_i"): each center ``i`` has its own ``tau_sim_i``, the
-  ``ceil(0.25 (n - 1))``-th largest of ``f_i(v_i, v_j)`` over ``j != i``, so every center keeps the
-  same number of candidates. ``C`` is then not symmetric: ``j in C_i`` does not imply ``i in C_j``.
-  :func:`candidate_mask` resolves one-sided candidacy with ``candidacy`` (docs/abps.md): ``proposer``
-  (default: ``i`` may propose to ``j`` iff ``j in C_i``, the literal Algorithm 1, line 10 filters the
-  proposer's list and line 17 lets the receiver check only its UCB and capacity) or ``mutual``
-  (``j in C_i`` and ``i in C_j``).
-
-With no goal there is no filter (every other center is a candidate).
-
-Optional normalization before the cosine (``normalize=True``; ABPS's default is off since the fidelity
-study, docs/fidelity.md, found that only raw vectors reproduce Sec. 6.5): the raw vector is
-dominated by ``log n_train`` (about 4 to 7) next to a positive rate of about 0.1 and a year coordinate
-of about 1.05, so ``cos(v_i, v_j)`` of raw vectors is above 0.99 for every pair and the homogeneity and
-diversity rankings would be decided by tiny differences in centre size. Each coordinate is therefore
-z-scored across centers (mean 0, population std 1; a constant coordinate becomes 0) before the cosine.
-The vectors are cohort-level aggregates that the paper already lets cross between centers, so the
-federation-wide mean and std of each coordinate reveal nothing beyond what is shared. After z-scoring
-the cosine measures whether two centers deviate from the federation average in the same direction
-(similar case mix) or in opposite directions (dissimilar), giving both signs and a spread of values.
-Alignment uses the raw positive rate (an affine rescaling would not change its ranking).
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
-"""A federation with harmful centers, where ABPS's rest rule (Lemma 1) must fire (issue 12).
+"""A federation with harmful centers, where ABPS's rest rule (Lemma 1) must fire.
 
-:func:`flip_centers` takes an existing cohort (``cohort.parquet`` + ``centers.parquet``, any source:
-``abps etl`` on real or synthetic MIMIC-IV, ``abps synth fedprox``) and flips the in-hospital
-mortality label ``y -> 1 - y`` of every stay of a chosen share of centers, in all three splits. A
-flipped center learns the mirror image of everybody else's risk function, so
-
-* a healthy center's model gets worse when averaged with a flipped one, and vice versa (negative
-  transfer: the Shapley marginal of the other side is negative, eq. 4), while
-* two flipped centers help each other as much as two healthy ones do.
-
-The label-derived columns of ``centers.parquet`` follow exactly (``pos_rate`` and ``meta_pos_rate``
-become ``1 - p``); every other column, and every feature, is unchanged. The chosen centers are drawn
-uniformly with a seeded generator and listed by center_id (never a patient identifier) in
-``harmful.json``.
-
-What the study measures per round (:func:`study_rows`, from the ``watch_centers`` metrics of
-:class:`abps.method.SelectionParams`): the share of partnerships with a harmful center
-(``watched_partnership_share``: at least one end flipped), the share of *mixed* partnerships
-(``mixed_partnership_share``: one healthy and one flipped end, the only pairs that carry negative
-transfer; flipped-flipped pairs are beneficial), the rest share, and the mean test AUROC of the
-healthy centers (``unwatched_test_auroc_mean``).
-
-Command line::
-
-    python -m abps.harmful --cohort SRC --out DST [--share 0.2] [--seed 0]
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -32,8 +9,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import polars as pl

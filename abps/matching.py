@@ -1,51 +1,6 @@
 """Propose-reject topology with intentional rest (ABPS paper Sec. 4.3; Algorithm 1 lines 9-21).
 
-One round of matching, given every center's UCB scores (eq. 7) and candidate sets ``C_i``
-(goal-aware filter, eq. 3):
-
-1. **Order.** Centers propose one after another in a uniformly random permutation drawn from the
-   round's generator (the paper's "for each center i" leaves the order open; a fixed order would
-   favour low center ids round after round).
-2. **Ranking.** Center ``i`` sorts ``C_i`` by descending ``ucb[i, j]``; ties (e.g. every belief at the
-   prior in round 1) are broken by a uniform random key. With probability ``epsilon`` the top-ranked
-   candidate is swapped with a uniformly random member of ``C_i`` (Algorithm 1 line 12).
-3. **Proposals.** ``P_i`` starts empty for everybody at the start of the round (Algorithm 1 line 13 is
-   read as a round-level initialisation; resetting it inside the loop would break symmetry). A center
-   that already holds ``kappa`` partners, because it accepted earlier proposers, does not propose
-   (line 15 breaks at once). Otherwise ``i`` proposes down its ranking, skipping centers already in
-   ``P_i``, until it holds ``kappa`` partners or the list is exhausted.
-4. **Acceptance.** Receiver ``j`` accepts ``i`` iff ``ucb[j, i] >= tau_acc`` (the paper's
-   ``UCB_{i->j}``: ``j``'s own belief about ``i``) and ``|P_j| < kappa`` (line 17). Partnerships are
-   symmetric (line 18).
-5. **Proposer-side threshold** (``proposer_check``, default True): ``i`` proposes only to candidates
-   whose own score ``ucb[i, j] >= tau_acc``, except the candidate placed on top by the epsilon swap,
-   which is proposed to "regardless of UCB ranking" (Sec. 4.3). This implements the paper's rest rule
-   "abstain ... when all posterior UCB scores fall below tau_acc" (Sec. 2.2, Sec. 5.3, Lemma 1): a
-   partnership needs both sides to expect a gain. ``proposer_check=False`` is the literal Algorithm 1,
-   where only the receiver checks.
-6. **Rest.** A center that ends the round with ``P_i`` empty rests: it sends and receives nothing.
-7. **Receiver rule** (``acceptance``). ``first_come`` (default, literal Algorithm 1 line 17): a receiver
-   accepts every acceptable proposer while it has room, in the order proposals arrive. ``deferred``
-   (Sec. 4.3: the protocol "approximat[es] a stable-marriage solution"): deferred acceptance as in
-   Gale-Shapley, where a full receiver ``j`` also weighs a new acceptable proposer ``i`` against the
-   partners it holds and, when ``ucb[j, i]`` is strictly greater than its lowest-scored partner's, drops
-   that partner (who resumes proposing down its own list) and takes ``i``; likewise a full center keeps
-   proposing down its list to candidates it scores strictly above its lowest-scored partner, and drops
-   that partner when one accepts (in a federation every center is both proposer and receiver, so this
-   is the stable-roommates form of deferred acceptance). Proposers are served first in first out,
-   starting in the round's permutation; each walks its list at most once, so the loop ends after at
-   most ``sum_i |C_i|`` proposals. With every score equal (round 1, ``random-partners``) no
-   receiver ever trades, and the two rules give the same matching. Why it exists: under
-   ``first_come`` a receiver that has never met the proposer accepts it whenever its slot is still
-   free (an untried peer's UCB is the prior mean 0.5 plus a bonus, so it always clears tau_acc = 0.5),
-   even when a partner it knows to be good proposes later in the same round; a center that every
-   known peer refuses therefore keeps winning first contacts with untried ones (docs/fidelity.md,
-   harmful-center federation).
-
-Because one proposer's acceptances only change the degrees of the receivers it acquired, the
-sequential scan of ``i``'s ranked list equals taking the first ``kappa - |P_i|`` acceptable entries of
-that list at once; so the loop runs over proposers (``n`` iterations of vectorized numpy work over
-``|C_i|`` entries), not over individual proposals.
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -120,7 +75,7 @@ def propose_reject(
         rng: numpy generator for this round (order, tie-breaks, swaps); same state -> same matching.
         proposer_check: see step 5 of the module docstring.
         acceptance: ``first_come`` or ``deferred``, step 7 of the module docstring.
-        available: ``[n]`` bool centers up this round (issue 20, federation/run/realworld.py), or None
+        available: ``[n]`` bool centers up this round (federation/run/realworld.py), or None
             (all). An unavailable center proposes nothing, and a proposal to it fails (counted as
             sent, never accepted); the proposer goes on down its list. No belief changes: only
             partners are credited (after_exchange).
@@ -155,7 +110,7 @@ def propose_reject(
 
     receiver_ok = (u >= tau_acc).T  # receiver_ok[i, j]: j's score of i clears tau_acc
     proposer_ok = u >= tau_acc if proposer_check else np.ones((n, n), dtype=bool)
-    # --- realworld (issue 20): availability hook ---
+    # --- realworld: availability hook ---
     up = np.ones(n, dtype=bool) if available is None else available.detach().cpu().numpy().astype(bool)
     receiver_ok = receiver_ok & up[None, :]
     # --- end realworld hook ---

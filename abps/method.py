@@ -142,7 +142,7 @@ class AbpsParams(SelectionParams, DriftParams):
     acceptance: Literal["first_come", "deferred"] = "first_come"
 
     @model_validator(mode="after")
-    def _clip_range(self) -> "AbpsParams":
+    def _clip_range(self) -> AbpsParams:
         if not self.phi_max > self.phi_min:
             raise ValueError("phi_max must be greater than phi_min")
         return self
@@ -158,6 +158,7 @@ class AbpsMethod(PrivacyDriftHooks, Method):
     """
 
     name: ClassVar[str] = "abps"
+    seconds_per_round = 0.80
     Params: ClassVar[type[BaseModel]] = AbpsParams
     default_config: ClassVar[dict[str, Any]] = {}
 
@@ -203,7 +204,7 @@ class AbpsMethod(PrivacyDriftHooks, Method):
         m = propose_reject(
             ucb, self.candidates, p.kappa, p.tau_acc, p.epsilon, self._rng(ctx, round_idx, 0), p.proposer_check,
             acceptance=p.acceptance,
-            available=ctx.available,  # realworld hook (issue 20): proposals to an unavailable peer fail
+            available=ctx.available,  # realworld hook: proposals to an unavailable peer fail
         )
         return self._plan(ctx, round_idx, m)
 
@@ -289,7 +290,7 @@ class AbpsMethod(PrivacyDriftHooks, Method):
         return out
 
     def final_metrics(self, ctx: Context) -> dict[str, Any]:
-        """Per-seed isolation summary for results.json and the final MLflow metrics (issue 12).
+        """Per-seed isolation summary for results.json and the final MLflow metrics.
 
         Keys: ``rest_share_mean`` (mean over rounds of the share of centers with ``P_i`` empty),
         ``partners_mean`` (E|P_i| over centers and rounds), ``run_acceptance_rate`` (accepted / sent over
@@ -347,7 +348,7 @@ class AbpsMethod(PrivacyDriftHooks, Method):
 
 @register(display_name="Random partners (ablation, κ=1)", family="abps")
 class RandomPartnersMethod(AbpsMethod):
-    """``random-partners``: the ablation of ABPS's Bayesian selection (issue 12).
+    """``random-partners``: the ablation of ABPS's Bayesian selection.
 
     Same goal-aware candidate sets (eq. 3, same ``tau_mode`` / ``candidacy``), same kappa, same
     propose-reject capacity rule and the same FedAvg exchange over ``{i} U P_i`` as ABPS, but every
@@ -359,6 +360,7 @@ class RandomPartnersMethod(AbpsMethod):
     """
 
     name: ClassVar[str] = "random-partners"
+    seconds_per_round = 0.60
     Params: ClassVar[type[BaseModel]] = SelectionParams
     default_config: ClassVar[dict[str, Any]] = {"exchange": {"head_layers": 1, "bf16_wire": True},
                                                 "params": {"kappa": 1}}
@@ -376,7 +378,7 @@ class RandomPartnersMethod(AbpsMethod):
         p: SelectionParams = self.p  # type: ignore[assignment]
         zeros = torch.zeros(ctx.n, ctx.n, dtype=torch.float64)
         m = propose_reject(zeros, self.candidates, p.kappa, 0.0, 0.0, self._rng(ctx, round_idx, 0), True,
-                           available=ctx.available)  # realworld hook (issue 20)
+                           available=ctx.available)  # realworld hook
         return self._plan(ctx, round_idx, m)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:
@@ -391,14 +393,15 @@ class RandomPartnersMethod(AbpsMethod):
 
 
 def _preset(name: str, doc: str, config: dict[str, Any], display_name: str, family: str,
-            paper_order: int | None) -> type[AbpsMethod]:
+            paper_order: int | None, seconds_per_round: float) -> type[AbpsMethod]:
     """A registered ABPS preset: a subclass that only changes ``name`` and ``default_config``
     (registered with :func:`federation.methods.registry.register`: Table 1 row name, Figure 3
     family, Table 1 row index)."""
     cls = type(
         "Abps_" + "".join(ch if ch.isalnum() else "_" for ch in name),
         (AbpsMethod,),
-        {"name": name, "default_config": config, "__doc__": doc, "__module__": __name__},
+        {"name": name, "default_config": config, "__doc__": doc, "__module__": __name__,
+         "seconds_per_round": seconds_per_round},
     )
     return register(display_name=display_name, family=family, paper_order=paper_order)(cls)  # type: ignore[return-value]
 
@@ -410,22 +413,22 @@ PRESETS: dict[str, type[AbpsMethod]] = {
     "abps": AbpsMethod,
     "random-partners": RandomPartnersMethod,
     "abps+p": _preset("abps+p", "ABPS+P (Table 1): last layer personalized (kept local).",
-                      {"exchange": {"head_layers": 1}}, "ABPS+P (personalize)", "abps", 11),
+                      {"exchange": {"head_layers": 1}}, "ABPS+P (personalize)", "abps", 11, 0.85),
     "abps+q": _preset("abps+q", "ABPS+Q (Table 1): bfloat16 wire format.", {"exchange": {"bf16_wire": True}},
-                      "ABPS+Q (bfloat16)", "abps", 12),
+                      "ABPS+Q (bfloat16)", "abps", 12, 0.85),
     "abps+p+q+k1": _preset("abps+p+q+k1", "ABPS+P+Q+kappa=1 (Table 1).",
-                           {"exchange": dict(_PQ), "params": {"kappa": 1}}, "ABPS+P+Q+κ=1", "abps", 13),
+                           {"exchange": dict(_PQ), "params": {"kappa": 1}}, "ABPS+P+Q+κ=1", "abps", 13, 0.65),
     "abps-hom": _preset("abps-hom", "ABPS+P+Q+kappa=1 with the homogeneity goal (Table 1, Sec. 6.5).",
                         {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "homogeneity"}},
-                        "ABPS+P+Q+κ=1 (hom.)", "goal", 15),
+                        "ABPS+P+Q+κ=1 (hom.)", "goal", 15, 0.70),
     "abps-div": _preset("abps-div", "ABPS+P+Q+kappa=1 with the diversity goal (Table 1, Sec. 6.5).",
                         {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "diversity"}},
-                        "ABPS+P+Q+κ=1 (div.)", "goal", 16),
+                        "ABPS+P+Q+κ=1 (div.)", "goal", 16, 0.60),
     "abps-align": _preset("abps-align", "ABPS+P+Q+kappa=1 with the alignment goal (Table 1, Sec. 6.5).",
                           {"exchange": dict(_PQ), "params": {**_GOAL_PARAMS, "goal": "alignment"}},
-                          "ABPS+P+Q+κ=1 (align.)", "goal", 17),
+                          "ABPS+P+Q+κ=1 (align.)", "goal", 17, 0.70),
     "abps-drift": _preset("abps-drift", "Base ABPS with the online Welch-t drift windows (abps.drift; Sec. 7 iii).",
-                          {"params": {"drift_window": 4, "drift_alpha": 0.01}}, "ABPS + drift windows", "abps", None),
+                          {"params": {"drift_window": 4, "drift_alpha": 0.01}}, "ABPS + drift windows", "abps", None, 0.90),
     "abps-x": _preset(
         "abps-x",
         "ABPS-X (Sec. 6.4): 2-layer head, bf16, kappa 1, server EMA beta 0.5, 15-dim metadata, homogeneity, "
@@ -435,6 +438,6 @@ PRESETS: dict[str, type[AbpsMethod]] = {
             "early_stopping": {"enabled": True, "patience": 10, "max_rounds": 100},
             "params": {**_GOAL_PARAMS, "goal": "homogeneity"},
         },
-        "ABPS-X (ours, full)", "abps-x", 18,
+        "ABPS-X (ours, full)", "abps-x", 18, 0.70,
     ),
 }

@@ -1,37 +1,6 @@
 """Differentially private release of the ABPS metadata vectors v_i (ABPS paper Sec. 7, future work (i)).
 
-The paper's goal-aware filter (Sec. 4.1, eq. 3) lets each center publish a cohort-level vector
-``v_i`` (positive rate, ``ln n_train``, mean admission year / 2030, and 12 Charlson prevalences) and
-names "a Gaussian-mechanism DP wrapper on v_i for certifiable privacy" as future work (Sec. 7, item i).
-This module is that wrapper. Derivation and neighbouring relation: docs/privacy.md.
-
-Mechanism (one *release* of center ``i``; everything below happens inside the center):
-
-1. The coordinates of ``v_i`` are written as sums over the stays of the center's train split plus
-   the count: ``s_i = [n_i, S_label, S_year, S_cci_1, ..., S_cci_12]`` (3 sums for the 3-dim base
-   vector), where each stay contributes ``1`` to the count, its label in {0, 1}, its centred
-   admission year ``(year - mid) / 2030`` clipped to ``[-B, B]`` (``mid``, ``B`` from the public
-   year range, default shifted years 2100..2220), and each Charlson flag in {0, 1}. Each patient
-   contributes at most ``m`` stays (``metadata_dp_max_stays``, default 5).
-2. Neighbouring relation: add or remove one patient (all its stays, at most ``m``) of center ``i``'s
-   train split. One patient changes ``s_i`` by at most ``m (1, 1, B, 1, ..., 1)``, so the L2
-   sensitivity is ``Delta_2 = m sqrt(2 + B^2 + 12)`` (15-dim) or ``m sqrt(2 + B^2)`` (3-dim).
-3. Gaussian mechanism: ``s~_i = s_i + N(0, sigma^2 I)`` with ``sigma = z(epsilon, delta) * Delta_2``;
-   ``z`` is the noise multiplier of the analytic Gaussian mechanism (Balle and Wang 2018) from the
-   maintained ``dp_accounting`` package (:func:`dp_accounting.get_sigma_gaussian`), not our formula.
-4. Post-processing (free under DP): ``n~ = max(s~_0, 1)``, prevalences ``clip(S~ / n~, 0, 1)``,
-   ``ln n~``, year ``mid / 2030 + clip(S~_year / n~, -B, B)``. A prevalence therefore carries noise of
-   std ``sigma / n_i``: its sensitivity in the normalized form is ``1 / n_i`` (one patient in a share
-   over ``n_i`` patients).
-
-Every release is counted per center; the privacy spent is the composition of that center's releases,
-computed with ``dp_accounting``'s PLD accountant (:class:`dp_accounting.pld.PLDAccountant`) under the
-add/remove relation, reported as ``epsilon`` at the per-release ``delta`` for the worst-off center.
-``epsilon = inf`` or None (the default) is no mechanism at all: :meth:`MetadataRelease.release` returns its
-input unchanged and no budget is counted (today's results exactly).
-
-Noise is drawn from a ``torch.Generator`` seeded from ``(run seed, release number)``: the same seed
-gives the same noise, independent of anything else the run draws.
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -79,7 +48,7 @@ class MetadataDpParams(BaseModel):
     metadata_dp_max_stays: int = Field(5, ge=1)
 
     @model_validator(mode="after")
-    def _year_range(self) -> "MetadataDpParams":
+    def _year_range(self) -> MetadataDpParams:
         lo, hi = self.metadata_dp_year_range
         if not hi > lo:
             raise ValueError(f"metadata_dp_year_range must be [first, last] with last > first, got [{lo}, {hi}]")

@@ -1,25 +1,6 @@
 """Shapley credit of each partner and the affine clip (ABPS paper Sec. 4.2, eqs. 4-5; Sec. 6.3).
 
-For center ``i`` with active set ``P_i`` (``m = |P_i|`` partners), the utility of a coalition
-``S subset P_i`` is ``U_i(S)``: the validation AUROC of the model whose exchanged block is the FedAvg of
-``{i} U S`` and whose head is ``i``'s own. The Shapley marginal of partner ``j`` (eq. 4) is
-
-    phi_{j->i} = sum_{S subset P_i minus j} |S|! (m - |S| - 1)! / m! * (U_i(S U {j}) - U_i(S)).
-
-* ``m <= exact_max`` (5 in the paper): exact, over all ``2^m`` coalitions. Writing the coalition
-  utilities of one center as a vector ``u`` over bitmasks, ``phi = u @ M_m`` with the fixed
-  ``[2^m, m]`` matrix of :func:`shapley_matrix`.
-* ``m > exact_max``: truncated Monte Carlo (TMC, Ghorbani & Zou 2019, Algorithm 1 there) with ``B``
-  random permutations (8 in the paper): the marginal of the ``L``-th partner of a permutation is
-  ``U(prefix_L) - U(prefix_{L-1})``, set to 0 once ``|U(P_i) - U(prefix_{L-1})| < truncation_tol``.
-  Here all prefixes are evaluated in the same single batched call (so truncation saves no model
-  evaluations, it only reproduces TMC's estimator); rows for the empty and the full coalition are
-  shared by all permutations.
-
-:func:`build_coalitions` lays out every coalition of every center as one mixing row, so the runtime
-evaluates all of them in one batched computation; :func:`shapley_from_utilities` turns the returned
-AUROCs into ``phi[i, j] = phi_{j->i}``. The affine clip of eq. (5) maps phi to [0, 1] for the Beta
-update: ``phi_bar = clip((phi - phi_min) / (phi_max - phi_min), 0, 1)`` with (-0.1, 0.1).
+Design notes: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ call, Shapley and the Beta update). Also times the matching alone over 50 rounds
 document; ``--out`` also writes it atomically. The first round of each method is reported
 separately (warm-up) and excluded from the per-round mean. The methods run interleaved
 (``--passes`` times FedAvg then ABPS) so that both see the same machine load; wall and CPU
-(``process_time``) seconds are both reported, with the ratio and the 1.5x target of issue 14.
+(``process_time``) seconds are both reported, with the ratio and the 1.5x target.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-#: issue 14 target: an ABPS round (kappa 3, exact Shapley) within 1.5x a FedAvg round at n = 230
+#: target: an ABPS round (kappa 3, exact Shapley) within 1.5x a FedAvg round at n = 230
 TARGET_RATIO = 1.5
 
 
@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 
-    from federation.engine import kernels
-    from federation.data.tensors import FederatedData
     from federation.data.synthetic import generate_fedprox_cohort
+    from federation.data.tensors import FederatedData
+    from federation.engine import kernels
 
     cohort, centers = generate_fedprox_cohort(a.centers, seed=0)
     data = FederatedData.from_frames(cohort, centers)

@@ -50,8 +50,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from unittest import mock
 
 import torch
@@ -71,8 +72,8 @@ def build_data(workload: str, clients: int, seed: int, tmp: str):
         from benchmarks.bench_flower import federated_data
 
         return federated_data(clients, seed), f"bench_flower workload, {clients} clients x 250 train rows, d = 60"
-    from federation.data.tensors import FederatedData
     from federation.data.synthetic import write_fedprox_cohort
+    from federation.data.tensors import FederatedData
 
     cohort = str(Path(tmp) / f"fedprox{clients}")
     write_fedprox_cohort(cohort, n_centers=clients, alpha=0.5, beta=0.5, seed=0, mean_size=300, shared=0.8)
@@ -129,8 +130,8 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[f
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the result, also written under bench_out/."""
-    from federation.engine import kernels
     from federation.core.config import EngineConfig
+    from federation.engine import kernels
     from federation.engine.mlp import PARAM_NAMES, AdamState, StackedEngine
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

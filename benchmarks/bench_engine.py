@@ -34,18 +34,18 @@ from pathlib import Path
 import torch
 
 from federation.core.config import EngineConfig
-from federation.data.tensors import FederatedData
-from federation.engine.mlp import AdamState, StackedEngine, forward
-from federation.methods.baselines import fedavg_matrix
 from federation.core.metrics import batched_auroc
-from federation.engine.mixing import mix_params
-from federation.engine.reference import LoopTrainer
 from federation.data.synthetic import write_fedprox_cohort
+from federation.data.tensors import FederatedData
+from federation.engine.mixing import mix_params
+from federation.engine.mlp import AdamState, StackedEngine, forward
+from federation.engine.reference import LoopTrainer
+from federation.methods.baselines import fedavg_matrix
 
 OUT = Path("bench_out")
-#: issue 3 target: the stacked engine at >= 5x the per-center loop
+#: target: the stacked engine at >= 5x the per-center loop
 TARGET_SPEEDUP = 5.0
-#: issue 14 target: a full FedAvg round of the stacked engine (n = 230, 2 threads, idle machine) at
+#: target: a full FedAvg round of the stacked engine (n = 230, 2 threads, idle machine) at
 #: >= 30x Flower's 4.37 s, i.e. <= about 0.145 s (bench_flower measures the ratio to Flower itself)
 TARGET_ROUND_S = 0.145
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
         "|---|---|",
         f"| stacked engine, s / round | {stacked_s:.3f} |",
         f"| per-center loop, s / round | {loop_s:.3f} |",
-        f"| speed-up (target >= {TARGET_SPEEDUP:.0f}x, issue 3) | {loop_s / stacked_s:.1f}x "
+        f"| speed-up (target >= {TARGET_SPEEDUP:.0f}x) | {loop_s / stacked_s:.1f}x "
         f"({'met' if loop_s / stacked_s >= TARGET_SPEEDUP else 'MISSED'}) |",
         f"| stacked s / round vs issue-14 target <= {TARGET_ROUND_S} s (2 threads, idle) | "
         f"{stacked_s / TARGET_ROUND_S:.2f}x the target ("

@@ -10,7 +10,7 @@ and reads each child's peak resident set size and CPU time:
   and then reads it;
 * ``cached run``: the same command again, reading the cache.
 
-Target on a 2-core machine (issue 14): >= 5 M rows/s end to end, <= 3 GB peak RSS; each line
+Target on a 2-core machine: >= 5 M rows/s end to end, <= 3 GB peak RSS; each line
 prints the figure, its target and the ratio measured in this run, and the 1-minute load average
 (the machine may be shared: wall-clock rates fall with load, CPU seconds much less).
 

@@ -1,4 +1,4 @@
-"""Fidelity study of ABPS's goal-aware isolation (ABPS paper Sec. 6.5; issue 12).
+"""Fidelity study of ABPS's goal-aware isolation (ABPS paper Sec. 6.5).
 
 Runs ABPS+P+Q+kappa=1 under the three goals of eq. (3) (the ``abps-hom`` / ``abps-div`` /
 ``abps-align`` presets) on the synthetic 230-center default cohort for every reading of the paper's

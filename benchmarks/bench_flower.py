@@ -1,18 +1,18 @@
-"""Seconds per FedAvg round: Flower, a plain per-client PyTorch loop, and the abps runner (issue 14).
+"""Seconds per FedAvg round: Flower, a plain per-client PyTorch loop, and the abps runner.
 
 Usage::
 
     python -m benchmarks.bench_flower [--clients 230] [--threads 2] [--flower-rounds 4]
         [--loop-rounds 3] [--ours-rounds 8] [--no-flower] [--out FILE.json]
 
-Workload (issue 14, identical for the three implementations): ``--clients`` clients, each 250 train
+Workload (identical for the three implementations): ``--clients`` clients, each 250 train
 and 30 validation rows of 60 float32 N(0, 1) features, label ~ Bernoulli(sigmoid(x . w - 2.2)) with
 one shared ``w`` of norm 0.5; MLP 60-128-64-1 with ReLU and dropout 0.2, BCE-with-logits; Adam
 (lr 1e-3, weight decay 1e-5) created fresh per client per round; batch 128 (last batch partial);
 2 local epochs; FedAvg weighted by sample count; every client evaluates the global model (val
 AUROC) every round.
 
-Fairness to the peers (issue 14 item 2): the Flower client and the loop do the workload and nothing
+Fairness to the peers: the Flower client and the loop do the workload and nothing
 more. Each process builds a client's rows once (:func:`client_tensors`, cached) and reuses one model
 object per thread (:func:`_worker_model`; the weights are loaded from the message every call), and
 the AUROC is the same rank-based computation abps uses (:func:`client_auroc`, equal to
@@ -60,9 +60,9 @@ import torch.nn.functional as F
 D, N_TRAIN, N_VAL, BIAS, W_NORM = 60, 250, 30, -2.2, 0.5
 HIDDEN = (128, 64)
 LR, WD, BATCH, EPOCHS, DROPOUT = 1e-3, 1e-5, 128, 2, 0.2
-#: issue 14 target: the abps runner at >= 30x Flower's seconds per round
+#: target: the abps runner at >= 30x Flower's seconds per round
 TARGET_X_FLOWER = 30.0
-#: issue 14: that is about <= 0.145 s per abps round on 2 idle threads (30x the issue's Flower 4.37 s)
+#: that is about <= 0.145 s per abps round on 2 idle threads (30x Flower's measured 4.37 s)
 TARGET_ROUND_S = 0.145
 
 
@@ -82,7 +82,7 @@ def client_data(i: int, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def client_tensors(i: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """:func:`client_data` as torch tensors, built once per process and client (cached: the peers
     do not regenerate their rows every call)."""
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     s = {k: summary(k) for k in passes}
     ours, loop, flw = s["abps"]["median_s_per_round"], s["loop"]["median_s_per_round"], s["flower"]
     doc: dict[str, Any] = {
-        "benchmark": "FedAvg round: Flower vs per-client loop vs abps runner (issue 14 workload)",
+        "benchmark": "FedAvg round: Flower vs per-client loop vs abps runner",
         "clients": a.clients, "threads": a.threads, "torch": torch.__version__,
         "flwr": _flwr_version(), "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_1min_before": load0, "load_1min_after": os.getloadavg()[0],

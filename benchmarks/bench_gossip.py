@@ -28,7 +28,7 @@ from etl.io import atomic_write_text
 from federation.gossip.model import init_stacked, stacked_gradients
 from federation.gossip.simulation import GossipConfig, simulate
 
-#: issue 15: the stacked training tick at least this many times faster than the per-node loop.
+#: the stacked training tick at least this many times faster than the per-node loop.
 TARGET_SPEEDUP = 3.0
 BYTES_PER_NODE = 431_080 * 4 * 6  # flat, momentum, buffer, gradient, gathered copies
 

@@ -1,4 +1,4 @@
-"""Harmful-center study (issue 12): ABPS against ``random-partners`` on a federation with flipped centers.
+"""Harmful-center study: ABPS against ``random-partners`` on a federation with flipped centers.
 
 Flips the labels of a share of the centers of a cohort (:mod:`abps.harmful`), runs both methods with
 :data:`abps.harmful.STUDY_CONFIG` (kappa 1, bf16 wire, whole model exchanged; ABPS with gamma 0.02 and deferred acceptance)
@@ -34,9 +34,9 @@ def main() -> None:
 
     from abps.harmful import read_harmful, study_config, study_rows, window_summary, write_harmful_cohort
     from etl.io import atomic_write_text
+    from federation.data.synthetic import write_fedprox_cohort
     from federation.data.tensors import FederatedData
     from federation.run.runner import run_one
-    from federation.data.synthetic import write_fedprox_cohort
 
     torch.set_num_threads(1)
     out = Path(os.environ.get("ABPS_HARMFUL_OUT", "bench_out/harmful"))

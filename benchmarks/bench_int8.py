@@ -62,10 +62,10 @@ def measure(clients: int = 4, train: int = 2400, test: int = 1000, threads: int 
     import torch
 
     from etl.images import FASHION_MNIST_DIR, load_idx_dataset
-    from federation.images import int8
     from federation.data.image_shards import make_shards, subsample
-    from federation.images.int8 import predict_shared_int8
     from federation.engine.image_model import FMNIST_SPEC, StackedModel
+    from federation.images import int8
+    from federation.images.int8 import predict_shared_int8
 
     int8.ENGINE = engine or int8.ENGINE
     int8.WEIGHT_QMAX = weight_qmax or int8.WEIGHT_QMAX

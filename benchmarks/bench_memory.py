@@ -1,4 +1,4 @@
-"""Memory is flat over a long run: resident memory after round 200 within 5 % of round 20 (issue 13).
+"""Memory is flat over a long run: resident memory after round 200 within 5 % of round 20.
 
 Usage::
 
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--early must be >= 1 and below --rounds")
     torch.set_num_threads(a.threads)
 
-    from federation.data.tensors import FederatedData
     from federation.data.synthetic import generate_fedprox_cohort
+    from federation.data.tensors import FederatedData
 
     cohort, centers = generate_fedprox_cohort(a.centers, seed=0)
     data = FederatedData.from_frames(cohort, centers)

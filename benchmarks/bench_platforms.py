@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     base = tables[a.platforms[0]]
     rows = []
     print(f"\n{'row':<12}" + "".join(f"{p:>14}" for p in a.platforms) + f"{'max |dAUROC|':>14}{'bytes equal':>13}")
-    for label, ref in base.items():
+    for label in base:
         aurocs = [float(tables[p][label]["auroc_mean"]) for p in a.platforms]
         d = max(abs(x - aurocs[0]) for x in aurocs)
         same_bytes = len({tables[p][label]["bytes_mean"] for p in a.platforms}) == 1

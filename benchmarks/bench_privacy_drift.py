@@ -1,4 +1,4 @@
-"""Privacy-utility and drift studies of ABPS (issue 17; docs/privacy.md), with a figure.
+"""Privacy-utility and drift studies of ABPS (docs/privacy.md), with a figure.
 
 Privacy-utility: for each goal (homogeneity, diversity, alignment: the ``abps-hom`` / ``abps-div`` /
 ``abps-align`` presets) and each per-release epsilon, runs ABPS with the DP metadata release
@@ -40,8 +40,8 @@ from abps.method import PRESETS, AbpsParams
 from abps.privacy import MetadataRelease
 from etl.io import atomic_write_text
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData
 from federation.data.drift_scenario import LabelFlipDrift, drift_centers
+from federation.data.tensors import FederatedData
 from federation.methods.registry import METHODS, get_method, register
 from federation.run.runner import run_one
 from federation.run.tracking import finite

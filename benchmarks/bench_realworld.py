@@ -1,4 +1,4 @@
-"""Real-world conditions at scale (issue 20): n FedProx-Synthetic centers at 30 % availability (daily
+"""Real-world conditions at scale: n FedProx-Synthetic centers at 30 % availability (daily
 cycle, configs/realworld-daily30.yaml) with heterogeneous links (configs/realworld-hetero-links.yaml):
 seconds per round and peak RSS against the 16 GB budget.
 
@@ -47,10 +47,10 @@ def _worker(method: str, n: int, rounds: int, seed: int, threads: int) -> dict[s
 
     torch.set_num_threads(threads)
     from federation.core.config import build_config
+    from federation.data.synthetic import generate_fedprox_cohort
     from federation.data.tensors import FederatedData
     from federation.methods import get_method
     from federation.run.runner import run_one
-    from federation.data.synthetic import generate_fedprox_cohort
 
     t0 = time.perf_counter()
     cohort, centers = generate_fedprox_cohort(n, seed=0)

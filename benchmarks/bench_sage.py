@@ -30,11 +30,11 @@ import torch
 
 from etl.io import atomic_write_text
 from federation.core.graphs import neighbour_table
-from federation.methods import selectors as sel
 from federation.data.image_shards import make_graph, make_shards, subsample
-from federation.images.int8 import predict_shared_int8
 from federation.engine.image_model import StackedModel
+from federation.images.int8 import predict_shared_int8
 from federation.images.run import load_dataset, run_selector
+from federation.methods import selectors as sel
 from federation.methods.selectors import parse_config
 
 
@@ -89,7 +89,7 @@ def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "
     return out
 
 
-#: issue 15's targets on 2 idle cores (seconds): all K predictors on the test set, one SAGE round.
+#: target on 2 idle cores (seconds): all K predictors on the test set, one SAGE round.
 TARGETS = {"eval_predictors_s": 1.0, "s_per_round": 3.0}
 
 
@@ -120,7 +120,7 @@ def _load() -> float | None:
 
 
 def report_targets(res: dict[str, Any]) -> list[str]:
-    """One line per figure with its target (issue 15), for ``python -m benchmarks.run sage``."""
+    """One line per figure with its target, for ``python -m benchmarks.run sage``."""
     ev = res["eval_predictors_s"]
     lines = [f"evaluation of {res['clients']} predictors on {res['test_samples']} images: "
              f"{ev:.2f} s (target <= {TARGETS['eval_predictors_s']:.0f} s on 2 idle cores; "

@@ -1,4 +1,4 @@
-"""Scale: FedAvg and ABPS on 10,000 FedProx-Synthetic centers (issue 14): seconds per round, peak RSS.
+"""Scale: FedAvg and ABPS on 10,000 FedProx-Synthetic centers: seconds per round, peak RSS.
 
 Usage::
 
@@ -30,7 +30,7 @@ import statistics
 import time
 from typing import Any
 
-#: issue 14 target: peak resident memory of a 10,000-center run
+#: target: peak resident memory of a 10,000-center run
 TARGET_PEAK_GB = 16.0
 
 
@@ -80,13 +80,13 @@ def _worker(methods: list[str], n: int, rounds: int, seed: int, threads: int, cl
     torch.set_num_threads(threads)
     if limit_gb is not None:
         _watchdog(limit_gb, floor_gb)
+    import psutil
+
+    import federation.run.runner as runner
     from federation.core.config import build_config
+    from federation.data.synthetic import generate_fedprox_cohort
     from federation.data.tensors import FederatedData
     from federation.methods import get_method
-    import federation.run.runner as runner
-    from federation.data.synthetic import generate_fedprox_cohort
-
-    import psutil
 
     t0 = time.perf_counter()
     cohort, centers = generate_fedprox_cohort(n, seed=0)

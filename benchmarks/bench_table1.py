@@ -1,4 +1,4 @@
-"""Wall time of Table 1 in full: ``abps sweep --config configs/table1.yaml`` on 2 cores (issue 14).
+"""Wall time of Table 1 in full: ``abps sweep --config configs/table1.yaml`` on 2 cores.
 
 Usage::
 
@@ -7,7 +7,7 @@ Usage::
         [--methods fedavg,abps] [--out FILE.json]
 
 Workload: every cell of the sweep file (configs/table1.yaml: the paper's Table 1 rows with the
-centralized reference, 20, and the random-partners ablation of issue 12, x 5 seeds = 105 cells,
+centralized reference, 20, and the random-partners ablation, x 5 seeds = 105 cells,
 50 rounds each; ABPS-X / FedAvg-X / Centralized with early stopping, patience 10 of at most 100;
 the non-rows abps-drift and the SAGE selector are in configs/table1-extras.yaml, not timed here)
 on the synthetic MIMIC-IV cohort of the default size, built once when
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: issue 14 target: Table 1 in full with ``abps sweep`` on 2 cores, in minutes
+#: target: Table 1 in full with ``abps sweep`` on 2 cores, in minutes
 TARGET_MIN = 30.0
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             per_method.setdefault(c.label, []).append(out.seconds[c.key])
     cell_s = sum(out.seconds.values())
     doc: dict[str, Any] = {
-        "benchmark": "Table 1 sweep wall time (issue 14)", "config": str(a.config), "cohort": str(cohort),
+        "benchmark": "Table 1 sweep wall time", "config": str(a.config), "cohort": str(cohort),
         "cohort_build_s": build_s, "workers": a.workers, "rounds_override": a.rounds, "seeds_override": a.seeds,
         "methods": [e.method for e in spec.methods], "cells": len(out.cells), "ran": len(out.ran),
         "failed": len(out.failed), "wall_s": wall, "cpu_s_incl_workers": cpu, "wall_min": wall / 60.0,

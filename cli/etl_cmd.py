@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -56,17 +55,17 @@ def _run(source: str, src_dir: Path, out: Path, opts, meds_splits: str | None) -
 @app.command("etl")
 def etl_command(
     out: Path = typer.Option(..., "--out", help="Output folder (cohort.parquet, centers.parquet, cohort_report.*)."),
-    mimic_dir: Optional[Path] = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/ (default: the MIMIC_DIR environment variable)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
+    mimic_dir: Path | None = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/ (default: the MIMIC_DIR environment variable)."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
     source: str = typer.Option("mimic", "--source", help="mimic (default), eicu or meds (a MEDS dataset: data/<split>/*.parquet + metadata/)."),
-    meds_splits: Optional[str] = typer.Option(None, "--meds-splits", help="Comma-separated MEDS splits to read (meds; default: every split of metadata/subject_splits.parquet)."),
+    meds_splits: str | None = typer.Option(None, "--meds-splits", help="Comma-separated MEDS splits to read (meds; default: every split of metadata/subject_splits.parquet)."),
     partition: str = typer.Option("careunit-year", help="careunit-year | careunit-era | dirichlet | iid (mimic; eICU centers are hospitals)."),
     window_years: int = typer.Option(2, help="Width of the shifted-year windows (careunit-year)."),
     window_origin: int = typer.Option(2100, help="A shifted year on a window boundary."),
     care_units: str = typer.Option("MICU,MICU/SICU,CVICU,SICU,CCU,TSICU", help="Comma-separated short care-unit names (mimic)."),
     min_age: float = typer.Option(18, help="Minimum age in years (inclusive)."),
     max_age: float = typer.Option(95, help="Maximum age in years (inclusive)."),
-    min_center_stays: Optional[int] = typer.Option(None, help="Centers with fewer stays are dropped (default 50 for mimic, 10 for eicu)."),
+    min_center_stays: int | None = typer.Option(None, help="Centers with fewer stays are dropped (default 50 for mimic, 10 for eicu)."),
     vitals_from_hours: float = typer.Option(0.0, help="Vital window start relative to intime, hours (0: intime to intime + 24 h; -6: mimic-code's window)."),
     comorbidity_source: str = typer.Option("same-admission", help="same-admission | earlier-admissions (leakage-free)."),
     split: str = typer.Option("0.7,0.15,0.15", help="train,val,test fractions."),

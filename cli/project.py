@@ -1,4 +1,4 @@
-"""The project folder's conventions shared by the CLI commands (issue 22).
+"""The project folder's conventions shared by the CLI commands.
 
 The *project* is the folder ``abps`` runs in (like the MLflow store ``sqlite:///mlflow/mlflow.db``,
 everything is relative to it):
@@ -130,3 +130,22 @@ def describe_mimic(src_dir: Path) -> str:
     else:
         version = "1.x"
     return f"MIMIC-IV {version}, {layout} tables"
+
+
+def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
+    """The ``--seeds`` values: the option's integers plus the extra arguments after them.
+
+    Raises:
+        InputError: a non-integer, a negative or a repeated seed.
+    """
+    seeds = list(first or [])
+    for tok in extra:
+        try:
+            seeds.append(int(tok))
+        except ValueError:
+            raise InputError(f"unexpected argument {tok!r} (--seeds takes integers)") from None
+    if any(s < 0 for s in seeds):
+        raise InputError("--seeds must be non-negative integers")
+    if len(set(seeds)) != len(seeds):
+        raise InputError("--seeds holds a seed twice")
+    return seeds

@@ -7,7 +7,6 @@ Fig. 3, variance-correction Table I) and docs/sweeps.md.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +17,7 @@ from cli.app import app
 def report(
     experiment: str = typer.Option(..., "--experiment", help="MLflow experiment name (e.g. the sweep's)"),
     out: Path = typer.Option(..., "--out", help="output folder (Markdown, CSV, PNG; written atomically)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
     no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),
 ) -> None:
     """Rebuild Table 1 and Figure 3 (and the SAGE / variance-correction tables when such runs exist)."""

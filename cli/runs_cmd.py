@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Optional
 
 import typer
 
@@ -23,7 +22,7 @@ from cli.app import app
 def ui(
     port: int = typer.Option(5000, "--port", min=1, max=65535, help="port of the UI (http://127.0.0.1:PORT)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (127.0.0.1: this machine only)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
 ) -> int:
     """Start the MLflow UI on the project's store and print its URL; Ctrl-C stops it."""
     from federation.run.tracking import default_tracking_uri
@@ -54,7 +53,7 @@ def _fmt(x: float, spec: str) -> str:
 @app.command("runs")
 def runs(
     experiment: str = typer.Option("abps", "--experiment", help="MLflow experiment (default abps, as abps train)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow/mlflow.db)"),
 ) -> None:
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
     mean +- std across seeds, bandwidth relative to FedAvg and the last round's isolation rate."""

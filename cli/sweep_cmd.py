@@ -7,10 +7,10 @@ Cells that already have a FINISHED run in the experiment are skipped (resume); s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
+from cli import project
 from cli.app import app
 from etl.errors import InputError
 
@@ -19,15 +19,15 @@ from etl.errors import InputError
 def sweep(
     ctx: typer.Context,
     config: Path = typer.Option(..., "--config", help="sweep YAML (e.g. configs/table1.yaml)"),
-    executor: Optional[str] = typer.Option(None, "--executor", help="local (process pool) or ray; default from the file"),
-    engine: Optional[str] = typer.Option(None, "--engine", hidden=True, help="renamed --executor"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
-    cohort: Optional[Path] = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
-    rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
-    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the file's)"),
+    executor: str | None = typer.Option(None, "--executor", help="local (process pool) or ray; default from the file"),
+    engine: str | None = typer.Option(None, "--engine", hidden=True, help="renamed --executor"),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
+    cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
+    rounds: int | None = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
+    seeds: list[int] | None = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
+    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment (default: the file's)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
 ) -> None:
     """Run the missing cells of a sweep; each cell is one MLflow run under the sweep's parent run."""
@@ -43,9 +43,8 @@ def sweep(
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminate)
-    from cli.train_cmd import _parse_seeds
 
-    seeds = _parse_seeds(seeds, list(ctx.args)) or None
+    seeds = project.parse_seeds(seeds, list(ctx.args)) or None
     from federation.sweep.cross import cross_summary_line, is_cross_sweep, run_cross_sweep
 
     if is_cross_sweep(config):  # `datasets:` (configs/cross.yaml): one sweep per data set, one experiment

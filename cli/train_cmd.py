@@ -8,9 +8,8 @@ benchmark runners instead (``federation.images.cli_run`` / ``federation.gossip.c
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from typer.core import TyperCommand
@@ -19,23 +18,6 @@ from cli import project
 from cli.app import app
 from etl.errors import InputError
 from etl.io import check_writable
-
-_BENCHMARKS = {"sage": "federation.images", "vv": "federation.gossip"}
-_THREAD_KEYS = {"sage": "num_threads", "vv": "threads"}  # each benchmark config's torch thread count
-
-
-def _parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
-    seeds = list(first or [])
-    for tok in extra:
-        try:
-            seeds.append(int(tok))
-        except ValueError:
-            raise InputError(f"unexpected argument {tok!r} (--seeds takes integers)") from None
-    if any(s < 0 for s in seeds):
-        raise InputError("--seeds must be non-negative integers")
-    if len(set(seeds)) != len(seeds):
-        raise InputError("--seeds holds a seed twice")
-    return seeds
 
 
 def _parse_params(items: list[str]) -> dict[str, object]:
@@ -84,23 +66,6 @@ def _refuse_unused(ctx: typer.Context, applies: frozenset[str], what: str) -> No
             raise InputError(f"{flag}: not used by {what}; drop it, or train a clinical method without the config")
 
 
-def goal_preset(goal: str) -> str:
-    """The registered goal-aware ABPS preset of ``goal`` (family ``goal``: ABPS+P+Q+kappa=1 with the
-    goal's filter, ABPS paper Sec. 6.5), e.g. ``diversity -> abps-div``.
-
-    Raises:
-        InputError: no registered preset has that goal (the message lists the goals).
-    """
-    from federation.methods import all_methods
-
-    presets = {str(c.default_config.get("params", {}).get("goal")): name
-               for name, c in all_methods().items() if c.family == "goal"}
-    g = goal.strip().lower()
-    if g not in presets:
-        raise InputError(f"--goal {goal!r}: choose one of {', '.join(sorted(presets))}")
-    return presets[g]
-
-
 @app.command(
     "train",
     cls=_TrainCommand,
@@ -108,24 +73,24 @@ def goal_preset(goal: str) -> str:
 )
 def train(
     ctx: typer.Context,
-    method: Optional[str] = typer.Option(None, "--method", help="registered method (listed in `abps train --help`)"),
-    cohort: Optional[Path] = typer.Option(
+    method: str | None = typer.Option(None, "--method", help="registered method (listed in `abps train --help`)"),
+    cohort: Path | None = typer.Option(
         None, "--cohort", help="directory with cohort.parquet + centers.parquet (default: the cohort of this "
         "project's most recent `abps etl`, recorded in .abps/state.json, else ./cohort)"),
-    seeds: Optional[list[int]] = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
-    rounds: Optional[int] = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
-    output: Optional[Path] = typer.Option(
+    seeds: list[int] | None = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
+    config: Path | None = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
+    rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
+    output: Path | None = typer.Option(
         None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment name (default abps)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow URI (default sqlite:///mlflow/mlflow.db)"),
+    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment name (default abps)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
     threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = torch default)"),
-    param: Optional[list[str]] = typer.Option(
+    param: list[str] | None = typer.Option(
         None, "--param", help="method parameter NAME=VALUE (YAML value), repeatable; e.g. --param goal=diversity"
     ),
-    goal: Optional[str] = typer.Option(
+    goal: str | None = typer.Option(
         None, "--goal", help="ABPS goal-aware filter: homogeneity | diversity | alignment. Without --method it "
         "runs the goal-aware preset abps-hom | abps-div | abps-align (ABPS+P+Q+kappa=1 with the goal's filter, "
         "as the ABPS paper runs the goals, Sec. 6.5); with an ABPS --method it sets that method's goal"
@@ -137,14 +102,14 @@ def train(
     """
     from federation.core.config import build_config, load_yaml
 
-    seed_list = _parse_seeds(seeds, list(ctx.args))
+    seed_list = project.parse_seeds(seeds, list(ctx.args))
     file_cfg = load_yaml(config) if config is not None else None
     if file_cfg is not None and "benchmark" in file_cfg:
+        from federation.benchmark import get_benchmark
+
         name = str(file_cfg["benchmark"]).lower()
-        if name not in _BENCHMARKS:
-            raise InputError(f"{config}: benchmark must be one of {', '.join(_BENCHMARKS)}, got {name!r}")
+        bench = get_benchmark(name, config)
         _refuse_unused(ctx, _BENCHMARK_OPTIONS, f"a {name} benchmark config ({config})")
-        mod = importlib.import_module(_BENCHMARKS[name])
         # only what the user set overrides the benchmark config's own seeds / experiment; the
         # results file defaults to the config's `output`, else results.json as for clinical runs
         cfg_seeds = file_cfg.get("seeds")
@@ -156,10 +121,10 @@ def train(
         project.check_output(out_path, force)
         check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
-            file_cfg = {**file_cfg, _THREAD_KEYS[name]: threads}
+            file_cfg = {**file_cfg, bench.threads_key: threads}
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
-        mod.cli_run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
+        bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
         typer.echo(f"{name} benchmark done -> {out_path}")
         return
     seed_list = seed_list or [11]
@@ -167,6 +132,8 @@ def train(
     if method is None:
         method = str(file_cfg.get("method")) if file_cfg and file_cfg.get("method") else None
     if method is None and goal is not None:
+        from federation.methods.registry import goal_preset
+
         method = goal_preset(goal)
         goal = None
     if method is None:

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import polars as pl
 

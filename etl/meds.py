@@ -1,4 +1,4 @@
-"""MEDS (Medical Event Data Standard) -> the federated ICU-mortality cohort (issue 18).
+"""MEDS (Medical Event Data Standard) -> the federated ICU-mortality cohort.
 
 A MEDS dataset is a folder with ``data/<split>/*.parquet`` event shards (one row per event:
 ``subject_id``, ``time``, ``code``, ``numeric_value``, plus extra columns) and ``metadata/``
@@ -28,8 +28,8 @@ import polars as pl
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir
-from etl.pipeline import Attrition, EtlOptions, concept_sql, connect, finish, frame, scalar
 from etl.mimic import assemble, care_unit_rows, charlson_sql, first_day_vitals, keep_adult_unit_stays
+from etl.pipeline import Attrition, EtlOptions, concept_sql, connect, finish, frame, scalar
 from etl.sources import Table, duckdb_errors, locate
 
 __all__ = ["run_meds_etl", "build_meds_cohort", "REQUIRED", "OPTIONAL", "TYPES"]

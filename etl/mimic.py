@@ -25,9 +25,9 @@ import duckdb
 import polars as pl
 
 from etl import charlson
+from etl.chart_cache import use_cache
 from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
-from etl.chart_cache import use_cache
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
 from etl.sources import Table, check_flags, check_range, duckdb_errors, locate, require_rows

@@ -4,7 +4,7 @@
   option that does not apply to the source is refused, never ignored).
 * :func:`etl.sources.connect` (re-exported) - the only place a DuckDB connection of the ETL is
   made: ``--threads``, ``--memory-limit``, a spill folder inside the output's temporary sibling,
-  and the session time zone fixed to UTC (results never depend on the machine's ``TZ``).
+  and the connection's time zone fixed to UTC (results never depend on the machine's ``TZ``).
 * :func:`etl.sql.concept_sql` (re-exported) - reads a concept file
   ``etl/sql/<source>/<concept>.sql`` (one clinical concept per file, each citing its source in a
   header comment) and fills its ``${...}`` slots (named ``<slot>`` in the header comments).
@@ -22,9 +22,9 @@ import math
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import duckdb
 import numpy as np

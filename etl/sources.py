@@ -17,14 +17,14 @@ import atexit
 import contextlib
 import gzip
 import os
+import re
 import shutil
 import tempfile
-import re
 import weakref
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 import duckdb
 
@@ -78,7 +78,7 @@ class Table:
             casts = []
             for c, kind in zip(self.columns, self.kinds or ("",) * len(self.columns)):
                 if kind.startswith("TIMESTAMP WITH TIME ZONE"):
-                    # an instant -> its UTC wall-clock time, whatever the session's TimeZone
+                    # an instant -> its UTC wall-clock time, whatever the connection's TimeZone
                     casts.append(f"CAST(timezone('UTC', {c}) AS {types.get(c, 'TIMESTAMP')}) AS {c}")
                 elif types.get(c) in INTEGER_TYPES and kind.startswith(("VARCHAR", "BLOB")):
                     casts.append(f"{whole_number_sql(self.path, c, types[c])} AS {c}")
@@ -507,7 +507,7 @@ def gzip_data_end(path: Path) -> int | None:
                 chunk = fh.read(1 << 20)
                 if not chunk:
                     break
-                start, pos = pos, pos + len(chunk)
+                pos += len(chunk)
                 data = chunk
                 while data:
                     while data and not d.eof:

@@ -1,4 +1,4 @@
-"""Issue 20 check: "always on" reproduces today's runs exactly (docs/realworld.md).
+"""Check: "always on" reproduces today's runs exactly (docs/realworld.md).
 
 Prints the JSON of every history, per-center figure and byte count of FedAvg, FedProx, ABPS, ABPS-X and
 local-only on a 12-center FedProx-Synthetic cohort (3 rounds, seed 3). With the argument ``always`` each
@@ -17,10 +17,10 @@ import warnings
 import torch
 
 from federation.core.config import build_config
+from federation.data.synthetic import generate_fedprox_cohort
 from federation.data.tensors import FederatedData
 from federation.methods import get_method
 from federation.run.runner import run_one
-from federation.data.synthetic import generate_fedprox_cohort
 
 NEW_KEYS = ("available_share", "dropped_updates", "round_seconds", "virtual_hours", "intentional_rest_share")
 

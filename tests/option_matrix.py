@@ -8,7 +8,7 @@ without anyone listing it: an option of a type with a generic probe (int, float,
 as is; any other fails here until it has a probe, and a command fails until it has a kind.
 
 The run kinds: ``abps etl`` on each source (mimic, eicu, meds), ``abps train`` on a clinical cohort,
-on an image federation and with each benchmark config (``cli.train_cmd._BENCHMARKS``), ``abps
+on an image federation and with each benchmark config (``federation.benchmark.BENCHMARKS``), ``abps
 sweep`` on a sweep file, ``abps runs`` / ``report`` / ``ui`` on a store, the ``synth`` writers.
 The test files ``test_option_matrix_*.py`` split the kinds between the two CI workers.
 """

@@ -10,10 +10,14 @@ import pytest
 import torch
 
 from abps.bandit import StationaryPeerBandit, clustered_utilities, simulate
-from abps.beliefs import BetaBeliefs
-from abps.beliefs import max_resting_gamma, ucb_bonus
-from abps.goal_filter import (calibrate_tau_sim, calibrate_tau_sim_per_center, candidate_mask, goal_scores,
-                               normalize_metadata)
+from abps.beliefs import BetaBeliefs, max_resting_gamma, ucb_bonus
+from abps.goal_filter import (
+    calibrate_tau_sim,
+    calibrate_tau_sim_per_center,
+    candidate_mask,
+    goal_scores,
+    normalize_metadata,
+)
 from abps.matching import fedavg_mixing, propose_reject
 from abps.shapley import build_coalitions, clip_phi, exact_shapley, shapley_from_utilities, shapley_matrix
 

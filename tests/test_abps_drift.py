@@ -14,15 +14,22 @@ import torch
 from scipy import stats
 
 from abps.beliefs import BetaBeliefs
-from abps.drift import (DriftMonitor, DriftParams, WelchWindows, candidate_overlap, restart_beliefs, rounds_until_zero,
-                        welch_pvalues)
+from abps.drift import (
+    DriftMonitor,
+    DriftParams,
+    WelchWindows,
+    candidate_overlap,
+    restart_beliefs,
+    rounds_until_zero,
+    welch_pvalues,
+)
 from abps.method import AbpsMethod
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData
 from federation.data.drift_scenario import LabelFlipDrift, apply_drift, drift_centers, drifting_copy
+from federation.data.synthetic import generate_fedprox_cohort
+from federation.data.tensors import FederatedData
 from federation.methods import get_method
 from federation.run.runner import run_one
-from federation.data.synthetic import generate_fedprox_cohort
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -293,10 +300,11 @@ def test_both_features_from_the_cli(tmp_path):
     candidate-set overlap and the drift-scenario totals."""
     import json
 
+    from mlflow.tracking import MlflowClient
+
     import cli.train_cmd  # noqa: F401  (registers `abps train`)
     from cli.app import main
     from federation.data.synthetic import write_fedprox_cohort
-    from mlflow.tracking import MlflowClient
 
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=8, seed=2, mean_size=80.0, shared=0.8)
     cfg = tmp_path / "flip.yaml"
@@ -340,10 +348,10 @@ def test_drop_only_ignores_a_rise():
 
 def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
     """configs/privacy-study.yaml and configs/drift-study.yaml load; a tiny sweep with both kinds of
-    runs gives report tables whose numbers are the runs' own summaries (issue 17)."""
+    runs gives report tables whose numbers are the runs' own summaries."""
     from federation import report as rp
-    from federation.sweep import SweepSpec, expand_cells, load_sweep, run_sweep
     from federation.data.synthetic import write_fedprox_cohort
+    from federation.sweep import SweepSpec, expand_cells, load_sweep, run_sweep
 
     spec, base = load_sweep(CONFIGS / "privacy-study.yaml")
     assert len(expand_cells(spec, base, "c")) == 3 * 6 * 5

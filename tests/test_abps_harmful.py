@@ -1,4 +1,4 @@
-"""Harmful-center federation (issue 12): label-flip transform by hand, ABPS against random-partners
+"""Harmful-center federation: label-flip transform by hand, ABPS against random-partners
 (harmful partnerships, healthy AUROC), and rest by the UCB rule (Lemma 1) for a center whose every
 candidate is harmful to it."""
 
@@ -11,13 +11,12 @@ import polars as pl
 import pytest
 import torch
 
-from abps.harmful import (choose_harmful, flip_centers, main, mean_finite, read_harmful, study_config, study_rows,
-                          write_harmful_cohort)
+from abps.harmful import choose_harmful, flip_centers, main, mean_finite, read_harmful, study_config, study_rows
 from etl.errors import InputError
+from federation.data.synthetic import generate_fedprox_cohort, write_fedprox_cohort
 from federation.data.tensors import FederatedData
 from federation.methods.registry import METHODS
 from federation.run.runner import run_one
-from federation.data.synthetic import generate_fedprox_cohort, write_fedprox_cohort
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -11,14 +11,14 @@ import torch
 
 from abps.method import PRESETS, AbpsMethod, AbpsParams
 from federation.core.config import build_config, load_yaml
-from federation.data.tensors import FederatedData
-from federation.engine.mlp import StackedEngine, n_params
 from federation.core.ledger import Ledger
-from federation.methods import Context, get_method
 from federation.core.metrics import batched_auroc
-from federation.engine.mixing import exchanged_keys, head_keys, mix_params
-from federation.run.runner import run_one
 from federation.data.synthetic import generate_fedprox_cohort
+from federation.data.tensors import FederatedData
+from federation.engine.mixing import mix_params
+from federation.engine.mlp import StackedEngine, exchanged_keys, head_keys, n_params
+from federation.methods import Context, get_method
+from federation.run.runner import run_one
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -325,9 +325,9 @@ def test_report_shows_isolation_per_seed(tmp_path):
     (``method_summary`` of each seed): rest share, E|P_i|, acceptance rate, centers ever rested."""
     import json
 
+    from federation.data.synthetic import write_fedprox_cohort
     from federation.report import write_report
     from federation.run.runner import run_training
-    from federation.data.synthetic import write_fedprox_cohort
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     cohort = write_fedprox_cohort(tmp_path / "c", n_centers=6, seed=1, mean_size=60, shared=0.8)

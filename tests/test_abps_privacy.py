@@ -10,8 +10,15 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from abps.privacy import (MetadataDpParams, MetadataRelease, composed_epsilon, metadata_from_sums, metadata_sums,
-                          noise_multiplier, sensitivity)
+from abps.privacy import (
+    MetadataDpParams,
+    MetadataRelease,
+    composed_epsilon,
+    metadata_from_sums,
+    metadata_sums,
+    noise_multiplier,
+    sensitivity,
+)
 
 
 @pytest.mark.parametrize("eps,delta", [(0.5, 1e-5), (2.0, 1e-6)])

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import federation.run.runner
 from federation.core.config import EngineConfig, build_config
+from federation.data.synthetic import centers_table, generate_fedprox_cohort, write_fedprox_cohort
 from federation.data.tensors import FederatedData
 from federation.engine.mlp import PARAM_NAMES, AdamState, forward, n_params
 from federation.methods import get_method
@@ -25,7 +26,6 @@ from federation.methods.bnn import (
     softplus_inv,
 )
 from federation.run.runner import run_one
-from federation.data.synthetic import centers_table, generate_fedprox_cohort, write_fedprox_cohort
 
 torch.set_num_threads(1)
 

@@ -11,15 +11,14 @@ import torch
 
 import federation.methods.decentralized as dec
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData
-from federation.core.seeding import mix_seed
-from federation.engine.mlp import AdamState, StackedEngine, n_params
 from federation.core.graphs import adjacency_tensor, metropolis_weights, sparse_connected_graph
 from federation.core.ledger import Ledger, undirected_edges
-from federation.methods import Context, get_method
-from federation.engine.mixing import exchanged_keys, head_keys
-from federation.run.runner import run_one
+from federation.core.seeding import mix_seed
 from federation.data.synthetic import write_fedprox_cohort
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import AdamState, StackedEngine, exchanged_keys, head_keys, n_params
+from federation.methods import Context, get_method
+from federation.run.runner import run_one
 
 torch.set_num_threads(1)
 N = 12
@@ -70,7 +69,7 @@ def test_decefl_plan_is_metropolis_over_fixed_graph(data: FederatedData) -> None
     torch.testing.assert_close(plan0.w, metropolis_weights(expected_adj))
     torch.testing.assert_close(plan0.w.sum(0), torch.ones(N, dtype=torch.float64))
     assert undirected_edges(plan0.adjacency) == N
-    art = m.artifacts["graph.json"]
+    art = m.artifacts(ctx)["graph.json"]
     assert art["edges"] == N and art["components"] == 1.0 and len(art["edge_list"]) == N
     assert {r["center_i"] for r in art["edge_list"]} <= set(data.center_ids)
 
@@ -83,7 +82,7 @@ def test_decefl_default_ring_mixes_each_center_with_its_two_neighbours(data: Fed
     m = dec.DeceFL()  # the defaults
     m.setup(ctx)
     plan = m.plan_round(ctx, 0)
-    assert undirected_edges(plan.adjacency) == N and m.artifacts["graph.json"]["kind"] == "ring"
+    assert undirected_edges(plan.adjacency) == N and m.artifacts(ctx)["graph.json"]["kind"] == "ring"
     x = torch.arange(N, dtype=torch.float64) ** 2
     expected = torch.stack([(x[(i - 1) % N] + x[i] + x[(i + 1) % N]) / 3 for i in range(N)])
     torch.testing.assert_close(plan.w @ x, expected)

@@ -1,4 +1,4 @@
-"""The eICU hospital federation learns (issue 21): real eICU demo, federated encoding, FedAvg vs local.
+"""The eICU hospital federation learns: real eICU demo, federated encoding, FedAvg vs local.
 
 Guards the fix of the 0.33 / 0.48 / 0.51 mean per-center test AUROC of Local / FedAvg / ABPS with the
 paper's per-center encoding and local schedule on 5-33 train rows per hospital (docs/eicu.md): the
@@ -43,7 +43,7 @@ def test_auto_encoding_is_federated_on_small_hospitals(eicu):
 
 
 def test_federated_methods_learn_on_real_hospitals_and_beat_local(eicu):
-    """Issue 21's settings (30 rounds, configs/eicu-table.yaml) on one seed of the three."""
+    """The eICU table's settings (30 rounds, configs/eicu-table.yaml) on one seed of the three."""
     rounds = 30
     out = {}
     for m in ("fedavg", "abps", "local"):

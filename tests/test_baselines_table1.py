@@ -1,5 +1,5 @@
 """configs/table1.yaml runs every tuned baseline preset, and the Table 1 report shows each row with
-its mean ± std over seeds, its bandwidth and the ABPS paper's figure beside it (issue 23)."""
+its mean ± std over seeds, its bandwidth and the ABPS paper's figure beside it."""
 
 from __future__ import annotations
 

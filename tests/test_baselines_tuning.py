@@ -1,4 +1,4 @@
-"""federation.report.tuning: the validation-AUROC tuning table and configs/tuning.yaml (issue 23)."""
+"""federation.report.tuning: the validation-AUROC tuning table and configs/tuning.yaml."""
 
 from __future__ import annotations
 

@@ -10,9 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlflow
 import polars as pl
 import pytest
+
+import mlflow
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from cli.app import main; main()"]
@@ -80,7 +81,7 @@ def test_etl_rejects_out_file_injection_bad_labels_and_duplicates(mimic_demo_dir
     one_line_error(run("etl", "--mimic-dir", str(src), "--out", str(tmp_path / "o"), *wide),
                    "hospital_expire_flag", "0 or 1")
     src2 = _copy_mimic(mimic_demo_dir, tmp_path / "m2")
-    # a repeated subject_id whose rows differ (identical duplicates are collapsed, issue 13 case 3)
+    # a repeated subject_id whose rows differ (identical duplicates are collapsed)
     _edit_gz(src2 / "hosp" / "patients.csv.gz",
              lambda t: t + t.splitlines()[1].replace(",M,", ",X,").replace(",F,", ",X,") + "\n")
     one_line_error(run("etl", "--mimic-dir", str(src2), "--out", str(tmp_path / "o"), *wide),

@@ -1,4 +1,4 @@
-"""The first hour (issue 22): `abps etl` (MIMIC_DIR, release / layout line, next command, recorded
+"""The first hour: `abps etl` (MIMIC_DIR, release / layout line, next command, recorded
 cohort) -> `abps train --goal diversity` with no other option -> `abps runs` / `abps ui`, in a fresh
 project folder, on the real MIMIC-IV demo."""
 
@@ -115,7 +115,7 @@ def test_default_cohort_order(project: Path) -> None:
 
 
 def test_goal_flag_picks_the_goal_aware_preset_and_says_so(capsys) -> None:
-    from cli.train_cmd import goal_preset
+    from federation.methods.registry import goal_preset
 
     assert [goal_preset(g) for g in ("homogeneity", "Diversity", "alignment")] == ["abps-hom", "abps-div", "abps-align"]
     assert _main(["train", "--help"]) == 0

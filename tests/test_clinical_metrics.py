@@ -10,8 +10,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from federation.core.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
-                                 bootstrap_mean_auroc, distribution, subgroup_gaps)
+import federation.core.clinical as cm
 
 
 def _padded(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,7 +40,7 @@ def centers() -> list[tuple[np.ndarray, np.ndarray]]:
 
 def test_auprc_equals_sklearn_with_ties(centers):
     s, y, m = _padded(centers)
-    got = batched_auprc(s, y, m)
+    got = cm.batched_auprc(s, y, m)
     want = [average_precision_score(yi, si) for si, yi in centers]
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-12)
 
@@ -49,7 +48,7 @@ def test_auprc_equals_sklearn_with_ties(centers):
 def test_auprc_hand_computed_and_no_positive():
     # scores 0.9(+), 0.8(-), 0.7(+): AP = (1/2)(1/1 + 2/3) = 5/6
     s, y, m = _padded([(np.array([0.9, 0.8, 0.7]), np.array([1, 0, 1])), (np.array([0.1, 0.2]), np.array([0, 0]))])
-    got = batched_auprc(s, y, m)
+    got = cm.batched_auprc(s, y, m)
     assert got[0].item() == pytest.approx(5 / 6, abs=1e-15)
     assert math.isnan(got[1].item())
 
@@ -57,7 +56,7 @@ def test_auprc_hand_computed_and_no_positive():
 def test_brier_equals_sklearn(centers):
     rows = [(1 / (1 + np.exp(-si)), yi) for si, yi in centers]
     p, y, m = _padded(rows)
-    got = batched_brier(p, y, m)
+    got = cm.batched_brier(p, y, m)
     np.testing.assert_allclose(got.numpy(), [brier_score_loss(yi, pi) for pi, yi in rows], atol=1e-12)
 
 
@@ -65,14 +64,14 @@ def test_ece_hand_computed():
     # bins of width 0.5: bin 0 holds p = 0.2, 0.4 (labels 0, 1): |0.5 - 0.3| = 0.2, weight 2/4;
     # bin 1 holds p = 0.6, 1.0 (labels 1, 1): |1 - 0.8| = 0.2, weight 2/4 -> ECE = 0.2
     p, y, m = _padded([(np.array([0.2, 0.4, 0.6, 1.0]), np.array([0, 1, 1, 1]))])
-    assert batched_ece(p, y, m, n_bins=2)[0].item() == pytest.approx(0.2, abs=1e-15)
+    assert cm.batched_ece(p, y, m, n_bins=2)[0].item() == pytest.approx(0.2, abs=1e-15)
     with pytest.raises(ValueError, match="lie in"):
-        batched_ece(p * 2, y, m)
+        cm.batched_ece(p * 2, y, m)
 
 
 def test_calibration_equals_unpenalized_logistic_regression(centers):
     s, y, m = _padded(centers)
-    a, b = batched_calibration(s, y, m)
+    a, b = cm.batched_calibration(s, y, m)
     for i, (si, yi) in enumerate(centers):
         lr = LogisticRegression(C=np.inf, tol=1e-12, max_iter=10_000).fit(si[:, None], yi)
         assert a[i].item() == pytest.approx(lr.intercept_[0], abs=1e-5)
@@ -85,28 +84,28 @@ def test_calibration_of_a_calibrated_model_and_separation():
     y = (rng.random(z.size) < 1 / (1 + np.exp(-z))).astype(float)
     sep = (np.array([-2.0, -1.0, 1.0, 2.0]), np.array([0, 0, 1, 1]))  # perfectly separated: no finite fit
     s, yy, m = _padded([(z, y), sep])
-    a, b = batched_calibration(s, yy, m)
+    a, b = cm.batched_calibration(s, yy, m)
     assert abs(a[0].item()) < 0.05 and abs(b[0].item() - 1) < 0.05
     assert math.isnan(a[1].item()) and math.isnan(b[1].item())
 
 
 def test_distribution_hand_computed():
     v = torch.tensor([0.5, 0.7, math.nan, 0.9, 0.6, 0.8, 0.55, 0.65, 0.75, 0.85, 0.95, 0.7])
-    d = distribution(v)
+    d = cm.distribution(v)
     x = np.array([0.5, 0.7, 0.9, 0.6, 0.8, 0.55, 0.65, 0.75, 0.85, 0.95, 0.7])
     assert d.n_defined == 11 and d.n_undefined == 1
     assert d.mean == pytest.approx(x.mean()) and d.median == pytest.approx(np.median(x))
     assert d.worst10 == pytest.approx(np.mean([0.5, 0.55]))  # ceil(1.1) = 2 lowest
     assert d.gini == pytest.approx(np.abs(x[:, None] - x[None, :]).sum() / (2 * 11**2 * x.mean()))
-    assert distribution(torch.tensor([0.1, 0.3]), higher_is_better=False).worst10 == pytest.approx(0.3)
+    assert cm.distribution(torch.tensor([0.1, 0.3]), higher_is_better=False).worst10 == pytest.approx(0.3)
 
 
 def test_bootstrap_interval_covers_the_estimate_and_is_seeded(centers):
     s, y, m = _padded(centers)
     point = float(np.mean([roc_auc_score(yi, si) for si, yi in centers]))
-    lo, hi = bootstrap_mean_auroc(s, y, m, n_boot=300, seed=5)
+    lo, hi = cm.bootstrap_mean_auroc(s, y, m, n_boot=300, seed=5)
     assert lo < point < hi and 0 <= lo and hi <= 1
-    assert (lo, hi) == bootstrap_mean_auroc(s, y, m, n_boot=300, seed=5)
+    assert (lo, hi) == cm.bootstrap_mean_auroc(s, y, m, n_boot=300, seed=5)
 
 
 def test_subgroup_gaps_match_sklearn_and_suppress_small_groups(centers):
@@ -116,7 +115,7 @@ def test_subgroup_gaps_match_sklearn_and_suppress_small_groups(centers):
     for i, (si, _) in enumerate(centers):
         groups[i, : len(si)] = torch.as_tensor(rng.integers(0, 2, len(si)))
     groups[0, 0] = 2  # group "tiny": one row -> suppressed
-    rows = subgroup_gaps(s, y, m, groups, ["F", "M", "tiny"], min_size=30, n_boot=100, seed=2)
+    rows = cm.subgroup_gaps(s, y, m, groups, ["F", "M", "tiny"], min_size=30, n_boot=100, seed=2)
     flat_s, flat_y, flat_g = s[m].numpy(), y[m].numpy(), groups[m].numpy()
     overall = roc_auc_score(flat_y, flat_s)
     for j, r in enumerate(rows[:2]):
@@ -157,8 +156,8 @@ def test_bootstrap_counts_equal_resorting_every_replicate_bit_for_bit(centers):
         for j in gaps:
             gaps[j].append(batched_auroc(sp, yp, gp == j) - every)
     want = tuple(torch.quantile(torch.cat(means), q).tolist())
-    assert bootstrap_mean_auroc(s, y, m, n_boot=n_boot, seed=seed) == want
-    got = subgroup_gaps(s, y, m, groups, ["a", "b", "c"], min_size=5, min_events=1, n_boot=n_boot, seed=seed)
+    assert cm.bootstrap_mean_auroc(s, y, m, n_boot=n_boot, seed=seed) == want
+    got = cm.subgroup_gaps(s, y, m, groups, ["a", "b", "c"], min_size=5, min_events=1, n_boot=n_boot, seed=seed)
     for j, r in enumerate(got):
         assert not r.suppressed
         assert r.auroc_gap_ci == tuple(torch.quantile(torch.cat(gaps[j]), q).tolist()), r.group

@@ -15,14 +15,13 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, brier_score_loss
 
+import federation.core.clinical as cm
 from etl.mimic import EtlOptions, run_etl
-from federation.core.clinical import (batched_auprc, batched_brier, batched_calibration, batched_ece,
-                                 bootstrap_mean_auroc, distribution, subgroup_gaps)
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData
 from federation.core.evaluation import SUBGROUP_AXES, as_logits, group_codes
-from federation.methods import get_method
 from federation.core.metrics import batched_auroc
+from federation.data.tensors import FederatedData
+from federation.methods import get_method
 from federation.run.runner import run_one, run_training
 
 SEED = 5
@@ -64,21 +63,21 @@ def test_results_json_equals_clinical_functions_on_final_predictions(trained):
     y, m = t.y.double(), t.mask
     z = z.double().masked_fill(~m, 0.0)
     p = torch.sigmoid(z)
-    a, b = batched_calibration(z, y, m)
-    per = {"auroc": batched_auroc(z, y, m).double(), "auprc": batched_auprc(z, y, m), "brier": batched_brier(p, y, m),
-           "ece": batched_ece(p, y, m, 10), "cal_intercept": a, "cal_slope": b}
+    a, b = cm.batched_calibration(z, y, m)
+    per = {"auroc": batched_auroc(z, y, m).double(), "auprc": cm.batched_auprc(z, y, m), "brier": cm.batched_brier(p, y, m),
+           "ece": cm.batched_ece(p, y, m, 10), "cal_intercept": a, "cal_slope": b}
     clin = written["seeds"][str(SEED)]["clinical"]
     assert clin["distribution"]["auroc"]["n_defined"] == 2
     assert clin["distribution"]["brier"]["n_defined"] == data.n_centers
     for name, v in per.items():
-        want = distribution(v, higher_is_better=name not in ("brier", "ece"))
+        want = cm.distribution(v, higher_is_better=name not in ("brier", "ece"))
         got = clin["distribution"][name]
         for stat in ("mean", "median", "worst10", "std", "gini")[: 4 if name == "cal_intercept" else 5]:
             w = getattr(want, stat)
             assert (got[stat] is None and not math.isfinite(w)) or got[stat] == pytest.approx(w, rel=1e-9, abs=1e-12)
         assert got["n_defined"] == want.n_defined
         assert got["n_defined"] + got["n_undefined"] == data.n_centers  # every center, rested or not
-    lo, hi = bootstrap_mean_auroc(z, y, m, n_boot=200, seed=SEED)
+    lo, hi = cm.bootstrap_mean_auroc(z, y, m, n_boot=200, seed=SEED)
     assert clin["auroc_ci"] == pytest.approx([lo, hi])
     assert lo <= clin["distribution"]["auroc"]["mean"] <= hi
     # the AUROC summary the runtime always reported is the same figure
@@ -99,7 +98,7 @@ def test_subgroups_equal_subgroup_gaps_and_suppression_is_said(trained):
     assert [(r["axis"], r["group"]) for r in rows] == [(a, g) for a, names in SUBGROUP_AXES.items() for g in names]
     g = data.groups["test"]
     for ax, (axis, names) in enumerate(SUBGROUP_AXES.items()):
-        want = subgroup_gaps(z.double().masked_fill(~t.mask, 0.0), t.y.double(), t.mask, g[..., ax], list(names),
+        want = cm.subgroup_gaps(z.double().masked_fill(~t.mask, 0.0), t.y.double(), t.mask, g[..., ax], list(names),
                              n_boot=200, seed=SEED)
         for w, r in zip(want, [r for r in rows if r["axis"] == axis]):
             assert r["n"] == w.n and r["suppressed"] == w.suppressed
@@ -216,5 +215,5 @@ def test_early_stopping_reports_the_restored_round(trained):
     res = run_one(cfg, data, SEED)
     assert res.clinical is not None and res.best_round <= res.rounds_run
     assert res.clinical.distribution["auroc"]["mean"] == pytest.approx(res.final_auroc_mean)
-    for cid, row in res.per_center.items():
+    for row in res.per_center.values():
         assert set(row) >= {"test_auroc", "auprc", "brier", "ece", "cal_intercept", "cal_slope", "n_pos"}

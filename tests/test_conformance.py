@@ -1,4 +1,4 @@
-"""Conformance checks run on every registered method (issue 16 item 3; in the spirit of
+"""Conformance checks run on every registered method (in the spirit of
 scikit-learn's common estimator checks).
 
 Each method trains two rounds on a tiny real cohort (the MIMIC-IV demo, IID partition into 4

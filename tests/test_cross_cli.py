@@ -1,4 +1,4 @@
-"""The cross runs from the CLI (issue 18): `abps train` on an image federation, `abps sweep` on a cross
+"""The cross runs from the CLI: `abps train` on an image federation, `abps sweep` on a cross
 sweep file (a synthetic clinical cohort and a 3-client Fashion-MNIST federation), `abps report`'s
 cross table checked against the ledger's arithmetic."""
 

@@ -1,4 +1,4 @@
-"""The SAGE benchmark's image clients as a federation of the runtime (issue 18, federation/data/images.py):
+"""The SAGE benchmark's image clients as a federation of the runtime (federation/data/images.py):
 ABPS, FedAvg, DeFTA, random partners and the SAGE selectors through one round loop and one ledger on a
 small real Fashion-MNIST federation (4 clients, Dirichlet 0.1, 2,000 images)."""
 
@@ -77,8 +77,8 @@ def test_fedavg_ledger_and_accuracy_by_hand(data: ImageFederation) -> None:
     accuracy equals scikit-learn's on each client's own local-evaluation split."""
     from sklearn.metrics import accuracy_score
 
-    from federation.methods import Context
     from federation.core.ledger import Ledger
+    from federation.methods import Context
 
     assert ENC + DEC + HEAD == 220_411
     res = run_one(_cfg("fedavg", 1), data, 5, keep_params=True)

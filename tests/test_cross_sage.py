@@ -1,4 +1,4 @@
-"""The SAGE selectors on clinical federations through the runtime (issue 18, federation/methods/sage_selector.py).
+"""The SAGE selectors on clinical federations through the runtime (federation/methods/sage_selector.py).
 
 A hand-built 4-center case whose choices follow from the SAGE paper's equations by hand, and a real
 run on the MIMIC-IV demo through the one round loop and ledger.
@@ -13,11 +13,10 @@ import pytest
 import torch
 
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData, SplitTensors
-from federation.engine.mlp import StackedEngine, init_params
 from federation.core.ledger import Ledger
+from federation.data.tensors import FederatedData, SplitTensors
+from federation.engine.mlp import StackedEngine, exchanged_keys, head_keys, init_params
 from federation.methods import Context, get_method
-from federation.engine.mixing import exchanged_keys, head_keys
 from federation.run.runner import run_one
 
 D = 3          # features

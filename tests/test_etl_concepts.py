@@ -82,7 +82,7 @@ def test_mimic_vital_rows_vitalsign_first_day(mimic_con):
     assert round(first["heart_rate_mean"].mean(), 6) == pytest.approx(89.754069, abs=1e-6)
 
 
-#: The first-day vitals as they were computed before issue 14's restructuring (window applied
+#: The first-day vitals as they were computed before the concepts were restructured (window applied
 #: inside the distinct-row aggregation, then one value per charttime, then 21 filtered aggregates
 #: per stay): the reference the restructured concepts must equal, bit for bit.
 _OLD_VITALS = """

@@ -1,4 +1,4 @@
-"""Issue 13, ETL cases: never silently wrong, on copies of the real MIMIC-IV and eICU demos.
+"""never silently wrong, on copies of the real MIMIC-IV and eICU demos.
 
 Case 2 (time zones / threads), case 3 (duplicated source rows, both sources), case 6 (options on
 the eICU path), case 5 (every dropped stay and center counted), and the two extra kinds: every

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -100,11 +98,11 @@ def test_presets_validate_and_match_builtin_defaults():
 
 
 def test_benchmark_config_dispatches(tmp_path, monkeypatch):
+    from federation.benchmark import BENCHMARKS
+
     seen = {}
-    fake = types.ModuleType("federation.gossip")
-    fake.cli_run = lambda config, rounds, seeds, output, uri, exp: seen.update(config=config, seeds=seeds,
-                                                                               rounds=rounds)
-    monkeypatch.setitem(sys.modules, "federation.gossip", fake)
+    monkeypatch.setattr(BENCHMARKS["vv"], "run", lambda config, rounds, seeds, output, uri, exp:
+                        seen.update(config=config, seeds=seeds, rounds=rounds))
     cfg = tmp_path / "vv.yaml"
     cfg.write_text("benchmark: vv\nnodes: 4\n")
     main(["train", "--config", str(cfg), "--seeds", "1", "2", "--rounds", "5"])

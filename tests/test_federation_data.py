@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from etl.errors import InputError
-from federation.data.tensors import FederatedData
 from etl.schema import CATEGORICAL_FEATURES, CENTER_COLUMNS, COHORT_COLUMNS, NUMERIC_FEATURES
 from federation.data.synthetic import generate_fedprox_cohort, write_fedprox_cohort
+from federation.data.tensors import FederatedData
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_missing_file_and_column_raise_input_error(frames, tmp_path):
         FederatedData.from_cohort(tmp_path)
 
 
-# ---- numeric encoding modes (issue 21) ------------------------------------------------------
+# ---- numeric encoding modes ------------------------------------------------------
 
 from federation.core.config import DataConfig  # noqa: E402
 from federation.data.tensors import HISTOGRAM_RANGES, encode_numeric, histogram_median, numeric_statistics  # noqa: E402
@@ -184,7 +184,7 @@ def test_auto_mode_and_small_center_warning(frames):
 
 
 def test_pooled_and_per_center_statistics_by_hand():
-    """The Centralized reference's encoding (issue 23) on a hand-sized federation: center 0 holds
+    """The Centralized reference's encoding on a hand-sized federation: center 0 holds
     values 1, 3 and a missing one, center 1 holds 5 and a missing one (third slot is padding).
     Pooled: median of {1, 3, 5} = 3 fills both gaps, so the rows are 1, 3, 3, 5, 3 with mean 3 and
     population variance 8 / 5. Per center: center 0 fills with 2 (rows 1, 3, 2: mean 2, variance

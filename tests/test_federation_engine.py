@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from federation.core.config import EngineConfig
+from federation.data.synthetic import write_fedprox_cohort
 from federation.data.tensors import FederatedData
 from federation.engine.mlp import AdamState, RandomStreams, StackedEngine
 from federation.engine.reference import LoopTrainer
-from federation.data.synthetic import write_fedprox_cohort
 from tests.numerics import assert_adam_tracks
 
 
@@ -192,7 +192,7 @@ def test_packed_layout_holds_the_padded_values(data):
         for width in (1, 17, s.mask.shape[1]):
             s._x = None  # gather from the packed rows ...
             packed = s.rows(centers, width)
-            s.x  # ... and from the padded tensor
+            _ = s.x  # ... and from the padded tensor
             assert torch.equal(packed, s.rows(centers, width))
             assert torch.equal(packed, x[centers, :width])
 
@@ -323,3 +323,26 @@ def test_allocator_tuning_is_once_per_process_and_can_be_refused(monkeypatch):
         import os
 
         assert eng_mod._TUNED == os.getpid() and eng_mod.tune_allocator() is True
+
+
+def test_mlp_engine_implements_the_engine_protocol(data):
+    """The runner and the methods see the MLP through :class:`Engine` only: its layout counts the
+    parameters of the (d, 128, 64, 1) MLP by hand, and a mixture row with weight 1 on the target
+    itself scores that center's own model (its AUROC from the engine's own predictions)."""
+    from federation.core.metrics import batched_auroc
+    from federation.engine.protocol import Engine
+
+    eng = StackedEngine(data, EngineConfig(), 3)
+    assert isinstance(eng, Engine)
+    ex, head, sizes = eng.layout(1)
+    d = data.d
+    assert ex == ("w1", "b1", "w2", "b2") and head == ("w3", "b3")
+    assert sizes == {"w1": d * 128, "b1": 128, "w2": 128 * 64, "b2": 64, "w3": 64, "b3": 1}
+    params = eng.init_params()
+    s = data.splits["val"]
+    own = eng.evaluate_mixtures(params, torch.eye(eng.n), torch.arange(eng.n), "val", ex, False)
+    ref = batched_auroc(eng.predict(params, "val"), s.y, s.mask)
+    torch.testing.assert_close(own, ref.to(torch.float64))
+    model, shards = eng.probe_view(params)
+    assert shards.x_train.shape == (eng.n * s.y.shape[1], d) and torch.equal(shards.n_anchor, s.n)
+    assert eng.probe_bytes_per_anchor() == 4 * d + 4 and set(eng.probe_heads(params)) == {"head.w3", "head.b3"}

@@ -15,11 +15,11 @@ import warnings
 import pytest
 import torch
 
-from federation.engine import kernels
 from federation.core.config import EngineConfig
-from federation.data.tensors import FederatedData
-from federation.engine.mlp import AdamState, RandomStreams, StackedEngine, keep_from_bits
 from federation.data.synthetic import write_fedprox_cohort
+from federation.data.tensors import FederatedData
+from federation.engine import kernels
+from federation.engine.mlp import AdamState, RandomStreams, StackedEngine, keep_from_bits
 from tests.numerics import assert_adam_tracks
 
 K_DROP = round(0.2 * 65536)

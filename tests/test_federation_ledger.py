@@ -5,9 +5,8 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
-from federation.engine.mlp import n_params
 from federation.core.ledger import Ledger, undirected_edges
-from federation.engine.mixing import exchanged_keys
+from federation.engine.mlp import exchanged_keys, n_params
 
 N, D = 230, 56
 SIZES = n_params(D, (128, 64))

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from federation.core.config import build_config
+from federation.data.synthetic import write_fedprox_cohort
 from federation.data.tensors import FederatedData
-from federation.engine.mlp import n_params
+from federation.engine.mlp import exchanged_keys, n_params
 from federation.methods import METHODS, get_method
 from federation.methods.baselines import BASELINES
-from federation.engine.mixing import exchanged_keys
 from federation.run.runner import run_one
-from federation.data.synthetic import write_fedprox_cohort
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +111,7 @@ def test_artifacts_hook(data, monkeypatch):
     assert "artifacts" not in res.summary()
 
 
-# ---- FedDyn against Acar et al. 2021, Algorithm 1 (issue 23) ---------------------------------
+# ---- FedDyn against Acar et al. 2021, Algorithm 1 ---------------------------------
 
 def _feddyn_quadratic(aggregation: str, rounds: int = 400):
     """Run the FedDyn class's hooks on quadratic client losses L_k = a_k/2 ||theta - c_k||^2,

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from federation.core.config import build_config
-from federation.data.tensors import FederatedData
-from federation.engine.mlp import StackedEngine, forward
 from federation.core.ledger import Ledger
+from federation.core.metrics import batched_auroc
+from federation.data.synthetic import write_fedprox_cohort
+from federation.data.tensors import FederatedData
+from federation.engine.mixing import apply_momentum, check_row_stochastic, mix, wire
+from federation.engine.mlp import StackedEngine, exchanged_keys, forward
 from federation.methods import Context
 from federation.methods.baselines import fedavg_matrix
-from federation.core.metrics import batched_auroc
-from federation.engine.mixing import apply_momentum, check_row_stochastic, exchanged_keys, mix, wire
-from federation.data.synthetic import write_fedprox_cohort
 
 
 def test_bf16_wire_rounds_received_values_only():
@@ -92,9 +92,8 @@ def test_evaluate_mixtures_matches_manual(tmp_path):
 def test_variance_correction_restores_mean_input_variance():
     """Algorithm 3 (Tian et al. 2024) through the runtime's transform: a uniform average of
     n independent layers has ~1/n of their variance; the correction restores the mean."""
-    from federation.core.variance import layer_variance
+    from federation.core.variance import layer_variance, variance_correct
     from federation.engine.mixing import mix_params
-    from federation.core.variance import variance_correct
 
     torch.manual_seed(0)
     n = 8

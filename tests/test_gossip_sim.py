@@ -120,7 +120,7 @@ def test_fl_server_and_global_broadcast_variants(tiny_data):
 
 
 def test_variance_correction_reaches_the_target_sooner_than_plain_averaging():
-    """Issue 15 item 4: on a small real federation (Fashion-MNIST, N = 8 fully connected nodes,
+    """on a small real federation (Fashion-MNIST, N = 8 fully connected nodes,
     synchronous training every tick, model replacement beta = 0, independent Xavier initial
     models) plain averaging shrinks each layer's variance by ~1/8 per averaging (eq. (3)) and
     learns slowly; Algorithm 3 restores the variance. Reaching ticks of accuracy 0.2 on 200 test

@@ -5,9 +5,14 @@ import pytest
 import torch
 
 from etl.errors import InputError
+from federation.core.variance import (
+    correct_flat,
+    flat_layer_variance,
+    layer_variance,
+    variance_corrected_average,
+    variance_corrected_mix,
+)
 from federation.gossip.model import LENET5_LAYOUT, init_stacked, xavier_bound
-from federation.core.variance import (correct_flat, flat_layer_variance, layer_variance,
-                                        variance_corrected_average, variance_corrected_mix)
 
 
 def _algorithm3_literal(buffer: list[np.ndarray]) -> np.ndarray:

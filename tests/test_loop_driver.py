@@ -18,10 +18,10 @@ import torch
 from etl.images import FASHION_MNIST_DIR
 from etl.mimic import EtlOptions, run_etl
 from federation.core.config import build_config
+from federation.core.loop import EvalSchedule, drive
 from federation.data.tensors import FederatedData
 from federation.gossip import GossipConfig, simulate
 from federation.images.run import cli_run
-from federation.core.loop import EvalSchedule, drive
 from federation.methods import all_methods
 from federation.run.runner import run_one
 

@@ -42,8 +42,8 @@ def _post(base: str, path: str, body: dict) -> dict:
 
 @pytest.fixture()
 def filled_store(tmp_path):
-    from federation.sweep import SweepSpec, run_sweep
     from federation.data.synthetic import write_fedprox_cohort
+    from federation.sweep import SweepSpec, run_sweep
 
     # large enough that every center's test split holds both classes (a defined headline mean)
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=5, seed=4, mean_size=200.0, shared=0.8)

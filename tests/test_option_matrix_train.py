@@ -171,7 +171,7 @@ CELLS = [pytest.param(k, p.name, id=f"{k.name}-{p.name}", marks=_marks(k)) for k
 
 
 def test_every_command_and_benchmark_has_a_kind():
-    from cli.train_cmd import _BENCHMARKS
+    from federation.benchmark import BENCHMARKS as _BENCHMARKS
 
     from tests.test_option_matrix_etl import KINDS as DATA_KINDS
 

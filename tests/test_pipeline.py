@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import polars as pl
 import pytest
 
+import mlflow
 from etl import charlson
 from etl.mimic import VITAL_COLUMNS
 

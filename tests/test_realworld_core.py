@@ -1,4 +1,4 @@
-"""Issue 20 building blocks: availability masks (trace, daily cycle, Bernoulli) checked by hand, the
+"""Real-world building blocks: availability masks (trace, daily cycle, Bernoulli) checked by hand, the
 trace / profile file errors, the virtual clock on a hand-computed 3-center case, the masked mixing
 matrix and the ABPS matching with an unavailable center."""
 
@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from abps.matching import propose_reject
 from etl.errors import InputError
-from federation.run.availability import Availability
-from federation.run.clock import Profiles, deadline_cut, finish_times
 from federation.core.config import AvailabilityConfig, DeadlineConfig, ProfilesConfig, RealWorldConfig
 from federation.methods.baselines import fedavg_matrix
+from federation.run.availability import Availability
+from federation.run.clock import Profiles, deadline_cut, finish_times
 from federation.run.realworld import mask_mixing
 
 IDS = ["A", "B", "C"]

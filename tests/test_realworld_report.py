@@ -13,8 +13,8 @@ from federation import report as rp
 from federation.core.config import build_config, load_yaml
 from federation.data.tensors import FederatedData
 from federation.methods import get_method
-from federation.run.runner import run_one
 from federation.report.realworld import _hours_to
+from federation.run.runner import run_one
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -27,8 +27,8 @@ def test_hours_to_95_percent_by_hand():
 
 @pytest.mark.filterwarnings("ignore:per-center preprocessing")
 def test_report_auroc_vs_virtual_time_from_the_links_sweep(tmp_path):
-    from federation.sweep import SweepSpec, run_sweep
     from federation.data.synthetic import write_fedprox_cohort
+    from federation.sweep import SweepSpec, run_sweep
 
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=6, seed=3, mean_size=90.0, shared=0.8)
     uri = f"sqlite:///{tmp_path}/ml.db"

@@ -1,4 +1,4 @@
-"""Issue 20 in the round loop: "always on" reproduces today's runs exactly, dropout changes them,
+"""Real-world conditions in the round loop: "always on" reproduces today's runs exactly, dropout changes them,
 unavailable centers neither train nor exchange, FedAvg averages the available centers, the deadline
 drops late updates, ABPS makes no belief update about an unavailable peer, the preset files load."""
 
@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from abps.method import AbpsMethod
-from federation.run.availability import Availability
 from federation.core.config import RealWorldConfig, build_config, load_yaml
+from federation.data.synthetic import generate_fedprox_cohort
 from federation.data.tensors import FederatedData
 from federation.methods import get_method
 from federation.methods.baselines import FedAvg
 from federation.methods.registry import METHODS
+from federation.run.availability import Availability
 from federation.run.runner import run_one
-from federation.data.synthetic import generate_fedprox_cohort
 
 pytestmark = pytest.mark.filterwarnings("ignore:per-center preprocessing")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

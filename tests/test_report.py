@@ -188,8 +188,8 @@ def test_empty_experiment_and_missing_experiment(store, tmp_path):
 
 
 def test_report_from_a_tiny_sweep(tmp_path):
-    from federation.sweep import SweepSpec, run_sweep
     from federation.data.synthetic import write_fedprox_cohort
+    from federation.sweep import SweepSpec, run_sweep
 
     cohort = write_fedprox_cohort(tmp_path / "cohort", n_centers=6, seed=3, mean_size=90.0, shared=0.8)
     uri = f"sqlite:///{tmp_path}/ml.db"
@@ -214,8 +214,8 @@ def test_report_keeps_goal_runs_apart_and_never_pools_cohorts(tmp_path):
     """`abps train --method abps --goal diversity` is its own row, and runs on another cohort in
     the same experiment are left out (with a note) instead of being averaged in."""
     from federation.core.config import build_config
-    from federation.run.runner import run_training
     from federation.data.synthetic import write_fedprox_cohort
+    from federation.run.runner import run_training
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     a = write_fedprox_cohort(tmp_path / "a", n_centers=4, seed=1, mean_size=60, shared=0.8)

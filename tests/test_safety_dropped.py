@@ -1,4 +1,4 @@
-"""Issue 13, case 5: every center left out is counted and said (console and results.json).
+"""every center left out is counted and said (console and results.json).
 
 ``abps etl --mimic-dir DEMO --min-center-stays 1`` gives 95 centers; 32 of them (37 stays,
 8 deaths) have no train row and were dropped by ``abps train`` without a word on main.

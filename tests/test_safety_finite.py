@@ -1,4 +1,4 @@
-"""Issue 13, case 1: a non-finite value never becomes a result.
+"""a non-finite value never becomes a result.
 
 The two recipes of the issue (a 0/0 WPFed mixing row; FedAvg diverging at lr 1e30) printed
 ``AUROC 1.3597`` on main; they must stop with one line naming method, seed and round. The

@@ -1,4 +1,4 @@
-"""Reliability (issue 13): a sweep killed with SIGKILL while logging a cell loses and duplicates
+"""Reliability: a sweep killed with SIGKILL while logging a cell loses and duplicates
 nothing on rerun, and no real identifier of the MIMIC-IV demo reaches the MLflow store, the logs
 or the reports after a run on the demo.
 
@@ -8,9 +8,9 @@ are tested in tests/test_sweep.py; flat memory over 200 rounds is benchmarks/ben
 
 from __future__ import annotations
 
+import os
 import re
 import signal
-import os
 import subprocess
 import sys
 import textwrap

@@ -1,4 +1,4 @@
-"""Issue 13, case 4: concurrent use of one new MLflow store never crashes and never loses a run.
+"""concurrent use of one new MLflow store never crashes and never loses a run.
 
 On main, three ``abps train`` processes started at once on a new ``sqlite:///.../new.db`` raced
 on the schema creation: two exited 1 with a SQLAlchemy traceback.
@@ -36,7 +36,7 @@ def test_three_parallel_trains_on_a_new_store_all_succeed(cohort, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
              for seed in (1, 2, 3)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0 and "Traceback" not in err, err[-1500:]
     client = MlflowClient(uri)
     (exp,) = [e for e in client.search_experiments() if e.name == "par"]  # created once
@@ -76,7 +76,7 @@ def test_tag_names_are_spelled_only_in_tracking():
 
     offenders = []
     for p in [*REPO.glob("federation/**/*.py"), *REPO.glob("cli/*.py"), *REPO.glob("abps/**/*.py")]:
-        if p.name == "tracking.py" and p.parent.name == "federation":
+        if p.name == "tracking.py" and p.parent.name == "run":
             continue
         for m in re.finditer(r"[\"']abps\.(kind|config_hash|cohort_id|label|sweep_hash|cell_seconds|executor|engine_step|platform\.)[\"'.]",
                              p.read_text()):
@@ -86,14 +86,11 @@ def test_tag_names_are_spelled_only_in_tracking():
 
 @pytest.mark.parametrize("bench,key", [("sage", "num_threads"), ("vv", "threads")])
 def test_threads_option_reaches_the_image_benchmarks(tmp_path, monkeypatch, bench, key):
-    import importlib
-
     from cli.app import main
-    from cli.train_cmd import _BENCHMARKS
+    from federation.benchmark import BENCHMARKS
 
     got = {}
-    mod = importlib.import_module(_BENCHMARKS[bench])
-    monkeypatch.setattr(mod, "cli_run", lambda cfg, *a, **k: got.update(cfg))
+    monkeypatch.setattr(BENCHMARKS[bench], "run", lambda cfg, *a, **k: got.update(cfg))
     cfg = tmp_path / "b.yaml"
     cfg.write_text(f"benchmark: {bench}\nname: t\n")
     main(["train", "--config", str(cfg), "--threads", "3", "--output", str(tmp_path / "r.json")])

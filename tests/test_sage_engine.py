@@ -14,13 +14,19 @@ from sklearn.metrics import f1_score
 
 from etl.errors import InputError
 from etl.images import ImageDataset
-from federation.methods import selectors as sel
 from federation.core.graphs import neighbour_table
-from federation.data.image_shards import make_graph, make_shards
 from federation.core.image_metrics import accuracy, confusion_matrices, macro_f1
-from federation.engine.image_model import (EncoderDecoderClassifier, ModelSpec, StackedAdam, StackedModel,
-                                      batch_plan, to_float)
+from federation.data.image_shards import make_graph, make_shards
+from federation.engine.image_model import (
+    EncoderDecoderClassifier,
+    ModelSpec,
+    StackedAdam,
+    StackedModel,
+    batch_plan,
+    to_float,
+)
 from federation.images.run import cli_run
+from federation.methods import selectors as sel
 from federation.methods.selectors import parse_config
 
 TINY = ModelSpec(in_channels=1, image_size=28, base_width=4, latent_dim=8)
@@ -79,7 +85,7 @@ def test_pair_probe_matches_per_pair_reference():
     model = StackedModel(TINY, 4, seed=0)
     # Make the four clients different.
     with torch.no_grad():
-        for n, p in model.params.items():
+        for p in model.params.values():
             p.add_(0.05 * torch.randn_like(p))
     models = torch.tensor([2, 0, 3, 1, 2])
     rows = torch.randint(0, 100, (5, 9))
@@ -170,7 +176,7 @@ def test_graphs_connected_seeded_and_ba_degree():
 
 def test_config_presets_and_errors():
     root = Path(__file__).resolve().parents[1] / "configs"
-    # the benchmark presets (configs/sage-selector.yaml is the runtime method's preset, issue 18)
+    # the benchmark presets (configs/sage-selector.yaml is the runtime method's preset)
     presets = {p: yaml.safe_load(p.read_text()) for p in root.glob("sage-*.yaml")}
     presets = {p: doc for p, doc in presets.items() if doc.get("benchmark") == "sage"}
     assert len(presets) == 12
@@ -216,7 +222,7 @@ def test_same_seed_same_result():
 
 
 def test_stacked_adam_step_equals_per_client_torch_adam():
-    """StackedAdam.step_rows on rows of a [K, P] buffer == torch.optim.Adam per client (issue 15)."""
+    """StackedAdam.step_rows on rows of a [K, P] buffer == torch.optim.Adam per client."""
     g = torch.Generator().manual_seed(0)
     k, width = 3, 7
     p = torch.randn(k, width, generator=g)
@@ -252,8 +258,8 @@ def test_int8_evaluation_agrees_with_fp32_on_trained_fmnist_clients():
     """The int8 evaluation path counts only if >= 99.5 % of predictions equal fp32's (docs/sage.md)."""
     from etl.images import FASHION_MNIST_DIR, load_idx_dataset
     from federation.data.image_shards import subsample
-    from federation.images.int8 import predict_shared_int8
     from federation.engine.image_model import FMNIST_SPEC
+    from federation.images.int8 import predict_shared_int8
 
     torch.set_num_threads(1)
     assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"

@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
+from federation.engine.image_model import FMNIST_SPEC, StackedModel
 from federation.methods import sage_rule as sage
 from federation.methods import selectors as sel
-from federation.engine.image_model import FMNIST_SPEC, StackedModel
-
 
 # --- eq. (7) --------------------------------------------------------------------------------
 

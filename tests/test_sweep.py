@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from etl.errors import InputError
+from federation import sweep as sw
 from federation.core.config import RunConfig
 from federation.data.synthetic import write_fedprox_cohort
-from federation import sweep as sw
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -45,15 +45,15 @@ def test_cohort_id_is_content_based(cohort, tmp_path):
     for name in ("cohort.parquet", "centers.parquet"):
         h.update(name.encode())
         h.update((cohort / name).read_bytes())
-    assert sw.cohort_id(cohort) == h.hexdigest()[:16]
+    assert sw.federation_id(cohort) == h.hexdigest()[:16]
     copy = tmp_path / "copy"
     shutil.copytree(cohort, copy)
-    assert sw.cohort_id(copy) == sw.cohort_id(cohort)  # a moved cohort resumes the same cells
+    assert sw.federation_id(copy) == sw.federation_id(cohort)  # a moved cohort resumes the same cells
     with open(copy / "centers.parquet", "ab") as fh:
         fh.write(b"\0")
-    assert sw.cohort_id(copy) != sw.cohort_id(cohort)
+    assert sw.federation_id(copy) != sw.federation_id(cohort)
     with pytest.raises(InputError, match="cohort.parquet"):
-        sw.cohort_id(tmp_path)
+        sw.federation_id(tmp_path)
 
 
 def test_expand_cells_cross_product():
@@ -95,8 +95,8 @@ def test_entry_config_file_and_key_order_do_not_change_the_hash(tmp_path):
 def test_sweep_files_load():
     spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
     cells = sw.expand_cells(spec, base, "c")
-    # the paper's rows (20 with the centralized reference) + the random-partners ablation (issue 12): issue 14's
-    # Table 1 sweep; abps-drift (issue 17) and the SAGE selector (issue 18) are in table1-extras.yaml
+    # the paper's rows (20 with the centralized reference) + the random-partners ablation:
+    # Table 1 sweep; abps-drift and the SAGE selector are in table1-extras.yaml
     from federation.methods.registry import paper_order
 
     labels = list(dict.fromkeys(c.label for c in cells))
@@ -121,7 +121,7 @@ def test_bad_sweep_files(tmp_path):
     p.write_text("methods: [fedavg]\nseeds: [1, 1]\n")
     with pytest.raises(InputError, match="seeds"):
         sw.load_sweep(p)
-    p.write_text("methods: [fedavg]\nengine: ray\n")  # renamed (issue 16 item 7)
+    p.write_text("methods: [fedavg]\nengine: ray\n")  # renamed
     with pytest.raises(InputError, match="`engine:` .* is now called `executor:`"):
         sw.load_sweep(p)
     with pytest.raises(InputError, match="unknown --method"):
@@ -339,7 +339,8 @@ def test_engine_option_is_renamed(tmp_path, capsys):
 
 def test_longest_expected_cells_go_first():
     """The pool / Ray get the cells longest-expected-first (LPT); ties keep the sweep's order."""
-    from federation.sweep.schedule import FIXED_SECONDS, SECONDS_PER_ROUND
+    from federation.methods import get_method
+    from federation.sweep.schedule import FIXED_SECONDS
 
     spec, base = sw.load_sweep(CONFIGS / "table1.yaml")
     cells = sw.expand_cells(spec, base, "c")
@@ -349,9 +350,9 @@ def test_longest_expected_cells_go_first():
     costs = [sw.expected_seconds(c) for c in order]
     assert costs == sorted(costs, reverse=True)
     fedavg = next(c for c in cells if c.method == "fedavg")
-    assert sw.expected_seconds(fedavg) == FIXED_SECONDS + 50 * SECONDS_PER_ROUND["fedavg"]
+    assert sw.expected_seconds(fedavg) == FIXED_SECONDS + 50 * 0.55 == FIXED_SECONDS + 50 * get_method("fedavg").seconds_per_round
     es = next(c for c in cells if c.method == "fedavg-x")  # early stopping, at most 100 rounds: 50 expected
-    assert sw.expected_seconds(es) == FIXED_SECONDS + 50 * SECONDS_PER_ROUND["fedavg-x"]
+    assert sw.expected_seconds(es) == FIXED_SECONDS + 50 * 0.70
     extras, base_x = sw.load_sweep(CONFIGS / "table1-extras.yaml")
     assert sw.longest_first(sw.expand_cells(extras, base_x, "c"))[0].method == "sage"
 

@@ -291,7 +291,7 @@ def _digests_of(out: Path, seed: int) -> dict[str, str]:
 def test_mortality_per_unit_near_v31_targets() -> None:
     c = build_cohort(40_000, seed=11)
     label = c.label[c.stay_adm]
-    for u, (name, short, size, target) in enumerate(S.CARE_UNITS[:6]):
+    for u, (_name, short, size, target) in enumerate(S.CARE_UNITS[:6]):
         m = c.unit == u
         assert abs(m.mean() - size / 94_458) < 0.01, short
         assert abs(label[m].mean() - target) < 0.015, (short, label[m].mean())

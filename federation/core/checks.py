@@ -2,7 +2,7 @@
 
 A NaN or infinity in a mixing row, in the parameters after local training or after the exchange,
 in the scores, or in any float a method reports (its per-round extras, Shapley values, Beta
-beliefs) would otherwise flow into an AUROC that looks normal (issue 13, case 1: a 0/0 WPFed row
+beliefs) would otherwise flow into an AUROC that looks normal (a 0/0 WPFed row
 and a diverging FedAvg both printed ``AUROC 1.3597``). :func:`check_finite` raises
 :class:`NonFiniteError`, whose one-line message names the value, the method, the seed and the
 round; the CLI prints it without a traceback and exits non-zero (:mod:`cli.app`).
@@ -11,7 +11,8 @@ round; the CLI prints it without a traceback and exits non-zero (:mod:`cli.app`)
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -1,31 +1,13 @@
 """Clinical evaluation beyond mean AUROC, batched over centers (no loop over centers).
 
-Every per-center metric takes padded ``[m, rows]`` tensors (one row per center, or per
-bootstrap replicate of a center) with a ``mask`` of real rows, like
-:func:`federation.core.metrics.batched_auroc`, and returns ``[m]`` float64 with NaN where the
-metric is undefined for that row (no real row; one class only for AUPRC / calibration).
-
-Definitions (docs/metrics.md gives them with their sources):
-
-* **AUPRC** = average precision, the step-wise area of scikit-learn's
-  ``average_precision_score``: ``AP = (1/P) sum_{positives k} precision(t_k)`` where ``t_k``
-  is the k-th positive's score and precision is taken at the end of its tie group
-  (thresholds at distinct scores).
-* **Brier score** = mean of ``(p - y)^2`` (Brier 1950).
-* **ECE** = ``sum_b (n_b / N) |mean(y)_b - mean(p)_b|`` over ``n_bins`` equal-width bins of the
-  predicted probability on [0, 1] (bin b = [b/B, (b+1)/B), the last bin closed at 1;
-  Naeini et al. 2015; Guo et al. 2017, eq. 3).
-* **Calibration intercept and slope**: the unpenalized logistic recalibration
-  ``logit P(y = 1) = a + b * z`` with ``z`` the model's logit (Cox 1958; Van Calster et al.
-  2019), fitted per row by Newton-Raphson; ideal is ``a = 0, b = 1``. Rows whose fit does not
-  converge (e.g. perfect separation) get NaN.
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

@@ -12,7 +12,6 @@ import hashlib
 import json
 
 import math
-
 from pathlib import Path
 from typing import Any, Literal
 
@@ -128,7 +127,7 @@ class LabelFlipDrift(BaseModel):
     splits: tuple[str, ...] = ("train", "val")
 
     @model_validator(mode="after")
-    def _one_choice(self) -> "LabelFlipDrift":
+    def _one_choice(self) -> LabelFlipDrift:
         if bool(self.centers) == bool(self.count):
             raise ValueError("drift: give exactly one of `centers` (center_ids) or `count` (> 0)")
         bad = sorted(set(self.splits) - {"train", "val", "test"})
@@ -147,7 +146,7 @@ class Spread(_Strict):
     scale: Literal["linear", "log"] = "log"
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Spread":
+    def _ordered(self) -> Spread:
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
@@ -173,7 +172,7 @@ class AvailabilityConfig(_Strict):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _complete(self) -> "AvailabilityConfig":
+    def _complete(self) -> AvailabilityConfig:
         if self.kind == "trace" and not self.trace:
             raise ValueError("availability.kind 'trace' needs availability.trace (a CSV path)")
         if not all(0.0 <= h <= 24.0 for h in self.work_hours):
@@ -213,7 +212,7 @@ class DeadlineConfig(_Strict):
 
 
 class RealWorldConfig(_Strict):
-    """The ``realworld:`` block (issue 20): availability, per-center profiles, the virtual clock
+    """The ``realworld:`` block: availability, per-center profiles, the virtual clock
     and the deadline policy. Absent (None) = today's federation: every center up every round,
     infinitely fast, results identical. ``round_period_s``: a round starts at least this many
     virtual seconds after the previous one started (needed > 0 for time-based availability, so
@@ -225,7 +224,7 @@ class RealWorldConfig(_Strict):
     round_period_s: float = Field(0.0, ge=0.0)
 
     @model_validator(mode="after")
-    def _clock_moves(self) -> "RealWorldConfig":
+    def _clock_moves(self) -> RealWorldConfig:
         if self.availability.kind in ("daily", "trace") and self.round_period_s <= 0:
             raise ValueError(f"realworld.round_period_s must be > 0 with availability.kind "
                              f"'{self.availability.kind}' (a round nobody joins must still move the clock)")

@@ -1,4 +1,4 @@
-"""Clinical evaluation of a finished run (issue 19): per-center calibration and ranking figures,
+"""Clinical evaluation of a finished run: per-center calibration and ranking figures,
 their spread across centers, a bootstrap interval and subgroup gaps.
 
 Called once per (method, seed) from :func:`federation.run.runner.finalize_run` on the test split at
@@ -32,9 +32,18 @@ import numpy as np
 import polars as pl
 import torch
 
-from federation.core.clinical import (MIN_CELL_EVENTS, MIN_CELL_ROWS, batched_auprc, batched_brier,
-                                      batched_calibration, batched_ece, bootstrap_mean_auroc, distribution,
-                                      is_small_cell, subgroup_gaps)
+from federation.core.clinical import (
+    MIN_CELL_EVENTS,
+    MIN_CELL_ROWS,
+    batched_auprc,
+    batched_brier,
+    batched_calibration,
+    batched_ece,
+    bootstrap_mean_auroc,
+    distribution,
+    is_small_cell,
+    subgroup_gaps,
+)
 from federation.core.metrics import batched_auroc
 
 #: Subgroup axes and their groups, in code order (cohort columns gender, age, race; docs/metrics.md).

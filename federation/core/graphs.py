@@ -1,29 +1,6 @@
 """Communication graphs of the decentralized (peer-to-peer) baselines and their mixing weights.
 
-Every graph is an undirected ``networkx.Graph`` on the center indices ``0..n-1``, drawn once
-per run from a seed (same seed -> same graph) and kept fixed for the whole run. Kinds:
-
-* ``sparse`` (default): a connected random graph with exactly n undirected edges: a uniform
-  random labelled spanning tree (random Pruefer sequence, Pruefer 1918; n - 1 edges) plus one
-  extra edge drawn uniformly among the non-edges. FedAvg's star over n centers moves n model
-  payloads per round (:mod:`federation.core.ledger`); a decentralized round over this graph moves
-  n payloads too, which is the "1.00x" bandwidth column of the ABPS paper's Table 1 for
-  DeceFL, DeFTA and WPFed. n = 2 has a single possible edge (1 edge); n = 1 has none.
-* ``ring``: the cycle C_n (n edges for n >= 3).
-* ``k-regular``: a uniform random k-regular graph (networkx pairing model), n k / 2 edges.
-* ``erdos-renyi``: G(n, p) (Erdos & Renyi 1959), redrawn until connected (at most 100 draws).
-* ``barabasi-albert``: preferential attachment with m edges per new node (Barabasi & Albert
-  1999), (n - m) m edges, connected by construction.
-* ``star``: node 0 is the hub joined to every other node (n - 1 edges; the federated-learning
-  topology of the variance paper, Sec. III-C1).
-
-One naming: the SAGE presets' short names ``er`` and ``ba`` and the gossip benchmark's
-``regular`` are aliases (:data:`GRAPH_ALIASES`) resolved by :func:`canonical_kind`; every image
-benchmark and clinical baseline draws its graph through :func:`build_graph`.
-:func:`neighbour_table` gives the padded ``[n, D]`` neighbour lists the stacked selectors use.
-
-:func:`metropolis_weights` gives the doubly-stochastic Metropolis-Hastings mixing matrix over a
-graph (Xiao & Boyd 2004; the weights DeceFL uses, Yuan et al. 2023).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
-"""The one loop driver: every round / tick loop of the project runs here (issue 16 item 1).
+"""The one loop driver: every round / tick loop of the project runs here.
 
-Three runtimes share it, each supplying its specifics as hooks:
-
-* the clinical runtime, :func:`federation.run.runner.run_one` (rounds; its own hooks are the
-  :class:`federation.methods.Method` hooks: ``make_engine``, ``plan_round``, ``aggregate``,
-  ``after_mix``, ``after_exchange``, ``scores``, ``payloads_per_link``);
-* the SAGE benchmark, :func:`federation.images.run.run_selector` (rounds; the selector's
-  ``needs_probe`` / ``decide`` / ``mix``);
-* the gossip benchmark, :func:`federation.gossip.simulation.simulate` (ticks of virtual time).
-
-Time points and steps. A run of ``n`` steps (rounds or ticks) passes the time points
-``tau = 0, 1, ..., n``; step ``t`` (0-based) moves the state from time ``t`` to ``t + 1``.
-At each time point the driver
-
-1. evaluates when the :class:`EvalSchedule` says so (``tau = 0`` only with ``at_start``: the
-   gossip paper's curves start at tick 0 with the initial models; then every ``every``-th time
-   point and always the last one, ``tau = n``),
-2. records the row of that time point: the metrics the step that led to it returned, updated
-   with the evaluation's (a time point with neither is not recorded),
-3. stops after the last time point or when ``stop(tau, row)`` says so (early stopping),
-4. otherwise runs step ``tau``.
-
-Byte accounting stays with the steps, through one :class:`federation.core.ledger.Ledger` definition
-(the clinical and SAGE steps call ``Ledger.record``; the gossip step counts messages and
-parameters sent, the quantities of the variance paper).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 Row = dict[str, float]
 StepHook = Callable[[int], "Row | None"]

@@ -1,32 +1,6 @@
 """Variance-corrected model averaging (Tian et al., arXiv 2404.04616, Sec. V, Algorithm 3).
 
-Averaging N uncorrelated models shrinks each layer's weight variance by about 1/N (eq. (3):
-Var(mean X) = (1/N^2) sum_i sigma_i^2), which undoes the Xavier variance and delays convergence
-("plateau delay"). Algorithm 3 rescales every layer of the averaged model so its variance equals
-the mean variance of the input models' layer, around the averaged layer's own mean:
-
-* line 2: ``Model_avg <- Average(B)``;
-* lines 5-8: ``sigma_l^2 = (1/N) sum_i Var(l_i)`` over the models i in the buffer;
-* line 9: ``sigma_lavg^2 <- Var(l_avg)``;
-* line 11: ``v <- (v - mean(l_avg)) * sigma_l / sigma_lavg + mean(l_avg)`` for every weight v.
-
-"Layer" here is each parameter tensor (a layer's weight and its bias are corrected separately);
-``Var`` is the population variance (divide by the element count) over the tensor's elements.
-A layer whose averaged variance is 0 (e.g. all-zero initial biases) is left unchanged, since the
-rescale factor is undefined there.
-
-This is the one module that implements Algorithm 3; the clinical runtime
-(:mod:`federation.engine.mixing` / :mod:`federation.run.runner`) and the gossip benchmark
-(:mod:`federation.gossip.simulation`) both call it. The core is two primitives,
-:func:`layer_variance` (lines 5-7) and :func:`rescale_to_variance` (lines 9-11); the callers:
-
-* :func:`variance_correct` - a row-stochastic mixing matrix ``W [m, n]`` was applied to stacked
-  parameters (each row one receiver's weighted average, possibly through the bf16 wire); every
-  mixed layer is rescaled to the W-weighted mean of its inputs' variances (line 8 for a uniform
-  row). :func:`variance_corrected_mix` is ``W @ theta`` followed by it;
-* :func:`variance_corrected_average` - Algorithm 3 on one buffer of models (W = one uniform row);
-* :func:`correct_flat` / :func:`flat_layer_variance` - the same on the flat ``[n, P]`` layout of
-  the gossip simulation, whose buffers keep running sums of variances instead of the models.
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+
 from federation.core.config import LabelFlipDrift
 from federation.data.tensors import FederatedData
 

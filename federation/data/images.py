@@ -125,11 +125,11 @@ class ImageFederation(FederatedData):
         s = self.splits[split]
         return accuracy(s.y.long(), scores.argmax(-1), s.mask)
 
-    def with_preprocessing(self, cfg: Any) -> "ImageFederation":
+    def with_preprocessing(self, cfg: Any) -> ImageFederation:
         """Images need no numeric encoding: the federation itself (pixels are scaled to [0, 1] by the model)."""
         return self
 
-    def pooled(self) -> "FederatedData":
+    def pooled(self) -> FederatedData:
         """Refused: the Centralized reference is not part of the image cross runs."""
         raise InputError("the centralized reference does not run on an image federation")
 

@@ -1,36 +1,11 @@
 """FedProx-Synthetic(alpha, beta) cohorts in the runtime's cohort contract.
 
-Li et al. 2020 ("Federated optimization in heterogeneous networks", MLSys, Sec. 5.1,
-"Synthetic data") generate device k's data as
-
-    u_k ~ N(0, alpha),  w_k ~ N(u_k, 1),  b_k ~ N(u_k, 1)            (model heterogeneity)
-    B_k ~ N(0, beta),   v_k[j] ~ N(B_k, 1),  x ~ N(v_k, Sigma)       (feature heterogeneity)
-    Sigma = diag(j^-1.2),  j = 1..D
-
-and label each x with the device's model. The ABPS paper (Sec. 6.1) uses such a generator,
-matched to the MIMIC feature schema, for implementation tests. Here the task is binary, so
-the device model is logistic and applied to the centered input:
-``y ~ Bernoulli(sigmoid(w_k . (x - v_k) + b_k + intercept))``. Centering removes the
-``w_k . v_k`` term (standard deviation ~ sqrt(2 D)), which would otherwise make nearly every
-center one-class; the positive rate of center k is then set by ``b_k + intercept``
-(``intercept`` default -2.0, toward ICU-mortality levels) while the within-center signal
-keeps the original's scale (``sum_j w_kj^2 j^-1.2``). Both are documented deviations from the
-multiclass argmax of the original. In the original every center draws its own w_k even at
-alpha = 0, so collaboration cannot help; ``shared`` (rho in [0, 1], default 0 = original)
-mixes in one common draw w_0 ~ N(0, I): ``w_k <- sqrt(1 - rho) w_k + sqrt(rho) w_0``.
-
-The D = 39 latent coordinates are mapped monotonically to the contract's features
-(docs/data_dictionary.md): 22 numeric (age + 21 vitals, affine to plausible units, 4 % of
-vital values set to null), 12 Charlson flags (latent > 1), 5 categoricals (latent bucketed
-at fixed normal quantiles). Center sizes are lognormal with the requested mean; each
-center's rows are split train/val/test 70/15/15, stratified by label. Identifiers are
-synthetic sequential integers (one stay per subject and admission).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import json
-
 import math
 from pathlib import Path
 
@@ -42,8 +17,8 @@ from etl.io import atomic_output_dir
 from etl.schema import (
     CATEGORICAL_FEATURES,
     CCI_COLUMNS,
-    COHORT_COLUMNS,
     CENTER_COLUMNS,
+    COHORT_COLUMNS,
     VITAL_COLUMNS,
 )
 

@@ -1,42 +1,12 @@
 """Federated data: per-center, per-split tensors stacked along a leading center axis.
 
-Reads ``cohort.parquet`` and ``centers.parquet`` (docs/data_dictionary.md) and encodes the
-model features of the contract:
-
-* numeric (age + 21 vitals): missing values imputed with a median, then standardized with a
-  mean and standard deviation, all fitted on train rows only. Whose statistics is set by
-  :class:`federation.core.config.DataConfig` ``preprocessing`` (:func:`numeric_statistics`):
-
-  - ``per-center``: the center's own train split (ABPS paper Sec. 6.1: "standardized per
-    center on the local training split to respect federated isolation"); no statistic
-    crosses centers;
-  - ``federated``: one federation-wide median / mean / std merged from per-center aggregates
-    (row count, value counts, sums, sums of squares, a fixed-range histogram per feature);
-    no row leaves a center, and the aggregates are charged to the ledger as metadata bytes;
-  - ``shrinkage``: per center, ``lambda = n / (n + shrinkage_rows)`` of its own statistic and
-    ``1 - lambda`` of the federation's (same aggregates);
-  - ``pooled``: exact statistics of the union of train rows (the Centralized reference);
-  - ``auto``: ``per-center`` when the median center holds >= ``min_center_rows`` train rows,
-    else ``federated`` (docs/decisions.md, "Numeric encoding of small centers");
-
-* binary (12 Charlson flags): 0/1, null -> 0;
-* categorical (gender, race, admission_type, admission_location, insurance): one-hot over the
-  sorted category set of the whole cohort file (a schema fact, not a statistic; null ->
-  ``UNKNOWN``).
-
-Features are stored packed (each center's real rows, center after center: no padding, which
-matters when center sizes differ tenfold); labels, masks and raw values are padded to the
-largest center of each split, ``mask`` marking real rows. The padded features ``x`` are built
-on demand from the packed rows. Padding rows are zero and never enter a loss, a batch or a
-metric. The raw numeric values (NaN = missing)
-are kept so that a run can re-encode with another mode (:meth:`FederatedData.with_preprocessing`).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
-
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,8 +16,6 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from federation.core.evaluation import group_codes
-from federation.core.metrics import batched_auroc
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -57,6 +25,8 @@ from etl.schema import (
     SPLITS,
 )
 from federation.core.config import DataConfig
+from federation.core.evaluation import group_codes
+from federation.core.metrics import batched_auroc
 
 _REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
@@ -147,7 +117,7 @@ class SplitTensors:
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n: torch.Tensor,
-                    raw_packed: torch.Tensor | None = None) -> "SplitTensors":
+                    raw_packed: torch.Tensor | None = None) -> SplitTensors:
         """A split whose features are ``packed`` ``[sum(n) + 1, d]``: the real rows of center 0,
         then center 1, ... (the order of ``x[mask]``), then one zero row (what padding reads);
         ``raw_packed`` ``[sum(n) + 1, k]`` float64 the raw numeric values in the same order, then
@@ -303,7 +273,7 @@ class FederatedData:
     def split_metric(self, scores: torch.Tensor, split: str) -> torch.Tensor:
         """``[n]`` float64 per-center AUROC of ``scores [n, rows]`` on ``split`` (NaN for a one-class
         center; ABPS paper Sec. 6.3). The runner and ``Context.evaluate`` score every split through
-        this hook, so an image federation can answer with accuracy (federation.data.images, issue 18)."""
+        this hook, so an image federation can answer with accuracy (federation.data.images)."""
         s = self.splits[split]
         return batched_auroc(scores, s.y, s.mask)
 
@@ -322,7 +292,7 @@ class FederatedData:
         """``[n]`` int64 train rows per center (FedAvg's sample weights)."""
         return self.splits["train"].n
 
-    def pooled(self) -> "FederatedData":
+    def pooled(self) -> FederatedData:
         """The union of all centers' rows as one center (for the Centralized reference).
 
         Rows keep this object's encoding; the runner first re-encodes with ``pooled``
@@ -347,7 +317,7 @@ class FederatedData:
             preprocessing=self.preprocessing,
         )
 
-    def with_preprocessing(self, cfg: DataConfig) -> "FederatedData":
+    def with_preprocessing(self, cfg: DataConfig) -> FederatedData:
         """This federation with its numeric columns re-encoded by ``cfg`` (self when the
         resolved mode and its knobs give the same encoding as the current one).
 
@@ -373,7 +343,7 @@ class FederatedData:
 
     @classmethod
     def from_cohort(cls, cohort_dir: str | Path, min_train: int = 1,
-                    preprocessing: DataConfig | None = None) -> "FederatedData":
+                    preprocessing: DataConfig | None = None) -> FederatedData:
         """Read a cohort directory and build the stacked tensors.
 
         Args:
@@ -412,7 +382,7 @@ class FederatedData:
     def from_frames(
         cls, cohort: pl.DataFrame, centers: pl.DataFrame, min_train: int = 1, source: str = "cohort",
         preprocessing: DataConfig | None = None,
-    ) -> "FederatedData":
+    ) -> FederatedData:
         """Build from in-memory frames with the contract's columns (see :meth:`from_cohort`)."""
         bad = set(cohort["split"].unique().to_list()) - set(SPLITS)
         if bad:

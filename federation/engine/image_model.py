@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.optim.adam import adam as _adam
 from torch import Tensor, nn
+from torch.optim.adam import adam as _adam
 
 SHARED_PREFIXES = ("encoder.", "decoder.")
 

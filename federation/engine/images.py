@@ -102,21 +102,21 @@ class ImageEngine:
         return self._classify(params, self.data.rows[split])
 
     @torch.no_grad()
-    def evaluate_mixtures(self, ctx: Any, wc: torch.Tensor, tc: torch.Tensor, split: str = "val",
-                          params: StackedParams | None = None, chunk: int = 32) -> torch.Tensor:
+    def evaluate_mixtures(self, theta: StackedParams, wc: torch.Tensor, tc: torch.Tensor, split: str,
+                          exchanged: tuple[str, ...], bf16: bool, chunk: int | None = None) -> torch.Tensor:
         """``[m]`` float64 accuracy of candidate mixtures (``Context.evaluate_mixtures`` on an image
         federation): row r mixes the exchanged block as ``sum_j wc[r, j] wire(theta_j)`` (target
         ``tc[r]``'s own copy unrounded, :func:`federation.engine.mixing.mix`), keeps ``tc[r]``'s own head, and
-        is scored on ``tc[r]``'s ``split``. ``theta`` defaults to ``ctx.pre_exchange``. NaN where the
+        is scored on ``tc[r]``'s ``split`` (``chunk`` rows a batch, default 32). NaN where the
         target has no rows in the split."""
-        theta = params if params is not None else ctx.pre_exchange
+        chunk = chunk or 32
         dense = wc.to_dense() if wc.is_sparse else wc
         s, rows = self.data.splits[split], self.data.rows[split]
         out = torch.empty(dense.shape[0], dtype=torch.float64)
         keys = [k for k in theta if not k.startswith("decoder.")]
         for lo in range(0, dense.shape[0], chunk):
             w, t = dense[lo:lo + chunk], tc[lo:lo + chunk]
-            model = {k: mix(w, theta[k], ctx.bf16, own=t) if k in ctx.exchanged else theta[k][t] for k in keys}
+            model = {k: mix(w, theta[k], bf16, own=t) if k in exchanged else theta[k][t] for k in keys}
             logits = self._classify(model, rows[t])
             out[lo:lo + chunk] = accuracy(s.y[t].long(), logits.argmax(-1), s.mask[t])
         return out
@@ -127,10 +127,14 @@ class ImageEngine:
         on pool images ``rows[p]`` (:meth:`federation.engine.image_model.StackedModel.pair_logits`)."""
         return self.model.pair_logits(x_all, model_index, rows)
 
-    def probe_view(self) -> Any:
-        """(probe model, shards) for :func:`federation.methods.probe.probe`: the live models and the
-        image clients (anchor pool = the ``val`` split)."""
+    def probe_view(self, params: StackedParams) -> tuple[Any, Any]:
+        """(probe model, shards) for :func:`federation.methods.probe.probe`: the live models (the engine
+        trains ``params`` in place) and the image clients (anchor pool = the ``val`` split)."""
         return self, self.data.shards
+
+    def probe_heads(self, params: StackedParams) -> StackedParams:
+        """The parameters a selector reads the classifier head from (PFedDST): all of them."""
+        return params
 
     def probe_bytes_per_anchor(self) -> int:
         """Bytes one (receiver, candidate, anchor) probe moves: the uint8 image out, float32 logits back."""

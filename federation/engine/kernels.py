@@ -1,43 +1,6 @@
 """Fused element-wise CPU kernels of the stacked engine's hand-written training step.
 
-The engine's step (:meth:`federation.engine.mlp.StackedEngine._grads`) spends, besides its batched
-matmuls, several full passes over each ``[c, B, h]`` activation: bias add, ReLU, dropout
-multiply in the forward pass; the outer product ``dL/dlogit * w3``, the ReLU-and-dropout
-gradient (``threshold_backward``) and the bias-gradient sum in the backward pass, plus the
-conversion of the 16-bit dropout draws into float masks. Each kernel here does one layer's
-share in **one pass** and reads the dropout draws directly (no float mask is ever built):
-
-* :func:`bias_relu_drop_` — ``z <- relu(z + b) * keep`` in place, ``keep = bits[..] >= thr``
-  (the rule of :meth:`federation.engine.mlp.RandomStreams.keep_masks`), and for the last hidden
-  layer the logits ``z @ w3 + b3`` in the same pass;
-* :func:`outer_relu_grad` — ``q = (h <= 0 ? 0 : dl * v)``, ``sum_rows(q) / s`` and
-  ``s * sum_rows(h * dl)`` (the last hidden layer's pre-activation gradient, its bias gradient
-  and the output layer's weight gradient);
-* :func:`relu_grad_` — ``g <- (h <= 0 ? 0 : g)`` in place and ``sum_rows(g)`` (the first
-  hidden layer's).
-
-The element-wise values are the same float operations in the same order as the eager PyTorch
-path (bit-identical, NaN propagation included); the sums (bias gradients, logits, the output
-weight gradient) add their terms in another order than ``torch.sum`` / MKL's GEMV, so they and
-everything downstream agree within float rounding (tests/test_federation_kernels.py).
-:func:`pcg64_words` gives NumPy's ``PCG64.random_raw`` words (the dropout draws) exactly.
-
-The kernels are plain C++ in ``federation/engine/csrc/abps_kernels.cpp`` (package data; no PyTorch
-headers, so a build takes about a second), compiled on first use with the system's C++ compiler
-into a per-user cache (``$ABPS_KERNELS_CACHE``, else ``$ABPS_CACHE_DIR/kernels``, else
-``$XDG_CACHE_HOME/abps/kernels``, else ``~/.cache/abps/kernels``; keyed by a hash of source,
-flags, compiler and, for ``-march=native``, the CPU), loaded with ``ctypes`` with the signatures of
-:data:`SIGNATURES`, and parallelised over centers with OpenMP (the ``libgomp`` PyTorch loaded, at
-``torch.get_num_threads()`` threads). ``ABPS_KERNELS_MARCH`` picks the ``-march`` level (default
-``native``; e.g. ``x86-64-v3`` for one build that runs on every AVX2 machine). Selection,
-``ABPS_KERNELS``:
-
-* ``auto`` (default): use the kernels when they build and load, otherwise the eager PyTorch path
-  (one warning, no failure): the product never requires a compiler;
-* ``cpp``: require them (an error naming the build failure if they cannot be built);
-* ``torch``: never use them.
-
-Design and figures: docs/decisions.md, "Fused CPU kernels for the engine step".
+Details: docs/runtime.md, "Engine kernels in full".
 """
 
 from __future__ import annotations
@@ -406,7 +369,7 @@ def relu_grad_(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return gb
 
 
-def pcg64_words(state: int, inc: int, n: int) -> "np.ndarray":
+def pcg64_words(state: int, inc: int, n: int) -> np.ndarray:
     """``n`` uint64 outputs of NumPy's ``PCG64`` from its 128-bit ``state`` and ``inc`` (as in
     ``PCG64.state["state"]``): the values ``random_raw(n)`` returns, about 4x faster.
 

@@ -20,21 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from federation.engine.mlp import PARAM_NAMES, StackedParams
-
-_HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
-
-
-def head_keys(head_layers: int) -> tuple[str, ...]:
-    """Parameter names of the personalized head: none (0), last layer (1), last two (2)."""
-    return _HEAD_KEYS[head_layers]
-
-
-def exchanged_keys(head_layers: int) -> tuple[str, ...]:
-    """Parameter names that cross the network: all, or the trunk only."""
-    head = set(head_keys(head_layers))
-    return tuple(k for k in PARAM_NAMES if k not in head)
-
+StackedParams = dict[str, torch.Tensor]
 
 def wire(x: torch.Tensor, bf16: bool) -> torch.Tensor:
     """The value a receiver sees: ``x`` rounded to bfloat16 (round-to-nearest-even) and back
@@ -45,7 +31,7 @@ def wire(x: torch.Tensor, bf16: bool) -> torch.Tensor:
 def check_row_stochastic(w: torch.Tensor, atol: float = 1e-6) -> None:
     """Raise ValueError unless ``w`` is ``[m, n]`` with finite, non-negative entries and rows
     summing to 1 (``atol``). A NaN or infinite entry is refused first: every comparison with NaN
-    is false, so a 0/0 row would otherwise pass both other checks (issue 13, case 1)."""
+    is false, so a 0/0 row would otherwise pass both other checks."""
     if w.dim() != 2:
         raise ValueError(f"mixing matrix must be 2-D, got shape {tuple(w.shape)}")
     bad = ~torch.isfinite(w)

@@ -1,46 +1,47 @@
 """Stacked local training of all centers in one computation.
 
-The local model is the ABPS paper's MLP (Sec. 6.3): ``d -> 128 -> 64 -> 1`` with ReLU and
-dropout 0.2 after each hidden layer, trained with Adam (lr 1e-3, weight decay 1e-5,
-PyTorch's L2-in-gradient form), batch 128, 2 local epochs per round.
-
-Every parameter carries a leading center axis ``[n, ...]``; the forward pass is three
-batched matmuls (``torch.baddbmm``), so one autograd graph trains every center at once and
-the gradient of the summed per-center losses is each center's own gradient. Each center
-
-* shuffles its own train rows every local epoch with its own counter-based stream
-  (:class:`RandomStreams`; center i's permutation depends only on (seed, i, round, epoch)),
-* takes consecutive batches of 128 of that permutation, the last one partial
-  (``DataLoader(shuffle=True, drop_last=False)`` semantics); a center whose rows are
-  exhausted at a step is simply left out of that step (no update, no fake rows),
-* draws its own dropout masks (its slice of one per-step draw keyed by (seed, round, epoch,
-  step) over the centers active at that step, ordered by size),
-* keeps its own Adam moments and its own step counter.
-
-The plain per-center loop in :mod:`federation.engine.reference` consumes the same streams and gives
-the same parameters within float tolerance (tests/test_federation_engine.py).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.optim.adam import adam as _adam
 
-from federation.engine import kernels
 from federation.core.config import EngineConfig
+from federation.core.metrics import batched_auroc
 from federation.core.seeding import M32, hash32, mix_seed
 from federation.data.tensors import FederatedData
+from federation.engine import kernels
+from federation.engine.mixing import SPARSE_RATIO, mix, sparse_rows, wire
 
 PARAM_NAMES: tuple[str, ...] = ("w1", "b1", "w2", "b2", "w3", "b3")
 StackedParams = dict[str, torch.Tensor]
+
+
+#: the personalized head of each ``exchange.head_layers`` value: none (0), last layer (1), last two (2)
+_HEAD_KEYS = {0: (), 1: ("w3", "b3"), 2: ("w2", "b2", "w3", "b3")}
+
+
+def head_keys(head_layers: int) -> tuple[str, ...]:
+    """Parameter names of the personalized head: none (0), last layer (1), last two (2)."""
+    return _HEAD_KEYS[head_layers]
+
+
+def exchanged_keys(head_layers: int) -> tuple[str, ...]:
+    """Parameter names that cross the network: all, or the trunk only."""
+    head = set(head_keys(head_layers))
+    return tuple(k for k in PARAM_NAMES if k not in head)
 
 class RandomStreams:
     """Per-center random streams of a run (seed).
@@ -272,7 +273,7 @@ class AdamState:
     t: torch.Tensor
 
     @classmethod
-    def zeros_like(cls, params: StackedParams) -> "AdamState":
+    def zeros_like(cls, params: StackedParams) -> AdamState:
         """Fresh state (t = 0) for stacked ``params``."""
         n = next(iter(params.values())).shape[0]
         return cls(
@@ -620,3 +621,116 @@ class StackedEngine:
             out[sel, :r] = forward(model, s.rows(idx[sel], r))[0]
             lo = hi
         return out
+
+    def layout(self, head_layers: int) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, int]]:
+        """(exchanged names, personalized head names, parameters per tensor of one center) for
+        ``exchange.head_layers`` 0, 1 or 2 (ledger payload = the exchanged tensors' sizes)."""
+        return exchanged_keys(head_layers), head_keys(head_layers), n_params(self.data.d, self.hidden)
+
+    @torch.no_grad()
+    def evaluate_mixtures(self, theta: StackedParams, wc: torch.Tensor, tc: torch.Tensor, split: str,
+                          exchanged: tuple[str, ...], bf16: bool, chunk: int | None = None) -> torch.Tensor:
+        """``[m]`` float64 AUROC of candidate mixtures (:meth:`federation.methods.base.Context.evaluate_mixtures`):
+        row r mixes the exchanged block as ``sum_j wc[r, j] wire(theta_j)`` (target ``tc[r]``'s own copy
+        unrounded), keeps ``tc[r]``'s own head and is scored on ``tc[r]``'s ``split``; NaN where that
+        split holds one class.
+
+        ``chunk`` (default 512) rows per batched forward, processed by target split size, at most
+        ``32 * chunk`` row-by-split-row cells. Sparse rows (at most ``n / SPARSE_RATIO`` members, e.g.
+        ABPS coalitions) never build a dense ``[m, n] @ [n, P]`` product: the first layer, linear in the
+        parameters, is one ``x_t W1_j + b1_j`` per distinct (target, member) pair combined per row; the
+        later layers' parameters are weighted sums of the members' rows (``embedding_bag``). Equal to
+        the dense evaluation up to float summation order.
+        """
+        chunk = chunk or 512
+        s = self.data.splits[split]
+        n, m_rows = self.n, wc.shape[0]
+        if m_rows == 0:
+            return torch.empty(0, dtype=torch.float64)
+        cols, vals = sparse_rows(wc)  # [m, K] members and weights of each row
+        # rows by target split size, largest first; a chunk holds at most `chunk` rows and at
+        # most `chunk * 32` (row, split row) cells, so a few large targets do not pad many small
+        order = torch.argsort(s.n[tc], descending=True, stable=True)
+        tc, cols, vals = tc[order], cols[order], vals[order].to(torch.float32)
+        sizes = s.n[tc].tolist()
+        bounds, lo = [], 0
+        while lo < m_rows:
+            hi = min(m_rows, lo + max(1, min(chunk, chunk * 32 // max(1, sizes[lo]))))
+            bounds.append((lo, hi))
+            lo = hi
+        sparse = (set(theta) == set(PARAM_NAMES) and {"w1", "b1"} <= set(exchanged) and n >= SPARSE_RATIO
+                  and cols.shape[1] * SPARSE_RATIO <= n)
+        out = torch.empty(m_rows, dtype=torch.float64)
+        if not sparse:
+            dense = (wc.to_dense() if wc.is_sparse else wc)[order]
+            for lo, hi in bounds:
+                w, t = dense[lo:hi], tc[lo:hi]
+                model = {k: (mix(w, theta[k], bf16, own=t) if k in exchanged else theta[k][t])
+                         for k in theta}
+                rows = max(1, sizes[lo])  # real rows come first: trim the padding
+                logits = forward(model, s.rows(t, rows))[0]
+                out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
+            return out
+        # Sparse rows (e.g. ABPS coalitions: kappa + 1 members each). Row r's member k sends
+        # wire(theta_j), or theta_t itself when it is the target t: index src into [theta; wire(theta)].
+        table = {k: torch.cat([theta[k], wire(theta[k], True)]) if bf16 else theta[k] for k in exchanged}
+        src = cols + n * (cols != tc.unsqueeze(1)) if bf16 else cols
+        span = 2 * n if bf16 else n
+        h1 = theta["w1"].shape[-1]
+        for lo, hi in bounds:
+            t, sr, a = tc[lo:hi], src[lo:hi], vals[lo:hi]
+            c, rows = t.numel(), max(1, sizes[lo])
+            # layer 1 is linear in the parameters: z1 = sum_k a_k (x_t W1_k + b1_k), one product
+            # per distinct (target, member) pair, then a weighted sum per row
+            pair, inv = torch.unique(t.unsqueeze(1) * span + sr, return_inverse=True)
+            pt, pj = pair // span, pair % span
+            z = torch.bmm(s.rows(pt, rows), table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
+            hid = F.embedding_bag(inv, z.view(pair.numel(), -1), per_sample_weights=a, mode="sum")
+            hid = hid.view(c, rows, h1).relu_()
+
+            def layer(k: str) -> torch.Tensor:
+                if k not in exchanged:
+                    return theta[k][t]
+                mixed = F.embedding_bag(sr, table[k].reshape(span, -1), per_sample_weights=a, mode="sum")
+                return mixed.view(c, *theta[k].shape[1:])
+
+            hid = torch.bmm(hid, layer("w2")).add_(layer("b2").unsqueeze(1)).relu_()
+            logits = torch.bmm(hid, layer("w3")).squeeze(-1).add_(layer("b3"))
+            out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
+        return out
+
+    def probe_view(self, params: StackedParams) -> tuple[Any, Any]:
+        """(probe model, shards) for :func:`federation.methods.probe.probe` over the ``val`` split:
+        center k's anchor pool is its validation rows."""
+        s = self.data.splits["val"]
+        n, width = s.y.shape
+        shards = SimpleNamespace(anchor_index=torch.arange(n * width).view(n, width), n_anchor=s.n.clone(),
+                                 x_train=s.x.reshape(n * width, -1), y_train=s.y.reshape(-1).long())
+        return _MlpProbe(params), shards
+
+    def probe_heads(self, params: StackedParams) -> StackedParams:
+        """The classifier head a selector reads (PFedDST): the last layer under the image model's names."""
+        return {f"head.{k}": params[k] for k in ("w3", "b3")}
+
+    def probe_bytes_per_anchor(self) -> int:
+        """Bytes one probe moves per anchor: the features out, one logit back."""
+        return 4 * self.data.d + 4
+
+
+class _MlpProbe:
+    """The probe interface of :func:`federation.methods.probe.probe` over the MLP: ``pair_logits(x_all,
+    models, rows) -> [P, M, 2]`` two-class logits ``(0, z)`` of center ``models[p]`` on rows ``rows[p]``."""
+
+    def __init__(self, params: StackedParams, chunk: int = 256) -> None:
+        self.params, self.chunk = params, chunk
+
+    @torch.no_grad()
+    def pair_logits(self, x_all: torch.Tensor, model_index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(*rows.shape, 2)
+        for lo in range(0, rows.shape[0], self.chunk):
+            j = model_index[lo:lo + self.chunk]
+            out[lo:lo + self.chunk, :, 1] = forward({k: v[j] for k, v in self.params.items()},
+                                                    x_all[rows[lo:lo + self.chunk]])[0]
+        return out
+
+

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from federation.engine.mlp import PARAM_NAMES, StackedParams, StackedEngine
+from federation.engine.mlp import PARAM_NAMES, StackedEngine, StackedParams
 
 
 class LoopTrainer:

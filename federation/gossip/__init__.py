@@ -10,10 +10,10 @@
 See docs/gossip.md.
 """
 
+from federation.core.variance import variance_corrected_average, variance_corrected_mix
 from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
 from federation.gossip.runner import cli_run, compare, expand_runs
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
-from federation.core.variance import variance_corrected_average, variance_corrected_mix
 
 __all__ = ["GossipConfig", "GossipResult", "cli_run", "compare", "expand_runs", "plateau_delay",
            "reaching_times", "simulate", "variance_corrected_average", "variance_corrected_mix",

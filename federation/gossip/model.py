@@ -70,7 +70,7 @@ class ParamLayout:
     total: int
 
     @classmethod
-    def from_shapes(cls, shapes: dict[str, tuple[int, ...]]) -> "ParamLayout":
+    def from_shapes(cls, shapes: dict[str, tuple[int, ...]]) -> ParamLayout:
         """Build the layout of ``shapes`` (name -> shape of one model's tensor)."""
         names = tuple(shapes)
         sizes = tuple(math.prod(shapes[n]) for n in names)

@@ -33,8 +33,8 @@ from pydantic import ValidationError
 
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
-from etl.io import atomic_write_text
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
+from federation.run.results import write_results
 from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
@@ -178,7 +178,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
 
     doc = {"benchmark": "vv", "name": name, "data": data.name, "output": str(json_path),
            "runs": results, "comparison": compare(results)}
-    atomic_write_text(json_path, json.dumps(doc, indent=1))
+    write_results(json_path, doc, indent=1)
     return doc
 
 

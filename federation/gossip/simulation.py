@@ -1,45 +1,14 @@
 """Tick-based gossip-learning simulation, all nodes stacked (Tian et al., arXiv 2404.04616, Sec. III-A).
 
-Per tick t (a unit of virtual time):
-
-1. **Train.** Every node whose next acquisition time is t draws a fresh batch of 64 samples from
-   its own partition and does one SGD step (LeNet-5, Caffe hyper-parameters, per-node "inv" lr).
-   The next acquisition is ``T_acquisition`` ticks later: fixed (10 in the baseline, so the
-   network runs synchronously) or drawn uniformly from ``lo..hi`` (1..19) per node and per
-   acquisition (asynchronous, Sec. VI-B). The first acquisition of a node happens at tick
-   ``d - 1`` with d its first interval. Nodes that do not train are untouched (their parameters,
-   momentum and iteration counter stay as they are): the training nodes are gathered, stepped as
-   one stacked computation and scattered back.
-2. **Send.** Every node that trained sends its new model to all its current peers (the Sample and
-   selectPeer steps of Algorithm 2 are bypassed, Sec. III-A). Optionally only a random share
-   ``compression_ratio`` of the weights is sent (Sec. III-C2). Sending is one sparse matmul
-   ``A_t [N, n_train] @ theta_train [n_train, P]`` that adds into the receivers' buffers.
-3. **Average.** The buffer of node i is full when it holds ``R * deg_i`` models (R = interval ratio
-   T_averaging / T_training; deg_i = k on Regular(N, k)). A full buffer is averaged and merged by
-   eq. (1), ``theta_new = beta * theta_old + (1 - beta) * mean(buffer)``, with the mean optionally
-   variance-corrected by Algorithm 3 first; then the buffer is emptied. Messages arriving in
-   the same tick all count towards the buffer (a buffer may exceed its capacity by the models
-   that arrived together).
-
-The buffer is kept as running sums (sum of received parameters ``[N, P]``, sum of their per-layer
-variances ``[N, L]``, count ``[N]``), which is all Algorithm 3 needs (lines 2 and 5-8), so memory
-does not grow with the buffer size. Evaluation every ``eval_every`` ticks computes every node's
-accuracy on one fixed test subset in one batched forward pass.
-
-Variants (Sec. III-C, IV, VI-A): ``topology: star`` (Star(N): node 0 is the hub, the
-federated-learning variant III-C1); ``initial_model: broadcast_average`` (the global broadcast of
-Fig. 6); ``server: true`` (Fig. 8's federated-learning reference: a non-training server); ``compression_ratio < 1`` (III-C2); ``transfer_threshold`` (the temporal-hierarchy
-transfer-learning variant III-C3: nodes start unconnected, the base graph's peers form a waiting
-list, and after each of its training steps (``transfer_check``) a node whose accuracy on its own
-data is >= the threshold (0.8 in the paper, or tied to the target) connects to one more peer;
-buffer sizes follow the current degree so R stays constant).
+Design notes: docs/gossip.md, "Module notes".
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import networkx as nx
 import numpy as np
@@ -51,11 +20,19 @@ from etl.images import ImageDataset
 from etl.partition import dirichlet_partition, iid_partition
 from federation.core import graphs
 from federation.core.loop import EvalSchedule, drive
-from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
-from federation.gossip.model import (LAYERS, LENET5_LAYOUT, PIXEL_SCALE, accuracy_own, accuracy_stacked,
-                                     init_stacked, inv_lr, sgd_step, stacked_gradients)
 from federation.core.variance import correct_flat, flat_layer_variance
-
+from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
+from federation.gossip.model import (
+    LAYERS,
+    LENET5_LAYOUT,
+    PIXEL_SCALE,
+    accuracy_own,
+    accuracy_stacked,
+    init_stacked,
+    inv_lr,
+    sgd_step,
+    stacked_gradients,
+)
 
 #: Sec. III-C3 threshold (0.8) over the paper's reaching target (0.9 on MNIST).
 TL_THRESHOLD_RATIO = 0.8 / 0.9

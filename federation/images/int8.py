@@ -1,26 +1,6 @@
 """int8 evaluation of K stacked SAGE predictors on a shared test set (evaluation speed).
 
-Evaluation only (training, probing and mixing stay fp32). The two encoder convolutions, which hold
-~85 % of the evaluation's multiply-adds, run as quantized oneDNN convolutions with a fused ReLU
-(``torch.ao.nn.intrinsic.quantized.ConvReLU2d``, engine ``onednn``): weights int8 per output channel
-with codes in [-63, 63], activations uint8 with one scale per tensor. The dense layers (latent
-projection, head) stay fp32 (``baddbmm``). Since every client's channels share one activation scale,
-each output channel is first equalised on a calibration slice of the test images (ReLU is positively
-homogeneous: a channel divided by its calibration maximum s_c, the next layer's weights on that
-channel multiplied by s_c; exact in real arithmetic), so every client uses the full uint8 range.
-Pixels enter exactly (uint8 / 255 is the quantization grid itself).
-
-Same integers on every x86 ISA: CPUs without VNNI (AVX2, AVX-512 without VNNI, SSE4.1) multiply
-u8 x s8 with ``vpmaddubsw``, which adds two products into an int16 with saturation. With 7-bit
-weight codes a pair is at most 2 * 255 * 63 = 32,130 <= 32,767, so it never saturates and the int32
-accumulators equal VNNI's (full 8-bit codes reach 2 * 255 * 127 = 64,770 and lost 1.7-2.7 % of the
-predictions there). The engine is named ``onednn`` rather than ``x86`` because torch's ``x86`` engine
-sends convolutions to oneDNN only where cpuinfo reports AVX512-VNNI and to FBGEMM elsewhere, so the
-kernel would depend on the CPU (and FBGEMM is slow for many groups).
-
-Acceptance (docs/sage.md, "int8 evaluation across ISA levels"): predictions must agree with the fp32
-path on >= 99.5 % of test images (tests/test_sage_engine.py checks it on trained Fashion-MNIST
-clients, natively and under ``ONEDNN_MAX_CPU_ISA=AVX2``; ``benchmarks/bench_int8.py`` per ISA level).
+Design notes: docs/sage.md, "Module notes".
 """
 from __future__ import annotations
 

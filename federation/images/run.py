@@ -14,7 +14,6 @@ Entry point: :func:`cli_run` (also ``federation.images.cli_run``), dispatched to
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,20 +21,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from etl.errors import InputError
-from etl.images import ImageDataset
-from etl.io import atomic_write_text
 import federation.methods.selectors as sel
-from federation.methods.selectors import SageConfig, exchange_adjacency, parse_config
+from etl.images import ImageDataset
 from federation.core.graphs import neighbour_table
-from federation.data.image_shards import (ClientShards, load_image_dataset, make_graph, make_shards,
-                                           probe_bytes_per_anchor, subsample)
 from federation.core.image_metrics import accuracy, confusion_matrices, macro_f1
+from federation.core.ledger import Ledger
+from federation.core.loop import EvalSchedule, drive
+from federation.data.image_shards import (
+    ClientShards,
+    load_image_dataset,
+    make_graph,
+    make_shards,
+    probe_bytes_per_anchor,
+    subsample,
+)
 from federation.engine.image_model import ModelSpec, StackedModel, model_spec_for
 from federation.methods.probe import draw_anchors, empty_table, probe
 from federation.methods.sage_rule import evidence_saving
-from federation.core.ledger import Ledger
-from federation.core.loop import EvalSchedule, drive
+from federation.methods.selectors import SageConfig, exchange_adjacency, parse_config
+from federation.run.results import write_results
 from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
 
@@ -54,7 +58,7 @@ def evaluate(model: StackedModel, shards: ClientShards, precision: str = "fp32")
     (quantized encoder convolutions; >= 99.5 % agreement with fp32 is tested); the local splits stay fp32.
     """
     if precision == "int8":
-        from federation.images.int8 import predict_shared_int8   # torch.ao quantization: loaded only when asked
+        from federation.images.int8 import predict_shared_int8  # torch.ao quantization: loaded only when asked
 
         pred = predict_shared_int8({n: v for n, v in model.params.items() if not n.startswith("decoder.")},
                                    shards.x_test)
@@ -273,5 +277,5 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     if output is not None:
         out = Path(output)
         target = out if out.suffix == ".json" else out / "results.json"
-        atomic_write_text(target, json.dumps(result, indent=1, default=float))
+        write_results(target, result, indent=1)
     return result

@@ -31,6 +31,7 @@ class LocalOnly(Method):
     (Table 1's no-collaboration lower bound). ``W = I``, no edges, zero bytes."""
 
     name = "local"
+    seconds_per_round = 0.50
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         return RoundPlan(w=None)
@@ -42,12 +43,13 @@ class Centralized(Method):
     upper bound, Table 1 caption); evaluated on every center's own test split. No model
     crosses the network in this reference, so the ledger stays at zero.
 
-    Pools honestly (issues 21 / 23): one numeric encoding fitted on the pooled train split
+    Pools honestly: one numeric encoding fitted on the pooled train split
     (``data.preprocessing: pooled``) and training to convergence with validation early stopping
     (mean per-center val AUROC, patience 10, best round restored) instead of a fixed round count
     that over-fits the pooled rows."""
 
     name = "centralized"
+    seconds_per_round = 0.55
     pooled = True
     default_config: ClassVar[dict[str, Any]] = {
         "data": {"preprocessing": "pooled"},
@@ -76,6 +78,7 @@ class FedAvgPQ(FedAvg):
     (Arivazhagan et al. 2019) and a bfloat16 wire format; bandwidth 0.5 x trunk share."""
 
     name = "fedavg-pq"
+    seconds_per_round = 0.60
     default_config: ClassVar[dict[str, Any]] = {"exchange": {"head_layers": 1, "bf16_wire": True}}
 
 
@@ -86,6 +89,7 @@ class FedAvgX(FedAvg):
     (patience 10, at most 100 rounds)."""
 
     name = "fedavg-x"
+    seconds_per_round = 0.70
     default_config: ClassVar[dict[str, Any]] = {
         "exchange": {"head_layers": 2, "bf16_wire": True, "server_momentum": 0.5},
         "early_stopping": {"enabled": True, "patience": 10, "max_rounds": 100},
@@ -106,6 +110,7 @@ class FedProx(FedAvg):
     at the start of the round; aggregation as FedAvg (sample-weighted)."""
 
     name = "fedprox"
+    seconds_per_round = 0.80
     Params = FedProxParams
 
     def local_loss(self, ctx: Context, params: StackedParams, batch: Batch) -> torch.Tensor:
@@ -164,6 +169,7 @@ class FedDyn(Method):
     """
 
     name = "feddyn"
+    seconds_per_round = 1.00
     Params = FedDynParams
 
     def setup(self, ctx: Context) -> None:
@@ -215,6 +221,7 @@ class Moon(FedAvg):
     Aggregation as FedAvg."""
 
     name = "moon"
+    seconds_per_round = 1.15
     Params = MoonParams
 
     def setup(self, ctx: Context) -> None:

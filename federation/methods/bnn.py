@@ -1,30 +1,6 @@
 """BNN+FL: federated mean-field Bayesian MLP (ABPS paper Sec. 6.2, "Bayesian FL", Saile et al. 2024 style).
 
-The local model has the shape of the runtime's MLP (``d -> 128 -> 64 -> 1``, ReLU) but every
-weight and bias is a Gaussian ``q(w) = N(mu, sigma^2)``, ``sigma = softplus(rho)``, trained by
-variational inference with Bayes by Backprop (Blundell et al. 2015, "Weight uncertainty in
-neural networks", ICML, Sec. 3): at every local step each center draws one weight sample
-``w = mu + sigma * eps``, ``eps ~ N(0, I)`` (reparameterization) and minimizes
-
-    L_i = mean_batch BCE(y, f(x; w)) + KL(q_i || p) / n_train_i,     p = N(0, s^2 I)      (ELBO / n_train)
-
-with the closed-form Gaussian KL
-``KL = sum (log(s / sigma) + (sigma^2 + mu^2) / (2 s^2) - 1/2)``. After local training the
-server forms the sample-weighted FedAvg of the posterior means and of the posterior variances,
-
-    mu <- sum_k (n_k / n) mu_k,      sigma^2 <- sum_k (n_k / n) sigma_k^2,      rho = softplus^-1(sigma)
-
-(moment averaging; Saile et al. 2024 aggregate the posterior moments of a Bayesian network). Both
-moments cross every center-server link, so a round costs 2 n payloads: 2.00x FedAvg's bytes.
-
-The runtime's :class:`federation.engine.mlp.StackedEngine` trains one point-estimate MLP, so this
-module carries its own stacked trainer (:class:`StackedBayesEngine`, a subclass that reuses the
-engine's per-center batch streams, ordering and per-center Adam); :class:`BnnFL` plugs it and the
-moment averaging into the one round loop of :func:`federation.run.runner.run_one` through the
-``Method`` hooks (same metrics, ledger and early stopping as every method; docs/baselines.md).
-Evaluation scores the predictive mean ``mean_s sigmoid(f(x; w_s))`` over ``eval_samples`` weight
-draws (0 = the posterior-mean network). Deviations from the runtime MLP: no dropout and no Adam
-weight decay (the KL term is the regularizer).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -38,13 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from etl.errors import InputError
 from federation.core.config import EngineConfig, RunConfig
-from federation.data.tensors import FederatedData
-from federation.engine.mlp import PARAM_NAMES, AdamState, StackedParams, StackedEngine, forward, init_params
 from federation.core.seeding import mix_seed
+from federation.data.tensors import FederatedData
+from federation.engine.mixing import mix
+from federation.engine.mlp import PARAM_NAMES, AdamState, StackedEngine, StackedParams, forward, init_params
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.baselines import fedavg_matrix
 from federation.methods.registry import register
-from federation.engine.mixing import mix
 
 
 def softplus_inv(sigma: torch.Tensor) -> torch.Tensor:
@@ -233,6 +209,7 @@ class BnnFL(Method):
     """
 
     name = "bnn-fl"
+    seconds_per_round = 2.40
     Params: ClassVar[type[BaseModel]] = BnnParams
     payloads_per_link = 2
 

@@ -16,7 +16,7 @@ costs (n payloads): the 1.00x column of Table 1.
   peer-reported model quality.
 
 The graph of DeceFL and DeFTA is drawn once per run (:mod:`federation.core.graphs`, default: a
-connected random graph with exactly n edges) and exposed as ``method.artifacts["graph.json"]``
+connected random graph with exactly n edges) and exposed as ``method.artifacts(ctx)["graph.json"]``
 (center indices and center ids only). Docs: docs/baselines.md.
 """
 
@@ -28,9 +28,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from federation.core.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
+from federation.engine.mlp import forward
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
-from federation.engine.mlp import forward
 
 GraphKind = Literal["sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert"]
 
@@ -75,10 +75,12 @@ class _FixedGraphMethod(Method[GP]):
         seed = ctx.seed if p.graph_seed is None else p.graph_seed
         self.graph = build_graph(p.graph, ctx.n, seed, k=p.graph_k, p=p.graph_p, m=p.graph_m)
         self.adj = adjacency_tensor(self.graph, ctx.n)
-        self.artifacts: dict[str, Any] = {
-            "graph.json": {"kind": p.graph, "seed": int(seed), **graph_summary(self.graph),
-                           "edge_list": edge_list(self.graph, list(ctx.data.center_ids))},
-        }
+        self.graph_json: dict[str, Any] = {"kind": p.graph, "seed": int(seed), **graph_summary(self.graph),
+                                           "edge_list": edge_list(self.graph, list(ctx.data.center_ids))}
+
+    def artifacts(self, ctx: Context) -> dict[str, Any]:
+        """``graph.json``: the communication graph's kind, seed, summary and edge list (center ids)."""
+        return {"graph.json": self.graph_json}
 
 
 class DeceFLParams(GraphParams):
@@ -109,6 +111,7 @@ class DeceFL(_FixedGraphMethod[DeceFLParams]):
     """
 
     name = "decefl"
+    seconds_per_round = 0.65
     Params = DeceFLParams
 
     def setup(self, ctx: Context) -> None:
@@ -199,6 +202,7 @@ class DeFTA(_FixedGraphMethod[DeftaParams]):
     """
 
     name = "defta"
+    seconds_per_round = 0.75
     Params = DeftaParams
 
     def setup(self, ctx: Context) -> None:
@@ -263,7 +267,7 @@ class WpfedParams(BaseModel):
     quality_prior: float = Field(0.5, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
-    def _mixing_row_defined(self) -> "WpfedParams":
+    def _mixing_row_defined(self) -> WpfedParams:
         """``similarity_weight = 0`` with ``quality_prior = 0`` makes every weight of round 1
         ``lambda sim + (1 - lambda) q = 0``: a 0/0 mixing row. Refused here."""
         if self.similarity_weight == 0.0 and self.quality_prior == 0.0:
@@ -402,6 +406,7 @@ class WPFed(Method[WpfedParams]):
     """
 
     name = "wpfed"
+    seconds_per_round = 0.75
     Params = WpfedParams
 
     def setup(self, ctx: Context) -> None:

@@ -17,8 +17,9 @@ it (imports run one way: etl <- federation <- abps <- cli).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Callable, TypeVar, overload
+from typing import TypeVar, overload
 
 from etl.errors import InputError
 from federation.methods.base import Method
@@ -132,3 +133,18 @@ def _load_plugins() -> None:
     for ep in eps:
         ep.load()
     _plugins_loaded = True
+
+
+def goal_preset(goal: str) -> str:
+    """The registered goal-aware ABPS preset of ``goal`` (family ``goal``: ABPS+P+Q+kappa=1 with the
+    goal's filter, ABPS paper Sec. 6.5), e.g. ``diversity -> abps-div``.
+
+    Raises:
+        InputError: no registered preset has that goal (the message lists the goals).
+    """
+    presets = {str(c.default_config.get("params", {}).get("goal")): name
+               for name, c in all_methods().items() if c.family == "goal"}
+    g = goal.strip().lower()
+    if g not in presets:
+        raise InputError(f"--goal {goal!r}: choose one of {', '.join(sorted(presets))}")
+    return presets[g]

@@ -12,7 +12,7 @@ probe loss M = 1.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -1,32 +1,6 @@
-"""The SAGE benchmark's peer selectors as a method of the runtime (issue 18): ``sage``.
+"""The SAGE benchmark's peer selectors as a method of the runtime: ``sage``.
 
-One registered :class:`federation.methods.base.Method` wraps every selector of
-:data:`federation.methods.selectors.REGISTRY` (LOCAL, RG, PENS, PFedDST, AQ-128, SAGE-NF, Vanilla SAGE,
-SAGE-OS; ``params.selector``), so the SAGE rules run on any federation of the runtime, the clinical
-cohorts included, through the same round loop, method registry and ledger as ABPS and the baselines.
-
-A round (SAGE paper, Sec. III-IV and Algorithm 1; the runner calls the hooks):
-
-* ``plan_round`` after local training: every center k draws this round's nested anchor set from its
-  OWN validation rows (:func:`federation.methods.probe.draw_anchors`; the ``val`` split is the anchor
-  pool: for an image federation that is SAGE's 10 % anchor part); if the selector probes this round,
-  each neighbour j's post-local-update predictor scores k's anchors (inputs out, predictions back)
-  and k scores them against its own labels: the empirical 0-1 risk of eq. (4) at every stage of the
-  schedule, and mean cross-entropy for PENS / PFedDST (:func:`federation.methods.probe.probe`, the
-  benchmark's own function); ``decide`` -> :class:`federation.methods.selectors.Decision`; ``mix`` ->
-  the row-stochastic ``W`` (eq. (2), ``alpha_mix``; PENS / PFedDST their native averages). The
-  ledger gets one payload per undirected edge that carried a model and the probe bytes
-  (per (receiver, candidate, anchor): the anchor's features out, the prediction back).
-* On a clinical cohort a center's binary logit z is read as the two-class logits ``(0, z)``: the
-  prediction is ``z > 0`` and the cross-entropy is the binary cross-entropy, so the benchmark's probe
-  applies unchanged. The classifier head PFedDST compares is the last layer (``w3``, ``b3``).
-* Exchanged block: SAGE's omega; the head phi stays local (``exchange.head_layers: 2``, the default
-  here).
-* The graph: ``complete`` (default: any center may reach any other, the candidate set of ABPS and
-  FedAvg) or the benchmark's ``er`` / ``ba`` graphs (drawn per run seed).
-
-Receivers with fewer than ``schedule[0]`` validation rows get no anchor stage and fall back to random
-gossip (Sec. V-B), as in the image benchmark.
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -38,12 +12,11 @@ import networkx as nx
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+import federation.methods.selectors as sel
 from federation.core.graphs import neighbour_table
 from federation.core.seeding import mix_seed
 from federation.data.image_shards import make_graph
-from federation.engine.mlp import forward
 from federation.methods.base import Context, Method, RoundPlan
-import federation.methods.selectors as sel
 from federation.methods.probe import draw_anchors, empty_table, probe
 from federation.methods.registry import register
 from federation.methods.sage_rule import truncate_schedule
@@ -91,38 +64,12 @@ class SageSelectorParams(BaseModel):
         return v
 
 
-class _ClinicalProbe:
-    """The probe interface of :func:`federation.methods.probe.probe` over a clinical federation's
-    validation rows: ``pair_logits(x_all, models, rows) -> [P, M, 2]`` two-class logits ``(0, z)`` of
-    center ``models[p]``'s MLP on the flattened validation rows ``rows[p]``."""
-
-    def __init__(self, params: dict[str, torch.Tensor], chunk: int = 256) -> None:
-        self.params, self.chunk = params, chunk
-
-    @torch.no_grad()
-    def pair_logits(self, x_all: torch.Tensor, model_index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(*rows.shape, 2)
-        for lo in range(0, rows.shape[0], self.chunk):
-            j = model_index[lo:lo + self.chunk]
-            out[lo:lo + self.chunk, :, 1] = forward({k: v[j] for k, v in self.params.items()},
-                                                    x_all[rows[lo:lo + self.chunk]])[0]
-        return out
-
-
-def _clinical_shards(ctx: Context) -> SimpleNamespace:
-    """The ``ClientShards`` fields the probe reads, over the clinical ``val`` split: the anchor pool of
-    center k = its validation rows (``anchor_index`` into the flattened ``[n * rows, d]`` features)."""
-    s = ctx.data.splits["val"]
-    n, width = s.y.shape
-    return SimpleNamespace(anchor_index=torch.arange(n * width).view(n, width), n_anchor=s.n.clone(),
-                           x_train=s.x.reshape(n * width, -1), y_train=s.y.reshape(-1).long())
-
-
 @register(display_name="SAGE selector", family="decentralized")
 class SageSelectorMethod(Method):
     """A SAGE benchmark selector on the runtime (see the module docstring); ``params.selector`` picks it."""
 
     name: ClassVar[str] = "sage"
+    seconds_per_round = 6.40
     Params: ClassVar[type[BaseModel]] = SageSelectorParams
     #: SAGE's split: only the representation omega is model-bearing, the classifier head phi stays local
     #: (image model: the 2-layer head; clinical MLP: its last two layers, as ABPS-X / FedAvg-X)
@@ -140,21 +87,14 @@ class SageSelectorMethod(Method):
                                              torch.Generator().manual_seed(mix_seed(ctx.seed, 0x5A6E)))
         self.g_anchor = torch.Generator().manual_seed(mix_seed(ctx.seed, 0xA7C4))
         self.schedule = torch.tensor(p.schedule, dtype=torch.long)
-        image = hasattr(ctx.engine, "probe_view")
-        self.unit = ctx.engine.probe_bytes_per_anchor() if image else 4 * ctx.data.d + 4  # features out, logit back
+        self.unit = ctx.engine.probe_bytes_per_anchor()
         self.last: Any = None
         self.totals = torch.zeros(4, dtype=torch.float64)  # rounds, certified, RG fallback, anchors used
-
-    def _probe_view(self, ctx: Context) -> tuple[Any, Any]:
-        """(probe model, shards) of the live models: the image engine's own, or the clinical adapter."""
-        if hasattr(ctx.engine, "probe_view"):
-            return ctx.engine.probe_view()
-        return _ClinicalProbe(ctx.params), _clinical_shards(ctx)
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         """Anchors from each center's own validation rows -> probe (when the selector needs it) ->
         decide -> ``W``; the ledger's edges and probe bytes."""
-        model, shards = self._probe_view(ctx)
+        model, shards = ctx.engine.probe_view(ctx.params)
         rows, valid = draw_anchors(shards, int(self.schedule[-1]), self.g_anchor)
         own_ce = None
         if self.rule.needs_probe(round_idx):
@@ -167,7 +107,7 @@ class SageSelectorMethod(Method):
                                   with_ce=self.rule.with_ce, own=self.rule.own)
         else:
             table = empty_table(self.cand, self.cand_valid, self.degree, self.schedule, shards.n_anchor)
-        heads = ctx.params if hasattr(ctx.engine, "probe_view") else {f"head.{k}": ctx.params[k] for k in ("w3", "b3")}
+        heads = ctx.engine.probe_heads(ctx.params)
         dec = self.rule.decide(round_idx, table, own_ce, SimpleNamespace(params=heads))
         self.last = dec
         evals = (self.degree.to(torch.float64) * dec.anchors_used.to(torch.float64)).sum() if self.rule.evidence else 0.0

@@ -22,9 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from torch import Tensor
 
-from etl.errors import InputError
-
 import federation.methods.sage_rule as sage
+from etl.errors import InputError
 from federation.methods.probe import ProbeTable
 
 _ALIASES = {"aq-128": "aq128", "sage-nf": "sage_nf", "nf": "sage_nf", "vanilla": "vanilla_sage",
@@ -32,7 +31,7 @@ _ALIASES = {"aq-128": "aq128", "sage-nf": "sage_nf", "nf": "sage_nf", "vanilla":
             "os": "sage_os"}
 
 #: name -> selector class, in the paper's table order (filled by :func:`register_selector`).
-REGISTRY: dict[str, type["Selector"]] = {}
+REGISTRY: dict[str, type[Selector]] = {}
 
 
 def canonical_selector(name: str) -> str:
@@ -343,7 +342,7 @@ class SelectorStats:
 
 # --- the selectors as registered classes -----------------------------------------------------
 
-def register_selector(cls: type["Selector"]) -> type["Selector"]:
+def register_selector(cls: type[Selector]) -> type[Selector]:
     """Class decorator: add a :class:`Selector` subclass to :data:`REGISTRY` under ``cls.name``."""
     REGISTRY[cls.name] = cls
     return cls

@@ -45,14 +45,14 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
         parts += ["## ABPS Table 1\n", md, "\n## ABPS Figure 3\n",
                   "![Figure 3](fig3.png)\n\nPareto front (bytes vs AUROC): "
                   + (", ".join(DISPLAY.get(x, x) for x in front) or "none") + "\n"]
-        clinical_md, doc["sections"]["clinical"] = clinical_sections(client, col.cells, out)  # issue 19
+        clinical_md, doc["sections"]["clinical"] = clinical_sections(client, col.cells, out)
         parts.append(clinical_md)
-        iso_md, doc["sections"]["isolation"] = isolation_section(col.cells)  # issue 12: per-seed isolation
+        iso_md, doc["sections"]["isolation"] = isolation_section(col.cells)  # per-seed isolation
         parts.append(iso_md)
-        parts.append(privacy_drift_sections(client, col.cells, out, doc["sections"]))  # issue 17
+        parts.append(privacy_drift_sections(client, col.cells, out, doc["sections"]))
     else:
         parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
-    parts.append(realworld_section(client, col.cells, out, doc))  # issue 20: AUROC vs virtual time
+    parts.append(realworld_section(client, col.cells, out, doc))  # AUROC vs virtual time
     if col.sage:
         t = sage_tables(client, col.sage)
         parts.append("\n## SAGE Tables I-III\n")
@@ -80,7 +80,7 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
     else:
         parts.append("\n## Variance-correction Table I\n\nNo finished variance-correction runs (tag benchmark=vv); "
                      "section skipped.\n")
-    parts.append(cross_section(tracker, out, doc["sections"]))  # issue 18: the cross table
+    parts.append(cross_section(tracker, out, doc["sections"]))  # the cross table
     if col.notes:
         parts.append("\n## Notes\n\n" + "".join(f"* {n}\n" for n in col.notes))
     check_no_identifiers(doc)

@@ -1,4 +1,4 @@
-"""`abps report` sections for the clinical figures of issue 19 (federation/core/evaluation.py).
+"""`abps report` sections for the clinical figures (federation/core/evaluation.py).
 
 Beside ABPS Table 1: a **clinical table** (per method: worst-10 % and Gini of the per-center
 AUROC, the bootstrap interval of its mean, AUPRC, Brier, ECE, median calibration intercept /
@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from federation.report.abps_table1 import DISPLAY
 from federation.report.common import csv_text, fmt, md_table, mean_std

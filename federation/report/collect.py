@@ -5,13 +5,29 @@ two cohorts pooled."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from federation.methods import get_method
-from federation.run.tracking import (ARM_TAG, BENCHMARK_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_REPORT,
-                                 KIND_SWEEP, KIND_TAG, KIND_TRAIN, LABEL_TAG, METHOD_TAG, PLATFORM_COMPARED,
-                                 PLATFORM_TAG_PREFIX, SEED_TAG, SELECTOR_TAG, Tracker)
+from federation.run.tracking import (
+    ARM_TAG,
+    BENCHMARK_TAG,
+    COHORT_TAG,
+    ENGINE_STEP_TAG,
+    HASH_TAG,
+    KIND_REPORT,
+    KIND_SWEEP,
+    KIND_TAG,
+    KIND_TRAIN,
+    LABEL_TAG,
+    METHOD_TAG,
+    PLATFORM_COMPARED,
+    PLATFORM_TAG_PREFIX,
+    SEED_TAG,
+    SELECTOR_TAG,
+    Tracker,
+)
 
 __all__ = ["CellRun", "Collected", "dedupe_cells", "collect_runs", "platform_note"]
 

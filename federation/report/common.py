@@ -7,7 +7,8 @@ import csv
 import io
 import math
 import statistics
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = ["mean_std", "pareto_front", "fmt", "md_table", "csv_text"]
 

@@ -1,4 +1,4 @@
-"""The cross table (issue 18): rows = selectors, columns = data sets, cells = the data set's metric and
+"""The cross table: rows = selectors, columns = data sets, cells = the data set's metric and
 the ledger's bandwidth, from the runs of a cross sweep (``abps sweep --config configs/cross.yaml``,
 :func:`federation.sweep.cross.run_cross_sweep`).
 

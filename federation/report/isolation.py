@@ -1,4 +1,4 @@
-"""Per-seed isolation section of ``abps report`` (ABPS paper Sec. 6.5; issue 12).
+"""Per-seed isolation section of ``abps report`` (ABPS paper Sec. 6.5).
 
 One row per (row label, seed) of the partner-selection runs (``abps*``, ``random-partners``): the
 final MLflow metrics that :meth:`abps.method.AbpsMethod.final_metrics` logs for each seed, i.e. the
@@ -10,7 +10,8 @@ Only aggregates over centers and rounds appear; nothing row-level.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from federation.report.collect import CellRun
 from federation.report.common import fmt, md_table

@@ -1,4 +1,4 @@
-"""`abps report` sections of issue 17: the privacy-utility study of the DP metadata release and the
+"""`abps report` sections: the privacy-utility study of the DP metadata release and the
 drift study of the Welch-t drift windows (docs/privacy.md; ABPS paper Sec. 7, items i and iii).
 
 Both read only what the runs logged through :class:`federation.run.tracking.Tracker` (params, final
@@ -22,8 +22,9 @@ Files: :data:`FILES` (``privacy.md/.csv``, ``drift.md/.csv``, ``privacy_drift.pn
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from federation.report.common import csv_text, fmt, md_table, mean_std
 
@@ -91,7 +92,7 @@ def drift_rows(client: Any, cells: Sequence[Any]) -> tuple[list[dict[str, Any]],
     """One row per label among the runs with a ``drift:`` block, and the seed-mean curves.
 
     Returns:
-        ``(rows, curves)``: rows ``{"label", "n_seeds", "flip_round", "stopped" (seeds), 
+        ``(rows, curves)``: rows ``{"label", "n_seeds", "flip_round", "stopped" (seeds),
         "rounds_to_stop" (mean over the seeds that stopped), "mixed_share_pre", "mixed_share_post",
         "detected" (seeds with a detection), "detection_delay" (mean over those), "false_alarm_rate",
         "final_auroc_mean", "rounds"}``; curves ``{label: {metric: per-round seed mean}}`` for

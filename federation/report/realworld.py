@@ -1,4 +1,4 @@
-"""`abps report` section for real-world federation conditions (issue 20; docs/realworld.md).
+"""`abps report` section for real-world federation conditions (docs/realworld.md).
 
 For the runs that logged a virtual clock (the per-round MLflow metric ``virtual_hours``, written
 when the run config has a ``realworld:`` block, e.g. the sweep ``configs/realworld-links.yaml``):
@@ -17,8 +17,9 @@ Only aggregates the runs logged are read (per-round metric histories); nothing r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from federation.report.abps_table1 import DISPLAY
 from federation.report.common import csv_text, fmt, md_table, mean_std

@@ -6,8 +6,9 @@ import json
 import math
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from federation.report.common import csv_text, fmt, md_table, mean_std
 from federation.run.tracking import SELECTOR_TAG

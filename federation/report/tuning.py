@@ -9,7 +9,7 @@ baseline's knobs (label ``"<method> <knob>=<value> ..."``). After
 ``report/tuning.md`` (and ``tuning.csv``) list, per method and grid point, the mean and std across
 seeds of the final **validation** AUROC (mean over centers; ``final_val_auroc_mean``, the best round
 under early stopping) and mark the grid point with the highest mean as chosen. The test AUROC is
-shown for the record only: the choice never reads it (issue 23: hyperparameters chosen on
+shown for the record only: the choice never reads it (hyperparameters chosen on
 validation, never test). Self-contained (its own MLflow reading) so that ``federation.report`` can
 call :func:`tuning_section` without depending on its internals.
 """
@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from federation.run.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
 from etl.errors import InputError
 from etl.io import atomic_write_text
+from federation.run.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from federation.report.common import csv_text, fmt, md_table, mean_std
 from federation.run.tracking import ARM_TAG, GRID_CELL_TAG

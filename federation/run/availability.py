@@ -1,4 +1,4 @@
-"""Center availability per round (issue 20): a boolean mask ``[rounds, n]`` on the center axis.
+"""Center availability per round: a boolean mask ``[rounds, n]`` on the center axis.
 
 Three models (:class:`federation.core.config.AvailabilityConfig`; docs/realworld.md):
 
@@ -19,8 +19,8 @@ An unavailable center neither trains nor exchanges in that round (federation/run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import polars as pl
 import torch

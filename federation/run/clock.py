@@ -1,4 +1,4 @@
-"""Per-center compute and link profiles and the virtual clock of a round (issue 20; docs/realworld.md).
+"""Per-center compute and link profiles and the virtual clock of a round (docs/realworld.md).
 
 A center ``i`` has ``rows_per_s_i`` (training rows per second), ``uplink_i`` / ``downlink_i``
 (bytes per second) and ``latency_i`` (seconds). In a round, an available center that takes part:
@@ -21,14 +21,14 @@ compute plus its own transfer time), or the deadline when the server's policy dr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from etl.errors import InputError
-from federation.run.availability import read_center_csv, uniforms
 from federation.core.config import DeadlineConfig, ProfilesConfig, Spread
+from federation.run.availability import read_center_csv, uniforms
 
 __all__ = ["Profiles", "finish_times", "deadline_cut"]
 
@@ -62,7 +62,7 @@ class Profiles:
     latency_s: torch.Tensor
 
     @classmethod
-    def build(cls, cfg: ProfilesConfig, center_ids: Sequence[str]) -> "Profiles":
+    def build(cls, cfg: ProfilesConfig, center_ids: Sequence[str]) -> Profiles:
         """Draw every center's profile from ``cfg`` (counter-based uniforms keyed by (cfg.seed,
         field, center)), then apply ``cfg.file`` rows.
 

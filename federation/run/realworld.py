@@ -1,34 +1,6 @@
-"""Real-world federation conditions in the round loop (issue 20; docs/realworld.md).
+"""Real-world federation conditions in the round loop (docs/realworld.md).
 
-:class:`RealWorld` is what :func:`federation.run.runner.run_one` consults when the run config has a
-``realworld:`` block. Per round ``r`` starting at virtual time ``t_r`` (seconds):
-
-1. :meth:`RealWorld.begin_round`: the availability row ``a [n]`` (federation/run/availability.py) at
-   ``(r, t_r)``; ``ctx.available`` is set to it. The parameters, Adam state and server-momentum
-   rows of the unavailable centers are held.
-2. Local training runs stacked over all centers as always; :meth:`RealWorld.after_training` puts
-   the held rows back (an unavailable center does not train). Masking a finished computation keeps
-   every center's random streams, and so the available centers' results, unchanged.
-3. :meth:`RealWorld.plan`: the method's plan restricted to the available centers. Peer edges with an
-   unavailable end are removed from the ledger's adjacency; star methods keep one server link per
-   available center. The finish time of every participant (federation/run/clock.py) gives the round's
-   duration; a server-based method's deadline policy drops late updates. The mixing matrix
-   ``W [n, n]`` keeps only the columns of the centers whose update arrives (available, and on time
-   for a server) and is renormalized per row; an unavailable center's row is the identity. For
-   FedAvg this is the sample-weighted mean over the centers that reported. (When every available row
-   is the same, as FedAvg's, the unavailable rows copy it instead, so the exchange keeps its rank-one
-   fast path; step 4 restores those centers anyway.)
-4. :meth:`RealWorld.end_exchange`: the unavailable centers' exchanged block is restored to the
-   start of the round (after ``after_mix``, variance correction and momentum), so they neither
-   send nor receive; the clock advances to ``t_{r+1} = t_r + max(duration_r, round_period_s)``.
-
-Logged per round (:meth:`RealWorld.metrics`): ``available_share`` (available / n),
-``intentional_rest_share`` (peer methods: available centers with no partner / available centers,
-kept apart from unavailability), ``dropped_updates`` (late updates a server dropped),
-``round_seconds`` and ``virtual_hours`` (virtual time at the end of the round).
-
-With every center available and no update dropped, nothing is masked: the round is bit-for-bit
-the round without a ``realworld:`` block (tests/test_realworld_runner.py).
+Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -37,12 +9,12 @@ import math
 
 import torch
 
-from federation.run.availability import Availability
-from federation.run.clock import Profiles, deadline_cut, finish_times
 from federation.core.config import RealWorldConfig
 from federation.data.tensors import FederatedData
 from federation.engine.mlp import AdamState, StackedParams
 from federation.methods.base import RoundPlan
+from federation.run.availability import Availability
+from federation.run.clock import Profiles, deadline_cut, finish_times
 
 __all__ = ["RealWorld", "mask_mixing"]
 

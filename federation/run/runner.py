@@ -7,36 +7,46 @@ runs several seeds with MLflow tracking and writes ``results.json``.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
-from etl.io import atomic_write_text, check_writable
+from etl.io import check_writable
 from federation.core.checks import check_finite, check_finite_params
 from federation.core.config import RunConfig, config_hash
-from federation.data.load import federation_id, load_federation
-from federation.data.tensors import FederatedData
-from federation.data.drift_scenario import apply_drift, drifting_copy
-from federation.core.seeding import mix_seed
-from federation.engine.mlp import AdamState, StackedParams, n_params
 from federation.core.evaluation import ClinicalEvaluation, evaluate_final, log_clinical, publishable_per_center
 from federation.core.ledger import Ledger
 from federation.core.loop import EvalSchedule, drive
+from federation.core.metrics import summarize
+from federation.core.seeding import mix_seed
+from federation.core.variance import variance_correct
+from federation.data.drift_scenario import apply_drift, drifting_copy
+from federation.data.load import federation_id, load_federation
+from federation.data.tensors import FederatedData
+from federation.engine import kernels
+from federation.engine.mixing import apply_momentum, check_row_stochastic
+from federation.engine.mlp import AdamState, StackedParams
 from federation.methods import Context, Method, get_method
 from federation.run.realworld import RealWorld
-from federation.run.tracking import (COHORT_TAG, HASH_TAG, KIND_RUN, KIND_TAG, KIND_TRAIN, METHOD_TAG,
-                                 SEED_TAG, Tracker, engine_tags, finite)
-from federation.engine import kernels
-from federation.core.metrics import summarize
-from federation.engine.mixing import (apply_momentum, check_row_stochastic, exchanged_keys, head_keys)
-from federation.core.variance import variance_correct
+from federation.run.results import write_results
+from federation.run.tracking import (
+    COHORT_TAG,
+    HASH_TAG,
+    KIND_RUN,
+    KIND_TAG,
+    KIND_TRAIN,
+    METHOD_TAG,
+    SEED_TAG,
+    Tracker,
+    engine_tags,
+)
 
 RoundCallback = Callable[[int, dict[str, float]], None]
 
@@ -121,11 +131,7 @@ def run_one(
     data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
     train_engine = method.make_engine(data.pooled(), cfg, seed) if cls.pooled else engine
-    if hasattr(engine, "layout"):  # an engine with its own model (federation.engine.images.ImageEngine, issue 18)
-        ex, hd, sizes = engine.layout(cfg.exchange.head_layers)
-    else:
-        ex, hd = exchanged_keys(cfg.exchange.head_layers), head_keys(cfg.exchange.head_layers)
-        sizes = n_params(data.d, engine.hidden)
+    ex, hd, sizes = engine.layout(cfg.exchange.head_layers)
     ledger = Ledger(data.n_centers, sum(sizes.values()), cfg.reference_rounds)
     ctx = Context(cfg=cfg, data=data, engine=engine, seed=seed, ledger=ledger, exchanged=ex, head=hd,
                   bf16=cfg.exchange.bf16_wire, rng=torch.Generator().manual_seed(mix_seed(seed, 0x3E7)))
@@ -224,7 +230,7 @@ def run_one(
         cfg, data, seed, ledger, history, rounds_run, best, train_params, last_val, last_test,
         keep=(lambda: {k: v.clone() for k, v in eval_params().items()}) if keep_params else None,
         artifacts=lambda: _method_artifacts(method, ctx),
-        method_summary=(lambda: dict(method.final_metrics(ctx))) if hasattr(method, "final_metrics") else None,
+        method_summary=lambda: dict(method.final_metrics(ctx)),
         clinical=(lambda r: evaluate_final(data, method.scores(ctx, eval_params(), "test", r),
                                            method.score_kind, seed)) if data.clinical else None,
     )
@@ -317,11 +323,8 @@ def finalize_run(
 
 
 def _method_artifacts(method: Method, ctx: Context) -> dict[str, Any]:
-    """The method's ``artifacts``: a mapping attribute or a hook ``artifacts(ctx) -> mapping``."""
-    art = getattr(method, "artifacts", None)
-    if art is None:
-        return {}
-    return dict(art(ctx) if callable(art) else art)
+    """The method's ``artifacts(ctx)`` hook as a dict."""
+    return dict(method.artifacts(ctx))
 
 
 def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> dict[str, Any]:
@@ -426,13 +429,13 @@ def run_training(
             bar.end_seed()
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
-        doc["metric"] = data.metric_name  # "final_auroc_*" hold accuracy on an image federation (issue 18)
+        doc["metric"] = data.metric_name  # "final_auroc_*" hold accuracy on an image federation
         doc["dropped_centers"] = dict(data.dropped)  # counts only (federation.data.tensors.FederatedData.dropped)
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
         # without overwrite: created only if absent at commit time (another run may have written it meanwhile)
-        atomic_write_text(output, json.dumps(finite(doc), indent=2, allow_nan=False) + "\n", exclusive=not overwrite)
+        write_results(output, doc, exclusive=not overwrite)
     return doc
 
 
@@ -465,7 +468,7 @@ class _Progress:
         self.total_rounds, self.n_seeds, self.label = total_rounds, n_seeds, label
         self._p = None
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

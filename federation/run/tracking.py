@@ -17,7 +17,7 @@ Tag schema (names are the constants below; no other module spells a tag name):
 * sweep cells add ``abps.config_hash``, ``abps.label``, ``abps.sweep_hash``, ``abps.cell_seconds``;
 * image-benchmark runs carry ``benchmark`` (``sage`` / ``vv``).
 
-Concurrency (issue 13, case 4): creating a new store's schema and an experiment happen once,
+Concurrency: creating a new store's schema and an experiment happen once,
 under a file lock beside a sqlite store (``<db>.lock``, :func:`store_lock`), so parallel
 ``abps train`` runs on a new store all succeed; writes that meet a locked sqlite database are
 retried (:func:`_retry`). JSON artifacts are strict JSON (NaN / infinity -> null).
@@ -40,8 +40,9 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from etl.errors import InputError
 from federation.core import provenance

@@ -7,9 +7,10 @@ import hashlib
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -17,7 +18,6 @@ from pydantic import ValidationError
 from etl.errors import InputError
 from federation.core.config import RunConfig, build_config, deep_merge, load_yaml
 from federation.data.load import load_federation
-from federation.data.tensors import FederatedData
 from federation.engine import kernels
 from federation.methods import get_method
 from federation.core.config import canonical_json, config_hash

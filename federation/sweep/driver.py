@@ -3,18 +3,19 @@ an executor and logs every cell through :class:`federation.sweep.log.CellLog` as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from etl.errors import InputError
 from federation.data.load import federation_id, load_federation
+from federation.run.tracking import EXECUTOR_TAG, Tracker
 from federation.sweep.cells import Cell, expand_cells, sweep_hash
 from federation.sweep.executors import Event, check_reachable, run_pool, run_ray, run_serial
 from federation.sweep.log import CellLog, cell_params, finished_cells, open_parent, stale_runs
 from federation.sweep.schedule import longest_first
 from federation.sweep.spec import SweepSpec
-from federation.run.tracking import EXECUTOR_TAG, Tracker
 
 __all__ = ["SweepOutcome", "run_sweep"]
 
@@ -55,10 +56,16 @@ class _SweepProgress:
         self.done = self.failed = self.submitted = 0
         self._p = None
 
-    def __enter__(self) -> "_SweepProgress":
+    def __enter__(self) -> _SweepProgress:
         if self.enabled and self.total:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._p = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)

@@ -15,13 +15,14 @@ import queue as queue_mod
 import signal
 import socket
 import sys
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
-from etl.errors import InputError
 import federation.sweep.cells as cells_mod
+from etl.errors import InputError
 from federation.sweep.cells import Cell
 
 __all__ = ["Event", "run_serial", "run_pool", "run_ray", "check_reachable"]

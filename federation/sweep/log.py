@@ -12,10 +12,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation.sweep.cells import Cell
 from federation.core.evaluation import log_clinical, publishable_per_center
-from federation.run.tracking import (CELL_SECONDS_TAG, COHORT_TAG, ENGINE_STEP_TAG, HASH_TAG, KIND_CELL, KIND_SWEEP,
-                                 KIND_TAG, LABEL_TAG, METHOD_TAG, SEED_TAG, SWEEP_TAG, Tracker, engine_tags, flatten)
+from federation.run.tracking import (
+    CELL_SECONDS_TAG,
+    COHORT_TAG,
+    ENGINE_STEP_TAG,
+    HASH_TAG,
+    KIND_CELL,
+    KIND_SWEEP,
+    KIND_TAG,
+    LABEL_TAG,
+    METHOD_TAG,
+    SEED_TAG,
+    SWEEP_TAG,
+    Tracker,
+    engine_tags,
+    flatten,
+)
+from federation.sweep.cells import Cell
 
 __all__ = ["cell_params", "finished_cells", "stale_runs", "open_parent", "CellLog"]
 
