@@ -79,6 +79,22 @@ class SelectionParams(MetadataDpParams):
     weighting: Literal["samples", "uniform"] = "samples"
     watch_centers: tuple[str, ...] = ()
 
+    @model_validator(mode="after")
+    def _dp_needs_a_release(self) -> SelectionParams:
+        # without a goal no metadata is released (Algorithm 1 line 10 runs only for the goal-aware
+        # filter), so a DP setting would do nothing: refused, never ignored. epsilon unset, null or
+        # inf is the mechanism off, which holds trivially.
+        # (by value, not by which fields were given: a dumped config lists every default again)
+        off = (None, float("inf"))
+        dp = sorted((k for k, f in MetadataDpParams.model_fields.items()
+                     if (getattr(self, k) not in off if k == "metadata_dp_epsilon" else getattr(self, k) != f.default)),
+                    key=lambda k: (k != "metadata_dp_epsilon", k))
+        if dp and self.goal is None:
+            raise ValueError(f"{dp[0]} applies only when metadata is released, i.e. with a goal "
+                             "(--goal, or the presets abps-hom | abps-div | abps-align); without a goal "
+                             "no metadata leaves a center")
+        return self
+
     @property
     def metadata_dim(self) -> int:
         """3 or 15: which metadata vector the filter uses."""

@@ -7,6 +7,8 @@ into one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 import typer
@@ -66,6 +68,51 @@ def _exit_interrupted() -> None:
     sys.exit(143 if _received["signal"] == signal.SIGTERM else 130)
 
 
+def _watch_signals(fd: int) -> None:
+    """Thread body: each byte on ``fd`` (the signal wakeup pipe) is a signal that just arrived;
+    interrupt the running DuckDB queries, which a signal alone does not stop while several
+    threads execute them. The Python handler then runs when the query returns. Ends at EOF."""
+    import signal
+
+    from etl.sources import interrupt_all
+
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
+            interrupt_all()
+
+
+@contextlib.contextmanager
+def _signal_watcher():
+    """Route signals to :func:`_watch_signals` (``signal.set_wakeup_fd``) for the block."""
+    import signal
+    import threading
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: no watcher
+        os.close(r)
+        os.close(w)
+        yield
+        return
+    t = threading.Thread(target=_watch_signals, args=(r,), name="abps-signal-watcher", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(w)  # EOF ends the thread
+        t.join(timeout=5)
+        os.close(r)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``abps``).
 
@@ -82,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     if previous[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT stays ignored
         signal.signal(signal.SIGINT, _on_sigint)
     try:
-        rv = app(args=argv, standalone_mode=False)
+        with _signal_watcher():
+            rv = app(args=argv, standalone_mode=False)
     except BaseException as exc:
         if _received["signal"] is not None or isinstance(exc, KeyboardInterrupt):
             _exit_interrupted()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import typer
 
 from cli import project
 from cli.app import app
-from etl.errors import InputError
+from etl.errors import InputError, InputWarning
+
+#: the sources ``abps etl --source`` reads
+SOURCES = ("mimic", "eicu", "meds")
 
 
 def _fractions(text: str) -> tuple[float, float, float]:
@@ -29,6 +33,23 @@ def _names(text: str | None) -> tuple[str, ...] | None:
     if not names:
         raise InputError("--meds-splits: expected comma-separated split names like tuning,held_out")
     return names
+
+
+def _run(source: str, src_dir: Path, out: Path, opts, meds_splits: str | None) -> dict:
+    """The ETL of ``source`` (its cohort report)."""
+    if source == "mimic":
+        from etl.mimic import run_etl
+
+        return run_etl(src_dir, out, opts)
+    if source == "eicu":
+        from etl.eicu import run_eicu_etl
+
+        return run_eicu_etl(src_dir, out, opts)
+    if source == "meds":
+        from etl.meds import run_meds_etl
+
+        return run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
+    raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
 
 
 @app.command("etl")
@@ -64,7 +85,7 @@ def etl_command(
                                          "~/.cache/abps), off, or a folder (docs/etl.md)."),
 ) -> None:
     """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
-    from etl.mimic import EtlOptions, run_etl
+    from etl.mimic import EtlOptions
 
     if mimic_dir is not None and data_dir is not None and mimic_dir != data_dir:
         raise InputError("give the source folder once: --mimic-dir or --data-dir, not both")
@@ -84,21 +105,19 @@ def etl_command(
     )
     if meds_splits is not None and source != "meds":
         raise InputError("--meds-splits does not apply to --source " + source + "; leave it out")
-    if source not in ("mimic", "eicu", "meds"):
-        raise InputError(f"unknown --source '{source}' (choose from mimic, eicu, meds)")
+    if source not in SOURCES:
+        raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
     from etl import progress
 
-    with progress.bar(f"etl {source}", total=4 if source == "mimic" else 1):
-        if source == "mimic":
-            rep = run_etl(src_dir, out, opts)
-        elif source == "eicu":
-            from etl.eicu import run_eicu_etl
-
-            rep = run_eicu_etl(src_dir, out, opts)
+    with progress.bar(f"etl {source}", total=4 if source == "mimic" else 1), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        rep = _run(source, src_dir, out, opts, meds_splits)
+    for w in caught:
+        if issubclass(w.category, InputWarning):
+            typer.echo(f"warning: {w.message}", err=True)
         else:
-            from etl.meds import run_meds_etl
-
-            rep = run_meds_etl(src_dir, out, opts, splits=_names(meds_splits))
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "

@@ -17,6 +17,7 @@ from typer.core import TyperCommand
 from cli import project
 from cli.app import app
 from etl.errors import InputError
+from etl.io import check_writable
 
 
 def _parse_params(items: list[str]) -> dict[str, object]:
@@ -124,6 +125,7 @@ def train(
         out_path = Path(output or file_cfg.get("output") or project.run_output(
             experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))))
         project.check_output(out_path, force)
+        check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
             file_cfg = {**file_cfg, bench.threads_key: threads}
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
@@ -159,7 +161,7 @@ def train(
         file_cfg = dict(file_cfg or {"method": method})
         file_cfg["params"] = {**(file_cfg.get("params") or {}), **_parse_params(param)}
     cfg = build_config(method, cls.default_config, file_cfg, rounds)
-    label = run_label(cfg.method, cfg.params.get("goal"))
+    label = run_label(cfg.method, cfg.params)
     output = output or project.run_output(experiment, label)
     if threads:
         import torch

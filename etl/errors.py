@@ -14,6 +14,11 @@ class InputError(Exception):
     """Bad user input; the CLI reports ``error: <message>`` and exits 2."""
 
 
+class InputWarning(UserWarning):
+    """Input that is valid but probably not what the user meant (e.g. an empty diagnoses table);
+    the CLI prints ``warning: <message>`` and goes on."""
+
+
 def check_number(option: str, value: float, *, above: float | None = None, at_least: float | None = None,
                  below: float | None = None) -> float:
     """``value`` of the float option ``option`` as a finite float within the given bounds.

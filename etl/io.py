@@ -14,61 +14,176 @@ from etl.errors import InputError
 
 @contextlib.contextmanager
 def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary directory that replaces ``out`` only if the block succeeds.
+    """Yield a temporary directory that replaces ``out`` as one unit, only if the block succeeds.
 
-    The temporary directory is created beside ``out`` (same file system, so the final
-    ``os.replace`` is atomic for the directory entry). On any exception the temporary
+    The temporary directory is created beside ``out`` (same file system). On success it takes
+    ``out``'s place in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere the old folder
+    is renamed aside first), so a reader, or a second writer running at the same time, sees the
+    old folder or the new one, never a mix of files from two runs. On any exception the temporary
     directory is removed and an existing ``out`` is left untouched.
 
-    Files already present in ``out`` that the block does not write are kept: the new
-    files are moved over the old ones one by one after success.
+    Files already present in ``out`` that the block does not write are kept (hard-linked, else
+    copied, into the new folder before the swap).
+
+    Raises:
+        InputError: ``out`` (or a parent) is a file, or the folder cannot be created or written.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
     if any(p.exists() and not p.is_dir() for p in out.parents):
         raise InputError(f"--out {out}: a parent path is a file")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the renamed output gets normal permissions
     try:
         yield tmp
-        if not out.exists():
-            os.replace(tmp, out)
-            return
-        for src in sorted(tmp.rglob("*")):
-            if src.is_dir():
-                continue
-            dst = out / src.relative_to(tmp)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dst)
+        try:
+            _commit_dir(tmp, out)
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot replace it ({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def _link_or_copy(src: str, dst: str) -> None:
     try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directory entries ``a`` and ``b`` atomically; False where the system cannot."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _commit_dir(tmp: Path, out: Path) -> None:
+    """Put the finished folder ``tmp`` in ``out``'s place (see :func:`atomic_output_dir`); afterwards
+    ``tmp`` holds the old folder (or nothing) and is removed by the caller."""
+    for _ in range(5):  # a concurrent writer may create or swap ``out`` in between
+        if not out.exists():
+            try:
+                os.rename(tmp, out)
+                return
+            except OSError:  # created meanwhile (not empty): swap with it instead
+                continue
+        for old in sorted(out.rglob("*")):  # keep what the block did not write
+            new = tmp / old.relative_to(out)
+            if old.is_dir() and not old.is_symlink():
+                new.mkdir(exist_ok=True)
+            elif not new.exists() and not new.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    _link_or_copy(str(old), str(new))
+        if _exchange(tmp, out):
+            return
+        aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        try:
+            os.replace(out, aside / "d")
+        except FileNotFoundError:
+            shutil.rmtree(aside, ignore_errors=True)
+            continue
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rename(aside / "d", out)  # put the old folder back
+            raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+        return
+    raise OSError(f"{out} kept changing while it was replaced")
+
+
+def check_writable(path: str | os.PathLike[str], option: str) -> None:
+    """Refuse, before any work, an output file ``path`` that cannot be written: a parent that is a
+    file, a folder that cannot be created or written, a read-only file system.
+
+    Raises:
+        InputError: naming ``option`` and ``path``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a directory (give a file such as results.json)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{option} {path}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK) or _read_only_fs(parent):
+                raise InputError(f"{option} {path}: {parent} is not writable")
+            return
+
+
+def _read_only_fs(path: Path) -> bool:
+    """True on a file system mounted read-only (``os.access`` says writable there for root)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``.
+
+    ``exclusive=True`` never replaces a file: the temporary file is linked to ``path`` (an atomic
+    create-if-absent), so of two writers racing for one path the later one fails.
+
+    Raises:
+        InputError: ``exclusive`` and ``path`` exists; or the write fails (a full disk, a read-only
+            or missing folder): one line naming ``path``; ``path`` is then left as it was.
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        if exclusive:
+            os.link(tmp, path)
             os.unlink(tmp)
-        raise
+        else:
+            os.replace(tmp, path)
+        tmp = None
+    except FileExistsError:
+        raise InputError(f"{path} exists (written meanwhile by another run); give --force to replace it, "
+                         "or another --output") from None
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str, exclusive: bool = False) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), exclusive)
 
 
 def user_cache_dir(kind: str) -> Path:

@@ -56,7 +56,7 @@ def _check_text(t: Table, col: str) -> None:
 def _read_metadata(root: Path) -> tuple[dict, Table]:
     path = root / "metadata" / "dataset.json"
     if not path.is_file():
-        raise InputError(f"missing {path} (a MEDS dataset has metadata/dataset.json)")
+        raise InputError(f"--source meds: missing {path} (a MEDS dataset has metadata/dataset.json)")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,11 +29,11 @@ import pyarrow.parquet as pq
 
 from etl import charlson, chart_stream, progress
 from etl.chart_cache import use_cache
-from etl.errors import InputError
+from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, duckdb_errors, load, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, load, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -60,6 +61,17 @@ KEYS: dict[str, tuple[str, ...]] = {
     "diagnoses_icd": ("hadm_id", "seq_num"),
 }
 
+
+
+_ID = (1, 2**62)
+#: plausible ranges of the small tables' numeric columns (identifiers positive; ages and the
+#: shifted years of MIMIC-IV's anchor): a value outside is refused, never dropped or joined away
+RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "patients": {"subject_id": _ID, "anchor_age": (0, 150), "anchor_year": (1, 9999)},
+    "admissions": {"subject_id": _ID, "hadm_id": _ID},
+    "icustays": {"subject_id": _ID, "hadm_id": _ID, "stay_id": _ID, "los": (0, 1e5)},
+    "diagnoses_icd": {"subject_id": _ID, "hadm_id": _ID, "seq_num": (0, 1e4)},
+}
 
 def _locate_all(mimic_dir: Path, task: str, types: dict[str, str]) -> dict[str, Table]:
     if not mimic_dir.is_dir():
@@ -286,7 +298,12 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         t0 = time.perf_counter()
         progress.step("checking the input tables", 0)
         check_flags(con, tables["admissions"], ("hospital_expire_flag",))
+        for name, bounds in RANGES.items():
+            check_range(con, tables[name], bounds)
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
+        if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].varchar_scan()} LIMIT 1").fetchall():
+            warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
+                                       "of the cohort is 0"), stacklevel=1)
         tables.update({name: load(con, tables[name], types, f"src_{name}") for name in KEYS})
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         timings["checks_s"] = time.perf_counter() - t0

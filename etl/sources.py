@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -83,6 +84,14 @@ class Table:
                 if kind.startswith("TIMESTAMP WITH TIME ZONE"):
                     # an instant -> its UTC wall-clock time, whatever the connection's TimeZone
                     casts.append(f"CAST(timezone('UTC', {c}) AS {types.get(c, 'TIMESTAMP')}) AS {c}")
+                elif types.get(c) in INTEGER_TYPES and kind.startswith(("VARCHAR", "BLOB")):
+                    casts.append(f"{whole_number_sql(self.path, c, types[c])} AS {c}")
+                elif types.get(c) in INTEGER_TYPES and not kind.startswith(_PARQUET_INTEGERS):
+                    # DECIMAL / FLOAT / DOUBLE: a fractional value is refused as in a CSV, never rounded
+                    where = sql_path(f"{self.path} :: {c}")
+                    d = f"CAST({c} AS DOUBLE)"
+                    casts.append(f"CASE WHEN {c} IS NULL THEN NULL WHEN {d} = floor({d}) THEN CAST({c} AS {types[c]}) "
+                                 f"ELSE error('{NOT_WHOLE}{where}') END AS {c}")
                 elif c in types:
                     casts.append(f"CAST({c} AS {types[c]}) AS {c}")
             replace_ = f" REPLACE ({', '.join(casts)})" if casts else ""
@@ -113,6 +122,8 @@ class Table:
 
 
 INTEGER_TYPES = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT")
+_PARQUET_INTEGERS = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+                     "UBIGINT")
 #: Start of the DuckDB error raised by :func:`whole_number_sql` (translated by wrap_duckdb_error).
 NOT_WHOLE = "abps: not a whole number in "
 
@@ -147,6 +158,24 @@ def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, .
             raise InputError(f"{table.path}: column '{c}' must be 0 or 1 ({n} rows hold other values)")
 
 
+def check_range(con: duckdb.DuckDBPyConnection, table: Table, bounds: dict[str, tuple[float, float]]) -> None:
+    """Refuse a numeric column holding a value outside ``[lo, hi]`` (a negative age or identifier, a
+    year of 5 digits), which would otherwise drop or move rows silently; empty is missing.
+
+    Raises:
+        InputError: naming the file, the column, the bounds and how many rows are outside.
+    """
+    cols = {c: b for c, b in bounds.items() if c in table.columns}
+    if not cols:
+        return
+    checks = ", ".join(f"count(*) FILTER (WHERE TRY_CAST(trim(CAST({c} AS VARCHAR)) AS DOUBLE) NOT BETWEEN {lo} AND {hi})"
+                       for c, (lo, hi) in cols.items())
+    bad = con.execute(f"SELECT {checks} FROM {table.varchar_scan()}").fetchall()[0]
+    for (c, (lo, hi)), n in zip(cols.items(), bad):
+        if n:
+            raise InputError(f"{table.path}: column '{c}' must lie in [{lo:g}, {hi:g}] ({n} rows do not)")
+
+
 def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None:
     """Refuse a table with a header (or schema) but no data row. Cheap: DuckDB stops after the
     first row (``LIMIT 1``).
@@ -156,6 +185,20 @@ def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None
     """
     if not con.execute(f"SELECT 1 FROM {table.varchar_scan()} LIMIT 1").fetchall():
         raise InputError(f"{table.path}: no data rows (a header only); {why}")
+
+
+#: every open ETL connection, for :func:`interrupt_all` (weak: a closed, dropped connection leaves)
+_LIVE: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+
+
+def interrupt_all() -> None:
+    """Interrupt the query running on every open ETL connection (called from another thread when
+    a signal arrives: a multi-threaded query does not stop for a signal on its own; cli.app)."""
+    for con in list(_LIVE):
+        try:
+            con.interrupt()
+        except Exception:  # a closed connection
+            pass
 
 
 def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | None = None) -> duckdb.DuckDBPyConnection:
@@ -168,6 +211,7 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
     explicitly). Without ``memory_limit`` / ``scratch`` (schema probes) DuckDB's defaults apply.
     """
     con = duckdb.connect(":memory:")
+    _LIVE.add(con)
     con.execute("SET TimeZone = 'UTC'")
     con.execute(f"SET threads = {int(threads)}")
     if memory_limit is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from scipy import stats
 
 from abps.beliefs import BetaBeliefs
@@ -164,8 +165,10 @@ def test_dp_off_reproduces_and_dp_on_is_seeded(small):
     s = on1.method_summary
     assert s["dp_epsilon_spent"] == pytest.approx(1.0, rel=1e-3) and s["dp_releases"] == small.n_centers
     assert on1.history[-1]["dp_epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
-    # base ABPS uses no metadata: nothing released, nothing spent
-    assert "dp_epsilon_spent" not in run_one(_cfg("abps", 1, {"metadata_dp_epsilon": 1.0}), small, 11).method_summary
+    # base ABPS releases no metadata: a DP setting would do nothing, so it is refused
+    with pytest.raises(ValidationError, match="metadata_dp_epsilon applies only when metadata is released"):
+        run_one(_cfg("abps", 1, {"metadata_dp_epsilon": 1.0}), small, 11)
+    assert "dp_epsilon_spent" not in run_one(_cfg("abps", 1, {"metadata_dp_epsilon": math.inf}), small, 11).method_summary
 
 
 def test_drift_preset_runs_with_scenario(small):
@@ -363,11 +366,12 @@ def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
     drift = {"drift": {"round": 2, "count": 1}}
     spec = SweepSpec.model_validate({
         "name": "pd", "seeds": [1], "rounds": 3,
-        "methods": [{"method": "abps-hom", "label": "hom"},
+        # epsilon only where metadata is released (a goal): on plain ABPS it would be refused
+        "methods": [{"method": "abps-hom", "label": "hom", "params": {"metadata_dp_epsilon": 1.0}},
+                    {"method": "abps-hom", "label": "hom-off", "params": {"metadata_dp_epsilon": None}},
                     {"method": "abps", "label": "plain", "params": {"gamma": 0.1}, "overrides": drift},
                     {"method": "abps-drift", "label": "welch", "overrides": drift,
-                     "params": {"gamma": 0.1, "drift_window": 2, "drift_alpha": 0.3, "drift_reset": "level"}}],
-        "options": {"params.metadata_dp_epsilon": [1.0, None]}})
+                     "params": {"gamma": 0.1, "drift_window": 2, "drift_alpha": 0.3, "drift_reset": "level"}}]})
     out = run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     assert not out.failed
     doc = rp.write_report("pd", tmp_path / "rep", uri)
@@ -378,7 +382,7 @@ def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
         summaries.setdefault(cell.label, []).append(out.summaries[cell.key])
     priv = {r["epsilon"]: r for r in doc["sections"]["privacy"]["rows"]}
     assert set(priv) == {1.0, math.inf} and all(r["goal"] == "homogeneity" for r in priv.values())
-    on = summaries["hom[params.metadata_dp_epsilon=1.0]"]
+    on = summaries["hom"]
     assert priv[1.0]["final_auroc_mean"] == pytest.approx(statistics.fmean(s["final_auroc_mean"] for s in on))
     assert priv[1.0]["rest_share_mean"] == pytest.approx(
         statistics.fmean(s["method_summary"]["rest_share_mean"] for s in on))
@@ -389,10 +393,9 @@ def test_privacy_and_drift_sections_from_a_tiny_sweep(tmp_path):
     rows = {r["label"].split("[")[0]: r for r in doc["sections"]["drift"]["rows"]}
     assert set(rows) == {"plain", "welch"}  # the goal runs have no drift block
     for label, r in rows.items():
-        ms = [s["method_summary"] for s in summaries[f"{label}[params.metadata_dp_epsilon=1.0]"]]
-        if r["label"].endswith("=1.0]"):
-            assert r["stopped"] == sum(m["stopped_partnering"] for m in ms)
-            assert r["mixed_share_pre"] == pytest.approx(statistics.fmean(m["mixed_share_pre"] for m in ms))
+        ms = [s["method_summary"] for s in summaries[label]]
+        assert r["stopped"] == sum(m["stopped_partnering"] for m in ms)
+        assert r["mixed_share_pre"] == pytest.approx(statistics.fmean(m["mixed_share_pre"] for m in ms))
     welch = [r for r in doc["sections"]["drift"]["rows"] if r["label"].startswith("welch")]
     assert all(r["windows"] for r in welch) and not any(r["windows"] for r in doc["sections"]["drift"]["rows"]
                                                          if r["label"].startswith("plain"))

@@ -125,7 +125,7 @@ def test_params_survive_a_json_roundtrip():
     survive that (inf would be written as null)."""
     from abps.method import AbpsParams
 
-    for p in (AbpsParams(), AbpsParams(metadata_dp_epsilon=0.5, drift_window=3)):
+    for p in (AbpsParams(), AbpsParams(metadata_dp_epsilon=0.5, drift_window=3, goal="diversity")):
         assert AbpsParams.model_validate(p.model_dump(mode="json")) == p
     assert not MetadataRelease(AbpsParams(metadata_dp_epsilon=math.inf), torch.tensor([5]), 0).enabled
 

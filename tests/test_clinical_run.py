@@ -160,7 +160,7 @@ def test_mlflow_gets_final_metrics_and_per_center_csv(trained):
     rows = list(csv.DictReader(open(path)))
     assert [r["center_id"] for r in rows] == data.center_ids
     assert set(rows[0]) == {"center_id", "n_test", "n_pos", "auroc", "auprc", "brier", "ece", "cal_intercept",
-                            "cal_slope"}
+                            "cal_slope", "suppressed"}
     per_center = json.loads(Path(client.download_artifacts(child.info.run_id, "per_center.json", str(tmp))).read_text())
     for r in rows:
         if r["brier"]:

@@ -37,11 +37,14 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_during_a_duckdb_query_exits_interrupted(mimic_demo_dir, tmp_path, sig, code):
+def test_signal_during_a_duckdb_query_exits_interrupted(mimic_demo_dir, tmp_path, sig, code, threads):
+    """With --threads 2 the main thread waits on DuckDB's workers and never sees the signal itself:
+    cli.app's watcher thread interrupts the query."""
     out = tmp_path / "o"
     p = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD, "etl", "--mimic-dir", str(mimic_demo_dir),
-                          "--out", str(out), "--window-years", "20", "--min-center-stays", "1", "--threads", "1"],
+                          "--out", str(out), "--window-years", "20", "--min-center-stays", "1", "--threads", threads],
                          stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
     try:
         deadline = time.monotonic() + 120

@@ -236,6 +236,20 @@ def _resample_within_center(mask: torch.Tensor, n_boot: int, seed: int) -> Itera
         yield (u * counts).floor().long().clamp_max(rows - 1)
 
 
+#: The small-cell rule for every figure that leaves a run (subgroups, per-center tables): a cell with
+#: fewer than MIN_CELL_ROWS rows or fewer than MIN_CELL_EVENTS of either class is suppressed.
+MIN_CELL_ROWS = 30
+MIN_CELL_EVENTS = 5
+
+
+def is_small_cell(n: int, n_pos: int | None, min_size: int = MIN_CELL_ROWS, min_events: int = MIN_CELL_EVENTS) -> bool:
+    """True when a cell of ``n`` rows with ``n_pos`` positives must be suppressed (the rule above);
+    ``n_pos`` None (unknown) judges by ``n`` alone."""
+    if n < min_size:
+        return True
+    return n_pos is not None and (n_pos < min_events or n - n_pos < min_events)
+
+
 @dataclass(frozen=True)
 class SubgroupRow:
     """One subgroup's pooled figures (all centers' test rows of the group together).
@@ -258,7 +272,7 @@ class SubgroupRow:
 
 def subgroup_gaps(
     logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor, names: list[str],
-    min_size: int = 30, min_events: int = 5, n_boot: int = 200, seed: int = 0, n_bins: int = 10,
+    min_size: int = MIN_CELL_ROWS, min_events: int = MIN_CELL_EVENTS, n_boot: int = 200, seed: int = 0, n_bins: int = 10,
 ) -> list[SubgroupRow]:
     """AUROC and ECE by subgroup, pooled over centers, with the gap to the overall figure.
 
@@ -292,8 +306,7 @@ def subgroup_gaps(
     # bootstrap of the gaps: one resample per replicate shared by the overall figure and every group.
     # Only real rows enter a replicate (a resampled index always lands on a real row of its center),
     # so the real rows are sorted once, pooled, and a replicate is the count of draws of each row
-    small = [int(n_g[j]) < min_size or int(pos_g[j]) < min_events or int(n_g[j] - pos_g[j]) < min_events
-             for j in range(k)]
+    small = [is_small_cell(int(n_g[j]), int(pos_g[j]), min_size, min_events) for j in range(k)]
     real = int(mask.sum())
     z_real, y_real, g_real = logits[mask].reshape(1, -1), labels[mask].reshape(1, -1) > 0.5, groups[mask]
     every = CountedAuroc(z_real, torch.ones_like(y_real), y_real)

@@ -8,6 +8,8 @@ CLI's ``--rounds`` overrides last. Unknown keys are errors (``extra="forbid"``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -266,6 +268,10 @@ class RealWorldConfig(_Strict):
         return self
 
 
+#: method parameters whose +infinity means "off" (:class:`abps.privacy.MetadataDpParams`)
+INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -291,6 +297,10 @@ class RunConfig(_Strict):
     @classmethod
     def _finite_params(cls, v: dict[str, Any]) -> dict[str, Any]:
         # method parameters are validated by each method; a NaN / infinity is refused for all of them
+        # except where infinity has a meaning: epsilon = inf is the DP mechanism off (abps.privacy);
+        # YAML's `.inf` is stored as the string "inf" that `=inf` gives, so a dumped config validates again
+        v = {k: "inf" if k in INF_MEANS_OFF and isinstance(x, float) and x == float("inf") else x
+             for k, x in v.items()}
         bad = [k for k, x in v.items() if count_non_finite(x)]
         if bad:
             raise ValueError(f"method parameter {bad[0]!r} must be a finite number")
@@ -344,3 +354,21 @@ def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[st
         if raw.get("early_stopping", {}).get("enabled"):
             raw["early_stopping"] = {**raw["early_stopping"], "max_rounds": rounds}
     return RunConfig.model_validate(raw)
+
+
+def canonical_json(obj: Any) -> str:
+    """Canonical JSON text: sorted keys, no whitespace, tuples as lists, NaN refused.
+
+    Raises ValueError for NaN / infinity (they have no canonical JSON form)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+
+
+def config_hash(cfg: RunConfig, cohort: str) -> str:
+    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``.
+
+    Args:
+        cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
+        cohort: the cohort id (:func:`cohort_id`).
+    """
+    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]

@@ -33,12 +33,15 @@ import polars as pl
 import torch
 
 from federation.core.clinical import (
+    MIN_CELL_EVENTS,
+    MIN_CELL_ROWS,
     batched_auprc,
     batched_brier,
     batched_calibration,
     batched_ece,
     bootstrap_mean_auroc,
     distribution,
+    is_small_cell,
     subgroup_gaps,
 )
 from federation.core.metrics import batched_auroc
@@ -110,14 +113,39 @@ class ClinicalEvaluation:
         return out
 
     def per_center_csv(self) -> str:
-        """The per-center table as CSV (center_id keyed; empty cells for undefined figures)."""
+        """The per-center table as CSV (center_id keyed; empty cells for undefined figures and for
+        the figures of small centers, :func:`publishable_per_center`)."""
         buf = io.StringIO()
-        cols = list(self.per_center[0]) if self.per_center else ["center_id"]
+        rows = [{"center_id": r["center_id"], **row} for r, row in
+                zip(self.per_center, publishable_per_center({r["center_id"]: r for r in self.per_center}).values())]
+        cols = list(rows[0]) if rows else ["center_id"]
         w = csv.DictWriter(buf, cols, lineterminator="\n")
         w.writeheader()
-        for row in self.per_center:
-            w.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
+        for row in rows:
+            w.writerow({k: ("" if v is None or isinstance(v, float) and not math.isfinite(v) else v)
+                        for k, v in row.items()})
         return buf.getvalue()
+
+
+#: per-center figures that are not about the test cell (kept for a small center): train / val counts
+_CELL_FREE = ("center_id", "n_train", "n_val")
+
+
+def publishable_per_center(per_center: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The per-center table as it may leave a run (MLflow ``per_center.json``,
+    ``clinical_per_center.csv``): a center whose test cell is small by the subgroups' rule
+    (:func:`federation.clinical.is_small_cell` on ``n_test`` / ``n_pos``) keeps only its train and
+    validation counts; its test counts and every test figure (AUROC, Brier, ...) become None, and
+    ``suppressed`` is True. Others are unchanged, with ``suppressed`` False.
+    """
+    out = {}
+    for cid, row in per_center.items():
+        small = "n_test" in row and is_small_cell(int(row["n_test"]), None if row.get("n_pos") is None
+                                                   else int(row["n_pos"]))
+        out[cid] = ({k: (v if k in _CELL_FREE else None) for k, v in row.items() if k != "center_id"} if small
+                    else {k: v for k, v in row.items() if k != "center_id"})
+        out[cid]["suppressed"] = small
+    return out
 
 
 def as_logits(scores: torch.Tensor, kind: str) -> torch.Tensor:
@@ -177,7 +205,8 @@ def evaluate_clinical(
                 d["auroc_gap_ci"] = [None if not math.isfinite(v) else v for v in r.auroc_gap_ci]
                 subgroups.append({"axis": axis, **d})
         hidden = [f"{s['axis']}={s['group']}" for s in subgroups if s["suppressed"]]
-        note = ("suppressed (fewer than 30 rows or 5 of either class): " + ", ".join(hidden)) if hidden else \
+        note = (f"suppressed (fewer than {MIN_CELL_ROWS} rows or {MIN_CELL_EVENTS} of either class): "
+                + ", ".join(hidden)) if hidden else \
             "no group suppressed"
         unassigned = {axis: int(((groups[..., ax] < 0) & mask).sum()) for ax, axis in enumerate(SUBGROUP_AXES)}
         if any(unassigned.values()):

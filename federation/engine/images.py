@@ -38,7 +38,7 @@ class ImageEngine:
     def __init__(self, data: ImageFederation, cfg: RunConfig, seed: int) -> None:
         base = EngineConfig(reset_optimizer_each_round=cfg.engine.reset_optimizer_each_round)
         if cfg.engine != base:
-            raise InputError(f"{cfg.method}: the run config's `engine:` section sets the clinical MLP; on an image "
+            raise InputError(f"{cfg.method}: the run config's (--config) `engine:` section sets the clinical MLP; on an image "
                              f"federation the SAGE model trains with {IMAGES_FILE}'s batch_size / local_epochs / lr")
         self.data, self.seed = data, int(seed)
         s = data.spec

@@ -17,7 +17,8 @@ it (imports run one way: etl <- federation <- abps <- cli).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import TypeVar, overload
 
@@ -117,20 +118,33 @@ PLUGIN_GROUP = "abps.methods"
 _plugins_loaded = False
 
 
-def run_label(method: str, goal: object = None) -> str:
+def run_label(method: str, params: Mapping[str, object] | None = None) -> str:
     """The name of a run's row everywhere (console, ``abps runs``, MLflow run names, report): the
-    method, plus ``[goal=G]`` when the run sets an ABPS goal its preset does not, so that
-    ``--method abps --goal diversity`` reads ``abps [goal=diversity]``, not ``abps``, and stays
-    distinct from the goal-aware preset ``abps-div``. A method this build does not know keeps
-    the goal in its label."""
-    g = str(goal if goal is not None else "none").strip().lower()
-    if g in ("none", ""):
-        return method
+    method, plus every method parameter the run sets to a value its preset does not have, the goal
+    first: ``--method abps --goal diversity`` reads ``abps [goal=diversity]`` (distinct from the
+    goal-aware preset ``abps-div``) and ``--param kappa=1`` reads ``abps [kappa=1]``, never the
+    kappa = 3 row. ``params`` maps parameter names to values (or to MLflow's text of them); a
+    method this build does not know keeps only its goal in the label."""
+    given = {k: v for k, v in (params or {}).items() if v is not None}
     try:
-        preset = str(get_method(method).default_config.get("params", {}).get("goal") or "none").lower()
-    except InputError:
-        preset = "none"
-    return method if g == preset else f"{method} [goal={g}]"
+        cls = get_method(method)
+        defaults = cls.Params(**(cls.default_config.get("params") or {})).model_dump(mode="json")
+    except Exception:  # unknown method or a preset this build cannot resolve
+        defaults = None
+    if defaults is None:
+        goal = _text(given.get("goal", "none"))
+        return method if goal in ("none", "") else f"{method} [goal={goal}]"
+    differ = [f"{k}={_text(v)}" for k, v in sorted(given.items(), key=lambda kv: (kv[0] != "goal", kv[0]))
+              if _text(defaults.get(k)) != _text(v)]
+    return f"{method} [{', '.join(differ)}]" if differ else method
+
+
+def _text(value: object) -> str:
+    """A parameter value as compared in :func:`run_label`: MLflow's text of it, lower case
+    (``True`` and ``"true"``, ``None`` and ``"none"`` are one value)."""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True, default=str).lower()
+    return str(value).strip().lower()
 
 
 def _load_plugins() -> None:

@@ -101,8 +101,8 @@ class Collected:
 
 def _label(method: str, params: dict[str, str]) -> str:
     """Row label of an ``abps train`` run made before runs carried their label tag
-    (:func:`federation.methods.run_label` of its logged goal)."""
-    return run_label(method, params.get("params.goal"))
+    (:func:`federation.methods.run_label` of its logged method parameters)."""
+    return run_label(method, {k[len("params."):]: v for k, v in params.items() if k.startswith("params.")})
 
 
 def _cell_from_run(r: Any) -> CellRun | None:

@@ -34,6 +34,7 @@ def strict_json(doc: Any, indent: int = 2) -> str:
     return json.dumps(finite(_plain(doc)), indent=indent, allow_nan=False) + "\n"
 
 
-def write_results(path: str | os.PathLike[str], doc: Any, indent: int = 2) -> None:
-    """Write ``doc`` to ``path`` as :func:`strict_json`, atomically (a temporary file, then a rename)."""
-    atomic_write_text(path, strict_json(doc, indent))
+def write_results(path: str | os.PathLike[str], doc: Any, indent: int = 2, exclusive: bool = False) -> None:
+    """Write ``doc`` to ``path`` as :func:`strict_json`, atomically (a temporary file, then a rename;
+    ``exclusive``: created only if absent, :func:`etl.io.atomic_write_bytes`)."""
+    atomic_write_text(path, strict_json(doc, indent), exclusive)

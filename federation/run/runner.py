@@ -18,9 +18,10 @@ import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
+from etl.io import check_writable
 from federation.core.checks import check_finite, check_finite_params
-from federation.core.config import RunConfig
-from federation.core.evaluation import ClinicalEvaluation, evaluate_final, log_clinical
+from federation.core.config import RunConfig, config_hash
+from federation.core.evaluation import ClinicalEvaluation, evaluate_final, log_clinical, publishable_per_center
 from federation.core.ledger import Ledger
 from federation.core.loop import EvalSchedule, drive
 from federation.core.metrics import summarize
@@ -39,6 +40,7 @@ from federation.run.results import write_results
 from federation.run.tracking import (
     COHORT_NAME_TAG,
     COHORT_TAG,
+    HASH_TAG,
     KIND_RUN,
     KIND_TAG,
     KIND_TRAIN,
@@ -341,7 +343,7 @@ def results_document(cfg: RunConfig, cohort: str, results: list[RunResult]) -> d
 
     return {
         "method": cfg.method,
-        "label": run_label(cfg.method, cfg.params.get("goal")),
+        "label": run_label(cfg.method, cfg.params),
         "cohort": cohort,
         "config": cfg.model_dump(mode="json"),
         "seeds": {str(r.seed): r.summary() for r in results},
@@ -380,7 +382,8 @@ def run_training(
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{cfg.method}: invalid parameter {loc}: {first.get('msg')}") from None
+        raise InputError(f"{cfg.method}: invalid parameter {loc} (--param or the config's params:): "
+                         f"{first.get('msg')}") from None
     if output is not None:
         out = Path(output).resolve()
         if out.is_dir():
@@ -389,16 +392,18 @@ def run_training(
             raise InputError(f"--output {output}: would overwrite the cohort's own files")
         if not overwrite and out.exists():
             raise InputError(f"{output} exists; give --force to replace it, or another --output")
+        check_writable(out, "--output")  # before the work, not after it
     data = load_federation(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
     cid = federation_id(cohort_dir)
+    chash = config_hash(cfg, cid)  # runs of one method with different configs are told apart (abps runs)
     results: list[RunResult] = []
     tracker = Tracker(tracking_uri, experiment) if track else None
-    label = run_label(cfg.method, cfg.params.get("goal"))
+    label = run_label(cfg.method, cfg.params)
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=label,
                     metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
-                     "d_features": data.d}
+                     "d_features": data.d, "torch_threads": torch.get_num_threads()}  # (abps train --threads)
     common = {METHOD_TAG: cfg.method, LABEL_TAG: label, COHORT_TAG: cid,
               COHORT_NAME_TAG: Path(cohort_dir).resolve().name}
     with bar, (tracker.parent(f"{label} seeds {' '.join(map(str, seeds))}", parent_params,
@@ -407,7 +412,7 @@ def run_training(
         for seed in seeds:
             bar.start_seed(seed)
             with (tracker.child(f"{label} seed {seed}", {"seed": seed, "cohort_id": cid},
-                                {KIND_TAG: KIND_RUN, SEED_TAG: str(seed), **common})
+                                {KIND_TAG: KIND_RUN, SEED_TAG: str(seed), HASH_TAG: chash, **common})
                   if tracker else _null()):
                 if tracker:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
@@ -423,7 +428,7 @@ def run_training(
                     tracker.log_final(res.summary())
                     tracker.set_tags(engine_tags(kernels.build_info()))
                     log_clinical(tracker, res.clinical, res.rounds_run)
-                    tracker.log_json(res.per_center, "per_center.json")
+                    tracker.log_json(publishable_per_center(res.per_center), "per_center.json")
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
                     tracker.log_json(cfg.model_dump(mode="json"), "config.json")
@@ -435,7 +440,8 @@ def run_training(
         if tracker:
             tracker.log_json(doc, "results.json")
     if output is not None:
-        write_results(output, doc)
+        # without overwrite: created only if absent at commit time (another run may have written it meanwhile)
+        write_results(output, doc, exclusive=not overwrite)
     return doc
 
 

@@ -105,11 +105,13 @@ HEADLINE = {"AUROC": "final_auroc_mean", "Bandwidth": "rel_bandwidth", "Isolatio
 def default_tracking_uri() -> str:
     """The ``MLFLOW_TRACKING_URI`` environment variable when set (MLflow's convention, e.g. a shared
     tracking server), else the project's store ``sqlite:///mlflow/mlflow.db`` (relative to the
-    working directory; folder created)."""
+    working directory; folder created when it can be: an unwritable folder is reported by
+    :func:`open_client`, naming the store)."""
     env = os.environ.get(URI_ENV, "").strip()
     if env:
         return env
-    Path("mlflow").mkdir(exist_ok=True)
+    with contextlib.suppress(OSError):
+        Path("mlflow").mkdir(exist_ok=True)
     return "sqlite:///mlflow/mlflow.db"
 
 
@@ -216,16 +218,81 @@ def _retry(fn: Callable[[], _T], attempts: int = 8, first_wait_s: float = 0.05) 
     raise AssertionError("unreachable")
 
 
-def open_client(uri: str) -> Any:
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _store_error(uri: str, exc: BaseException) -> InputError:
+    """One line naming the store for an MLflow / SQLAlchemy / OS failure on it (their messages run to
+    a hundred lines)."""
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return InputError(f"MLflow store {uri}: {text[:300]}")
+
+
+def check_store(uri: str) -> None:
+    """Refuse a sqlite store file that is not an SQLite database (a truncated or foreign file),
+    naming it, before MLflow reads it. A missing or empty file is a new store.
+
+    Raises:
+        InputError: the path is a folder, unreadable, or not an SQLite database.
+    """
+    db = _sqlite_path(uri)
+    if db is None or not db.exists():
+        return
+    if not db.is_file():
+        raise InputError(f"MLflow store {db}: not a file")
+    try:
+        with open(db, "rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise InputError(f"MLflow store {db}: cannot read it ({exc.strerror})") from None
+    if head and head != _SQLITE_MAGIC:
+        raise InputError(f"MLflow store {db}: not an SQLite database (damaged or another file); move it "
+                         "aside or give another --tracking-uri")
+
+
+def open_client(uri: str, write: bool = True) -> Any:
     """An ``MlflowClient`` on ``uri`` whose store exists: a new sqlite store's schema is created
-    here, once, under :func:`store_lock` (concurrent first users used to crash on the race)."""
+    here, once, under :func:`store_lock` (concurrent first users used to crash on the race).
+
+    ``write=False`` (reading commands: ``abps runs``, ``abps report``) reads a store whose folder
+    cannot be written (no lock file can be made there; a reader needs none).
+
+    Raises:
+        InputError: the store is damaged, unreadable, or (``write``) cannot be written; one line
+            naming it.
+    """
     from mlflow.tracking import MlflowClient
 
     quiet_mlflow()
-    with store_lock(uri):
-        client = MlflowClient(uri)
-        client.search_experiments(max_results=1)  # creates / upgrades the schema
+    check_store(uri)
+    db = _sqlite_path(uri)
+    if db is not None and write:
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"MLflow store {db}: cannot create its folder ({exc.strerror})") from None
+        probe = db if db.exists() else db.parent
+        if not os.access(probe, os.W_OK) or _read_only_fs(db.parent):
+            raise InputError(f"MLflow store {db}: not writable; give another --tracking-uri")
+    lock = store_lock(uri) if write or db is None or not db.is_file() else contextlib.nullcontext()
+    try:
+        with lock:
+            client = MlflowClient(uri)
+            client.search_experiments(max_results=1)  # creates / upgrades the schema
+    except InputError:
+        raise
+    except Exception as exc:  # sqlalchemy / MLflow / filelock: one line naming the store
+        raise _store_error(uri, exc) from None
     return client
+
+
+def _read_only_fs(path: Path) -> bool:
+    """True when ``path`` lies on a file system mounted read-only (``os.access`` says writable there
+    for root)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 class Tracker:
@@ -243,8 +310,11 @@ class Tracker:
         # the client carries the URI; mlflow.set_tracking_uri would also export it as
         # MLFLOW_TRACKING_URI, so that every later command in the process followed this store
         self.uri = tracking_uri or default_tracking_uri()
-        self.client = open_client(self.uri)
-        exp = self.client.get_experiment_by_name(experiment)
+        self.client = open_client(self.uri, write=create)
+        try:
+            exp = self.client.get_experiment_by_name(experiment)
+        except Exception as exc:
+            raise _store_error(self.uri, exc) from None
         if exp is None and not create:
             raise InputError(f"--experiment {experiment!r}: no such MLflow experiment in {self.uri}")
         if exp is None:

@@ -16,7 +16,7 @@ import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
-from federation.core.config import RunConfig, build_config, deep_merge, load_yaml
+from federation.core.config import RunConfig, build_config, canonical_json, config_hash, deep_merge, load_yaml
 from federation.data.load import load_federation
 from federation.engine import kernels
 from federation.methods import get_method
@@ -24,24 +24,6 @@ from federation.run.runner import run_one
 from federation.sweep.spec import SweepSpec
 
 __all__ = ["Cell", "canonical_json", "config_hash", "expand_cells", "sweep_hash", "run_cell", "set_round_hook"]
-
-def canonical_json(obj: Any) -> str:
-    """Canonical JSON text: sorted keys, no whitespace, tuples as lists, NaN refused.
-
-    Raises ValueError for NaN / infinity (they have no canonical JSON form)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
-
-
-def config_hash(cfg: RunConfig, cohort: str) -> str:
-    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``.
-
-    Args:
-        cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
-        cohort: the cohort id (:func:`cohort_id`).
-    """
-    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
-    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
-
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """Return a copy of ``raw`` with ``a.b.c`` set to ``value`` (intermediate mappings created)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from federation.core.evaluation import log_clinical
+from federation.core.evaluation import log_clinical, publishable_per_center
 from federation.run.tracking import (
     CELL_SECONDS_TAG,
     COHORT_NAME_TAG,
@@ -142,7 +142,7 @@ class CellLog:
                     tags.update(engine_tags(result["platform"]))  # the worker's machine and kernel build
                 tr.set_tags(tags)
                 log_clinical(tr, result.get("clinical"), int(result["summary"].get("rounds_run") or 0))
-                tr.log_json(result["per_center"], "per_center.json")
+                tr.log_json(publishable_per_center(result["per_center"]), "per_center.json")
                 for name, obj in (result.get("artifacts") or {}).items():
                     tr.log_json(obj, name)
                 tr.log_json(cell.config.model_dump(mode="json"), "config.json")

@@ -1,0 +1,324 @@
+"""Outputs and the MLflow store under faults: a damaged or foreign store, a read-only store or
+output folder, a full disk, an output path that cannot be a file; outputs committed whole (a cohort
+folder swapped as one unit, a results file created only if absent); per-center figures under the
+subgroups' small-cell rule; runs of one method with different configs not pooled."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from cli.app import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``abps ARGS`` in-process; (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code: int, err: str, *needles: str) -> str:
+    assert code == 2, (code, err[-800:])
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("warning:", "cohort:"))
+             and " INFO " not in ln]  # MLflow's own log lines on creating a store
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory) -> Path:
+    """A synthetic FedProx cohort of 6 centers: some centers' test cells hold fewer than 30 rows."""
+    from federation.data.synthetic import write_fedprox_cohort
+
+    return write_fedprox_cohort(tmp_path_factory.mktemp("c") / "cohort", n_centers=6, seed=3, mean_size=120.0)
+
+
+def _train(cohort: Path, uri: str, *extra: str) -> list[str]:
+    return ["train", "--method", "fedavg", "--cohort", str(cohort), "--seeds", "1", "--rounds", "1",
+            "--tracking-uri", uri, "--no-progress", *extra]
+
+
+def _mlflow_runs(uri: str, experiment: str = "abps") -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+# ---------------------------------------------------------------------------------- the store
+
+
+def test_a_damaged_or_foreign_store_is_one_line_naming_it(cohort, tmp_path, capsys):
+    good = tmp_path / "good.db"
+    assert cli(capsys, *_train(cohort, f"sqlite:///{good}", "--output", str(tmp_path / "r0.json")))[0] == 0
+    truncated = tmp_path / "truncated.db"
+    truncated.write_bytes(good.read_bytes()[:4096 + 100])  # the header survives, the tables do not
+    foreign = tmp_path / "foreign.db"
+    foreign.write_text("name,value\na,1\n")
+    for db in (truncated, foreign):
+        before = db.read_bytes()
+        line = one_line_error(*cli(capsys, "runs", "--tracking-uri", f"sqlite:///{db}")[::2], str(db))
+        assert "MLflow store" in line
+        one_line_error(*cli(capsys, *_train(cohort, f"sqlite:///{db}", "--output", str(tmp_path / "r.json")))[::2],
+                       str(db))
+        assert db.read_bytes() == before and not (tmp_path / "r.json").exists()
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str = "4m"):
+    """A small tmpfs mounted at ``where`` (root only; CI runs as root)."""
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs as root: {r.stderr.decode()[:200]}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+
+
+@contextlib.contextmanager
+def _read_only_view(src: Path, where: Path):
+    """``src`` bind-mounted read-only at ``where`` (root only)."""
+    where.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(src), str(where)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(where)], check=True)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@needs_root
+def test_a_read_only_store_is_read_and_never_written(cohort, tmp_path, capsys):
+    rw = tmp_path / "rw"
+    rw.mkdir()
+    assert cli(capsys, *_train(cohort, f"sqlite:///{rw / 'mlflow.db'}", "--output", str(tmp_path / "r0.json")))[0] == 0
+    with _read_only_view(rw, tmp_path / "ro") as ro:
+        uri = f"sqlite:///{ro / 'mlflow.db'}"
+        code, out, err = cli(capsys, "runs", "--tracking-uri", uri)
+        assert code == 0 and "fedavg" in out and "Traceback" not in err, err
+        one_line_error(*cli(capsys, *_train(cohort, uri, "--output", str(tmp_path / "r.json")))[::2],
+                       str(ro / "mlflow.db"), "not writable")
+        assert not (tmp_path / "r.json").exists()
+        assert sorted(p.name for p in ro.iterdir()) == sorted(p.name for p in rw.iterdir())
+
+
+def test_an_output_that_cannot_be_written_fails_before_the_work(cohort, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    (tmp_path / "outfile").write_text("keep")
+    one_line_error(*cli(capsys, *_train(cohort, uri, "--output", str(tmp_path / "outfile" / "results.json")))[::2],
+                   "--output", "outfile")
+    assert (tmp_path / "outfile").read_text() == "keep"
+    assert _mlflow_runs(uri) == []  # refused before any MLflow run started, not after training
+
+
+@needs_root
+def test_a_read_only_output_folder_fails_before_the_work(cohort, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    (tmp_path / "rw").mkdir()
+    with _read_only_view(tmp_path / "rw", tmp_path / "ro") as ro:
+        one_line_error(*cli(capsys, *_train(cohort, uri, "--output", str(ro / "results.json")))[::2],
+                       "--output", "not writable")
+    assert _mlflow_runs(uri) == []
+
+
+@needs_root
+def test_a_full_disk_is_one_line_and_keeps_the_previous_results(cohort, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    with _tmpfs(tmp_path / "small", "1m") as small:
+        out = small / "results.json"
+        out.write_text('{"previous": true}\n')
+        fd = os.open(small / "filler", os.O_WRONLY | os.O_CREAT)  # fill the disk up
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        code, _, err = cli(capsys, *_train(cohort, uri, "--output", str(out), "--force"))
+        one_line_error(code, err, str(out), "No space left on device")
+        assert out.read_text() == '{"previous": true}\n'
+        assert sorted(p.name for p in small.iterdir()) == ["filler", "results.json"]  # no temporary left
+
+
+# ---------------------------------------------------------------------------------- commits
+
+
+def test_a_results_file_written_meanwhile_is_not_overwritten(cohort, tmp_path, capsys, monkeypatch):
+    """Two `abps train --output r.json` at once: the one that finishes second finds r.json written
+    after its start check, and fails instead of overwriting it (no --force)."""
+    from federation.run.tracking import Tracker
+
+    out = tmp_path / "r.json"
+    real = Tracker.log_json
+
+    def other_run_finishes(self, obj, name):  # the other run commits while this one trains
+        if name == "results.json" and not out.exists():
+            out.write_text('{"other": true}\n')
+        return real(self, obj, name)
+
+    monkeypatch.setattr(Tracker, "log_json", other_run_finishes)
+    code, _, err = cli(capsys, *_train(cohort, f"sqlite:///{tmp_path / 'm.db'}", "--output", str(out)))
+    one_line_error(code, err, str(out), "exists", "--force")
+    assert out.read_text() == '{"other": true}\n'
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.json")] == []
+
+
+def test_a_cohort_folder_is_replaced_as_one_unit(tmp_path, monkeypatch):
+    """After every file-system step of the commit, the output folder holds the old files or the
+    new ones, never a mix (two writers at once then never leave cohort.parquet from one and
+    centers.parquet from the other); a file the new output does not write is kept."""
+    import etl.io as eio
+
+    out = tmp_path / "cohort"
+    out.mkdir()
+    for name in ("cohort.parquet", "centers.parquet", "cohort_report.json"):
+        (out / name).write_text(f"old {name}")
+    (out / "notes.txt").write_text("the user's")
+    states: list[dict[str, str]] = []
+
+    def snap():
+        states.append({p.name: p.read_text() for p in out.iterdir()} if out.is_dir() else {})
+
+    for name in ("replace", "rename", "link"):
+        real = getattr(os, name)
+
+        def wrapped(*a, _real=real, **k):
+            r = _real(*a, **k)
+            snap()
+            return r
+
+        monkeypatch.setattr(eio.os, name, wrapped)
+    real_exchange = eio._exchange
+
+    def exchange(a, b):
+        r = real_exchange(a, b)
+        snap()
+        return r
+
+    monkeypatch.setattr(eio, "_exchange", exchange)
+    with eio.atomic_output_dir(out) as tmp:
+        for name in ("cohort.parquet", "centers.parquet", "cohort_report.json"):
+            (tmp / name).write_text(f"new {name}")
+        states.clear()
+    snap()
+    old = {n: f"old {n}" for n in ("cohort.parquet", "centers.parquet", "cohort_report.json")}
+    new = {n: f"new {n}" for n in old}
+    for s in states:
+        files = {k: v for k, v in s.items() if k != "notes.txt"}
+        assert files in (old, new), s
+    assert states[-1] == {**new, "notes.txt": "the user's"}
+    assert [p.name for p in tmp_path.iterdir()] == ["cohort"]
+
+
+def test_two_etl_runs_at_once_leave_one_whole_output(mimic_demo_dir, tmp_path):
+    """Two `abps etl --out X` with different seeds, started together: X is one of them, whole."""
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]}
+    out = tmp_path / "x"
+
+    def etl(dest: Path, seed: int) -> list[str]:
+        return [sys.executable, "-c", "from cli.app import main; main()", "etl", "--mimic-dir", str(mimic_demo_dir),
+                "--out", str(dest), "--window-years", "20", "--min-center-stays", "1", "--threads", "1",
+                "--chart-cache", "off", "--seed", str(seed)]
+
+    procs = [subprocess.Popen(etl(out, s), env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for s in (1, 2)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()[-500:]
+    seed = json.loads((out / "cohort_report.json").read_text())["options"]["seed"]
+    ref = tmp_path / "ref"
+    r = subprocess.run(etl(ref, seed), env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-500:]
+    for name in ("cohort.parquet", "centers.parquet"):
+        assert pl.read_parquet(out / name).equals(pl.read_parquet(ref / name)), name
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# ---------------------------------------------------------------------------------- privacy
+
+
+def test_per_center_figures_obey_the_small_cell_rule(cohort, tmp_path, capsys):
+    """per_center.json and clinical_per_center.csv leave out the test figures of a center whose test
+    cell is small by the subgroups' rule (fewer than 30 rows or 5 of either class)."""
+    from mlflow.tracking import MlflowClient
+
+    from federation.core.clinical import MIN_CELL_EVENTS, MIN_CELL_ROWS, is_small_cell
+
+    assert (MIN_CELL_ROWS, MIN_CELL_EVENTS) == (30, 5)
+    assert [is_small_cell(n, p) for n, p in ((29, 10), (30, 5), (30, 4), (30, 26), (30, 25), (40, None), (2, None))] \
+        == [True, False, True, True, False, False, True]
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    assert cli(capsys, *_train(cohort, uri, "--output", str(tmp_path / "r.json")))[0] == 0
+    coh = pl.read_parquet(cohort / "cohort.parquet").filter(pl.col("split") == "test")
+    counts = {r["center_id"]: (r["n"], r["pos"]) for r in coh.group_by("center_id").agg(
+        pl.len().alias("n"), pl.col("label").sum().alias("pos")).iter_rows(named=True)}
+    small = {c for c, (n, p) in counts.items() if n < 30 or p < 5 or n - p < 5}
+    assert small and small != set(counts)  # the cohort has both kinds of center
+    client = MlflowClient(uri)
+    child = next(r for r in _mlflow_runs(uri) if "mlflow.parentRunId" in r.data.tags)
+    pc = json.loads(Path(client.download_artifacts(child.info.run_id, "per_center.json", str(tmp_path))).read_text())
+    rows = list(csv.DictReader(open(client.download_artifacts(child.info.run_id, "clinical_per_center.csv",
+                                                              str(tmp_path)))))
+    assert set(pc) == set(counts) and {r["center_id"] for r in rows} == set(counts)
+    for cid, fig in pc.items():
+        assert fig["suppressed"] is (cid in small)
+        if cid in small:
+            assert all(fig[k] is None for k in ("n_test", "n_pos", "brier", "test_auroc", "auprc", "ece"))
+            assert fig["n_train"] > 0
+        else:
+            assert (fig["n_test"], fig["n_pos"]) == counts[cid] and fig["brier"] is not None
+    for r in rows:
+        assert (r["suppressed"] == "True") is (r["center_id"] in small)
+        if r["center_id"] in small:
+            assert r["n_test"] == r["n_pos"] == r["brier"] == ""
+        else:
+            assert (int(r["n_test"]), int(r["n_pos"])) == counts[r["center_id"]]
+
+
+# ---------------------------------------------------------------------------------- abps runs
+
+
+def test_runs_of_one_method_with_different_configs_are_not_pooled(cohort, tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    lr = tmp_path / "lr.yaml"
+    lr.write_text("method: fedavg\nengine: {lr: 0.05}\n")
+    assert cli(capsys, *_train(cohort, uri, "--output", str(tmp_path / "a.json")))[0] == 0
+    assert cli(capsys, *_train(cohort, uri, "--output", str(tmp_path / "b.json"), "--config", str(lr)))[0] == 0
+    code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0
+    # the latest configuration is shown (one seed), the other named in a note, never pooled silently
+    assert "fedavg: 1 run(s) of an older configuration ignored" in out
+    assert "finished runs (1)" in out  # the latest configuration's seed, not both runs of seed 1 pooled
+
+
+def test_a_kappa_1_run_is_not_labelled_kappa_3(cohort, tmp_path, capsys):
+    from federation.report import collect_runs
+    from federation.run.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    assert cli(capsys, "train", "--method", "abps", "--param", "kappa=1", "--cohort", str(cohort), "--seeds", "1",
+               "--rounds", "1", "--tracking-uri", uri, "--no-progress", "--output", str(tmp_path / "r.json"))[0] == 0
+    (cell,) = collect_runs(Tracker(uri, "abps", create=False)).cells
+    assert cell.label == "abps [kappa=1]"
+    code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0 and "kappa=3" not in out and "abps [kappa=1]" in out
