@@ -1,24 +1,30 @@
-"""ETL throughput and memory: chartevents rows per second end to end, and peak RSS of `abps etl`.
+"""ETL wall time and memory against the decompression floor and two peers, in one process tree.
 
-Writes a synthetic MIMIC-IV v3.1 directory with at least 50 M chartevents rows (the default
-94,458 stays charted every 0.5 h), then times ``abps etl`` on it in a child process three times
-and reads each child's peak resident set size and CPU time:
+On a synthetic MIMIC-IV v3.1 folder (default ``abps synth mimic --seed 1``: 94,458 stays,
+29.0 M chartevents rows, about 400 MB of gzip CSV), one after another, each in a child process:
 
-* ``uncached``: ``--chart-cache off``, the gzip CSV scanned directly (the path before the cache);
-* ``first run``: an empty cache folder, so the run writes the chartevents Parquet cache
-  (etl/chart_cache.py: the vitals per stay, vital and charttime over the whole file, sorted)
-  and then reads it;
-* ``cached run``: the same command again, reading the cache.
+* ``zcat``: ``zcat chartevents.csv.gz > /dev/null``, one stream of zlib inflation: what any
+  reader of the file that inflates it on one core pays before parsing a byte (the ratio base);
+* ``first``: ``abps etl`` with an empty chartevents cache folder (the run a researcher waits
+  for: it reads the file once and writes the cache in the same pass);
+* ``uncached``: ``abps etl --chart-cache off``;
+* ``cached``: ``abps etl`` again on the cache written by ``first``;
+* ``pandas``: the common script: ``pandas.read_csv(..., usecols=4 columns, chunksize=10 M rows)``,
+  vital rows kept (itemids and valid ranges of etl/sql/mimic/vital_rows.sql), the vitals per
+  stay, vital and charttime averaged and written to Parquet (the relation the ETL caches);
+* ``polars``: the same with Polars' streaming engine: ``scan_csv ... group_by ... sink_parquet``.
 
-Target on a 2-core machine: >= 5 M rows/s end to end, <= 3 GB peak RSS; each line
-prints the figure, its target and the ratio measured in this run, and the 1-minute load average
-(the machine may be shared: wall-clock rates fall with load, CPU seconds much less).
+Each line prints the wall time, its ratio to ``zcat`` measured in this run, CPU seconds, the
+child's peak resident set size, and the wall time scaled to MIMIC-IV v3.1's 433.0 M chartevents
+rows (linear in rows). The ETL's targets: first and uncached <= 1.0x zcat, cached <= 0.5x, peak
+RSS <= 3 GB. The 1-minute load average before and after each run says whether the machine was
+shared (wall times grow with load; ratios within one run much less).
 
-``python -m benchmarks.bench_etl [--stays N] [--chart-hours-step H] [--workdir DIR]
-[--runs uncached,first,cached]``; results go to ``bench_out/etl.json``. The synthetic folder lies
-under ``--workdir`` (default ``$ABPS_BENCH_WORKDIR``, else ``bench_out``; e.g.
-``ABPS_BENCH_WORKDIR=/tmp/etlbench python -m benchmarks.run etl``) as ``synth_etl`` and is re-used when its manifest
-matches; delete it when done (it is several GB with the cache).
+``python -m benchmarks.bench_etl [--synth-dir DIR] [--workdir DIR] [--runs zcat,first,...]``
+(or ``python -m benchmarks.run etl -- ...``); results go to ``bench_out/etl.json``. Without
+``--synth-dir`` the synthetic folder is written under ``--workdir`` (default
+``$ABPS_BENCH_WORKDIR``, else ``bench_out``) as ``synth_etl`` and reused while its manifest
+matches (about 2 minutes to write, 0.5 GB).
 """
 
 from __future__ import annotations
@@ -34,103 +40,160 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench_out"
-TARGET_ROWS_PER_S = 5e6
-TARGET_PEAK_GB = 3.0
-#: v3.1 chartevents rows (reference/mimic-iv-etl-facts.md), for the extrapolation line.
+#: v3.1 chartevents rows (reference/mimic-iv-etl-facts.md), for the extrapolation column.
 V31_ROWS = 432_997_491
-RUNS = ("uncached", "first", "cached")
+RUNS = ("zcat", "first", "uncached", "cached", "pandas", "polars")
+TARGETS = {"first": 1.0, "uncached": 1.0, "cached": 0.5}
+TARGET_PEAK_GB = 3.0
 
 
-def _synth(folder: Path, stays: int, step: float) -> int:
+def _synth(folder: Path, seed: int) -> int:
     manifest = folder / "synth_manifest.json"
     if manifest.exists():
         m = json.loads(manifest.read_text())
-        if m["options"]["stays"] == stays and float(m["options"]["chart_hours_step"]) == step:
+        if m["options"]["seed"] == seed:
             return int(m["rows"]["chartevents"])
     cmd = [sys.executable, "-c", "from cli.app import main; main()", "synth", "mimic", "--out", str(folder),
-           "--stays", str(stays), "--chart-hours-step", str(step)]
+           "--seed", str(seed)]
     subprocess.run(cmd, check=True, cwd=REPO)
     return int(json.loads(manifest.read_text())["rows"]["chartevents"])
 
 
-_CHILD = ("import resource, sys; from cli.app import main\n"
-          "code = 0\n"
-          "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code if isinstance(e.code, int) else 1\n"
-          "u = resource.getrusage(resource.RUSAGE_SELF)\n"
-          "print('PEAK_RSS_KB', u.ru_maxrss, 'CPU_S', u.ru_utime + u.ru_stime, 'EXIT', code)")
+#: Every child prints its own peak RSS and CPU time last (a Python child measures itself).
+_TAIL = ("import resource\n"
+         "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+         "print('PEAK_RSS_KB', u.ru_maxrss, 'CPU_S', u.ru_utime + u.ru_stime, 'EXIT', code)\n")
+
+_ETL = ("import sys; from cli.app import main\n"
+        "code = 0\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code if isinstance(e.code, int) else 1\n"
+        + _TAIL)
+
+#: Shared by the peers: the vital items and valid ranges of the ETL's SQL (not re-typed here).
+_ITEMS = ("import sys\nfrom etl.chart_stream import vital_items\n"
+          "it = vital_items()\n"
+          "ITEMS = {int(i): (it.vitals[v], lo, hi, bool(inc), bool(f)) for i, v, lo, hi, inc, f in "
+          "zip(it.itemid, it.vital, it.lo, it.hi, it.hi_incl, it.f2c)}\n"
+          "src, dst = sys.argv[1], sys.argv[2]\n")
+
+_PANDAS = _ITEMS + """import pandas as pd
+items = pd.DataFrame([(k, *v) for k, v in ITEMS.items()], columns=["itemid", "vital", "lo", "hi", "incl", "f2c"])
+parts = []
+for chunk in pd.read_csv(src, usecols=["stay_id", "charttime", "itemid", "valuenum"], chunksize=10_000_000,
+                         dtype={"stay_id": "Int64", "itemid": "Int64", "valuenum": "float64"}, parse_dates=["charttime"]):
+    c = chunk.merge(items, on="itemid")
+    c = c[(c.valuenum > c.lo) & ((c.valuenum < c.hi) | (c.incl & (c.valuenum == c.hi)))]
+    c = c.drop_duplicates(["stay_id", "charttime", "itemid", "valuenum"])
+    c["v"] = c.valuenum.where(~c.f2c, (c.valuenum - 32) / 1.8)
+    parts.append(c[["stay_id", "vital", "charttime", "v"]])
+out = pd.concat(parts).groupby(["stay_id", "vital", "charttime"], as_index=False)["v"].mean()
+out.sort_values(["stay_id", "charttime", "vital"]).to_parquet(dst, index=False)
+code = 0
+""" + _TAIL
+
+_POLARS = _ITEMS + """import polars as pl
+items = pl.DataFrame([(k, *v) for k, v in ITEMS.items()], schema=["itemid", "vital", "lo", "hi", "incl", "f2c"],
+                     orient="row").with_columns(pl.col("itemid").cast(pl.Int32))
+ok = (pl.col("valuenum") > pl.col("lo")) & ((pl.col("valuenum") < pl.col("hi"))
+                                            | (pl.col("incl") & (pl.col("valuenum") == pl.col("hi"))))
+(pl.scan_csv(src, schema_overrides={"stay_id": pl.Int64, "itemid": pl.Int32, "valuenum": pl.Float64,
+                                     "charttime": pl.Datetime("us")})
+ .select("stay_id", "charttime", "itemid", "valuenum")
+ .join(items.lazy(), on="itemid").filter(ok)
+ .unique(["stay_id", "charttime", "itemid", "valuenum"])
+ .with_columns(v=pl.when(pl.col("f2c")).then((pl.col("valuenum") - 32) / 1.8).otherwise(pl.col("valuenum")))
+ .group_by("stay_id", "vital", "charttime").agg(pl.col("v").mean())
+ .sort("stay_id", "charttime", "vital")
+ .sink_parquet(dst))
+code = 0
+""" + _TAIL
+
+#: zcat in a Python child that waits for it and reports the child's peak RSS and CPU.
+_ZCAT = ("import resource, subprocess, sys\n"
+         "code = subprocess.run(['zcat', sys.argv[1]], stdout=subprocess.DEVNULL).returncode\n"
+         "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+         "print('PEAK_RSS_KB', u.ru_maxrss, 'CPU_S', u.ru_utime + u.ru_stime, 'EXIT', code)\n")
 
 
-def run_once(synth_dir: Path, out: Path, cache: str, rows: int) -> dict:
-    """One ``abps etl`` in a child process: wall, CPU, peak RSS, rows/s, the cache's status."""
+def run_child(code: str, args: list[str]) -> dict:
+    """One child process: wall seconds, CPU seconds, peak RSS (MB), load before and after."""
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, "etl", "--mimic-dir", str(synth_dir), "--out", str(out),
-                           "--chart-cache", cache], check=True, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "ABPS_NO_PROGRESS": "1"})
     wall = time.perf_counter() - t0
+    if "PEAK_RSS_KB" not in proc.stdout:
+        raise RuntimeError(f"child failed: {(proc.stderr.strip().splitlines() or ['no message'])[-1]}")
     tail = proc.stdout.rsplit("PEAK_RSS_KB", 1)[1].split()
-    if int(tail[4]) != 0:  # the ETL refused its input: say why instead of a missing report file
-        why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise RuntimeError(f"abps etl exited with {tail[4]} on {synth_dir}: {why}")
-    report = json.loads((out / "cohort_report.json").read_text())
-    return {
-        "etl_wall_s": round(wall, 2),
-        "cpu_s": round(float(tail[2]), 2),
-        "rows_per_s": round(rows / wall),
-        "rows_per_cpu_s": round(rows / float(tail[2])),
-        "peak_rss_mb": round(int(tail[0]) / 1024, 1),  # the ETL process's own peak (Linux: KiB)
-        "chartevents_stage_s": round(report["timings_s"].get("chartevents_s", float("nan")), 2),
-        "cache": report.get("chartevents_cache", {}),
-        "centers": report["centers"],
-        "stays": report["stays"],
-        "load_avg_1m_before": round(load, 2),
-        "load_avg_1m_after": round(os.getloadavg()[0], 2),
-    }
+    if int(tail[4]) != 0:
+        raise RuntimeError(f"child exited with {tail[4]}: {(proc.stderr.strip().splitlines() or ['no message'])[-1]}")
+    return {"wall_s": round(wall, 2), "cpu_s": round(float(tail[2]), 2),
+            "peak_rss_mb": round(int(tail[0]) / 1024, 1),
+            "load_1m": [round(load, 2), round(os.getloadavg()[0], 2)]}
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns the result dict (also written to bench_out/etl.json)."""
     ap = argparse.ArgumentParser(prog="bench_etl")
-    ap.add_argument("--stays", type=int, default=94_458)
-    ap.add_argument("--chart-hours-step", type=float, default=0.5)
+    ap.add_argument("--synth-dir", type=Path, default=None,
+                    help="an existing `abps synth mimic` folder (default: written under --workdir)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the synthetic folder written (default 1)")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("ABPS_BENCH_WORKDIR", OUT)),
                     help="folder for the synthetic data, cache and outputs (default $ABPS_BENCH_WORKDIR or bench_out)")
-    ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of uncached,first,cached")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {','.join(RUNS)} (zcat always runs)")
     args = ap.parse_args([] if argv is None else argv)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     if not runs or any(r not in RUNS for r in runs):
         raise SystemExit(f"--runs takes a comma-separated subset of {','.join(RUNS)}")
+    if "zcat" not in runs:
+        runs.insert(0, "zcat")
+    if "cached" in runs and "first" not in runs:
+        runs.insert(runs.index("cached"), "first")
+    if shutil.which("zcat") is None:
+        raise SystemExit("zcat not found (the ratio base); install gzip")
     OUT.mkdir(exist_ok=True)
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    synth_dir = work / "synth_etl"
-    rows = _synth(synth_dir, args.stays, args.chart_hours_step)
-    gz_bytes = (synth_dir / "icu" / "chartevents.csv.gz").stat().st_size
+    synth = args.synth_dir or work / "synth_etl"
+    manifest = synth / "synth_manifest.json"
+    rows = (int(json.loads(manifest.read_text())["rows"]["chartevents"]) if args.synth_dir
+            else _synth(synth, args.seed))
+    src = synth / "icu" / "chartevents.csv.gz"
     cache = work / "chart_cache"
-    res: dict = {"chartevents_rows": rows, "chartevents_gz_mb": round(gz_bytes / 2**20, 1),
+    res: dict = {"chartevents_rows": rows, "chartevents_gz_mb": round(src.stat().st_size / 1e6, 1),
                  "cores": os.cpu_count(), "runs": {}}
     for name in runs:
-        if name == "first":
-            shutil.rmtree(cache, ignore_errors=True)
-        setting = "off" if name == "uncached" else str(cache)
-        res["runs"][name] = run_once(synth_dir, work / f"etl_cohort_{name}", setting, rows)
+        if name == "zcat":
+            r = run_child(_ZCAT, [str(src)])
+        elif name in ("first", "uncached", "cached"):
+            if name == "first":
+                shutil.rmtree(cache, ignore_errors=True)
+            out = work / f"etl_cohort_{name}"
+            r = run_child(_ETL, ["etl", "--mimic-dir", str(synth), "--out", str(out),
+                                 "--chart-cache", "off" if name == "uncached" else str(cache)])
+            report = json.loads((out / "cohort_report.json").read_text())
+            r["cache"] = report.get("chartevents_cache", {}).get("status")
+            r["timings_s"] = report.get("timings_s", {})
+        else:
+            r = run_child(_PANDAS if name == "pandas" else _POLARS, [str(src), str(work / f"peer_{name}.parquet")])
+        res["runs"][name] = r
+        print(f"  {name}: {r['wall_s']} s", flush=True)
+    base = res["runs"]["zcat"]["wall_s"]
+    for r in res["runs"].values():
+        r["x_zcat"] = round(r["wall_s"] / base, 2)
+        r["v31_wall_s"] = round(r["wall_s"] * V31_ROWS / rows)
     if cache.exists():
-        res["cache_mb"] = round(sum(p.stat().st_size for p in cache.iterdir()) / 2**20, 1)
-        res["cache_rows"] = next((r["cache"]["rows"] for r in res["runs"].values() if r["cache"].get("rows")), None)
+        res["cache_mb"] = round(sum(p.stat().st_size for p in cache.iterdir()) / 1e6, 1)
     (OUT / "etl.json").write_text(json.dumps(res, indent=2))
-    cached_rows = f", {res['cache_rows']:,} rows of vitals per charttime" if res.get("cache_rows") else ""
-    print(f"chartevents: {rows:,} rows, {res['chartevents_gz_mb']} MB gzip CSV"
-          + (f"; Parquet cache {res['cache_mb']} MB{cached_rows}" if "cache_mb" in res else ""))
-    print("| run | cache | ETL wall s | CPU s | rows/s (target >= 5 M) | ratio | peak RSS MB (target <= 3 GB) | "
-          "ratio | load 1 min |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"chartevents: {rows:,} rows, {res['chartevents_gz_mb']} MB gzip CSV, {res['cores']} cores"
+          + (f"; Parquet cache {res['cache_mb']} MB" if "cache_mb" in res else ""))
+    print("| run | wall s | x zcat (target) | CPU s | peak RSS MB (target <= 3 GB) | v3.1 (433 M rows) wall | load 1 min |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in res["runs"].items():
-        print(f"| {name} | {r['cache'].get('status', 'off')} | {r['etl_wall_s']} | {r['cpu_s']} | "
-              f"{r['rows_per_s'] / 1e6:.2f} M | {r['rows_per_s'] / TARGET_ROWS_PER_S:.2f}x | {r['peak_rss_mb']} | "
-              f"{r['peak_rss_mb'] / 1024 / TARGET_PEAK_GB:.2f}x | {r['load_avg_1m_before']} -> "
-              f"{r['load_avg_1m_after']} |")
-    for name, r in res["runs"].items():
-        print(f"{name}: at this rate the v3.1 chartevents ({V31_ROWS / 1e6:.0f} M rows) take about "
-              f"{V31_ROWS / r['rows_per_s']:.0f} s of wall time ({V31_ROWS / r['rows_per_cpu_s']:.0f} CPU s)")
+        target = f" (<= {TARGETS[name]})" if name in TARGETS else ""
+        rss = "-" if name == "zcat" else r["peak_rss_mb"]
+        print(f"| {name} | {r['wall_s']} | {r['x_zcat']:.2f}{target} | {r['cpu_s']} | {rss} | "
+              f"{r['v31_wall_s'] / 60:.1f} min | {r['load_1m'][0]} -> {r['load_1m'][1]} |")
     return res
 
 

@@ -44,8 +44,9 @@ from etl.io import atomic_write_text, user_cache_dir
 from etl.sources import Table, sql_path
 
 #: Bump when the cached layout changes: every older entry is then rebuilt (2: a derived
-#: relation, the query's hash in the manifest, rows sorted by stay and charttime).
-FORMAT = 2
+#: relation, the query's hash in the manifest, rows sorted by stay and charttime; 3: written by
+#: the streamed pass, ``n_rows`` as BIGINT).
+FORMAT = 3
 #: The source's table expression inside the query hashed into the manifest (the query's text
 #: without the path, so moving nothing but the cache folder keeps the key).
 SOURCE_PLACEHOLDER = "<chartevents>"
@@ -140,7 +141,8 @@ def query_sha256(query: Callable[[str], str], order_by: str = "") -> str:
 
 
 def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str], columns: tuple[str, ...],
-              setting: str, query: Callable[[str], str], order_by: str = "") -> CacheResult:
+              setting: str, query: Callable[[str], str], order_by: str = "",
+              build: Callable[[Path], int] | None = None) -> CacheResult:
     """The rows of ``query`` over the chartevents source, from a valid cache entry or a new one.
 
     Args:
@@ -154,6 +156,11 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         query: the cached relation as a function of the source's table expression (for MIMIC-IV
             etl/sql/mimic/vitalsign.sql over the whole file); its text, hashed, keys the entry.
         order_by: ``ORDER BY`` list of the rows written (empty: as produced).
+        build: ``build(path) -> rows`` writes the entry's Parquet file (the rows of ``query``
+            over the whole source, in ``order_by`` order) and returns its row count; called only
+            when the entry is written. Default: DuckDB's ``COPY`` of the query. The MIMIC ETL
+            passes its one streamed pass (etl/chart_stream.py), which computes the cohort's
+            first-day vitals while it writes the file.
 
     Raises:
         duckdb.Error: the source could not be read while the entry was built (the caller names
@@ -188,8 +195,11 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         q = sql_path(tmp)
         select = f"SELECT * FROM ({query(table.scan_sql(types))})" + (f" ORDER BY {order_by}" if order_by else "")
         try:
-            rows = con.execute(f"COPY ({select}) TO '{q}' "
-                               "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
+            if build is not None:
+                rows = build(tmp)
+            else:
+                rows = con.execute(f"COPY ({select}) TO '{q}' "
+                                   "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
             os.replace(tmp, parquet)
         finally:
             tmp.unlink(missing_ok=True)

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
-from etl import charlson
+from etl import charlson, chart_stream
 from etl.chart_cache import use_cache
 from etl.errors import InputError
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, duckdb_errors, locate, require_rows
+from etl.sources import Table, check_flags, duckdb_errors, load, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -121,8 +124,15 @@ def vitalsign_sql(chartevents: str) -> str:
 VITALSIGN_ORDER = "stay_id, charttime, vital"
 
 
+def vital_per_stay_sql(vitalsign: str, opts: EtlOptions) -> str:
+    """etl/sql/mimic/vital_per_stay.sql over the rows of ``vitalsign`` (vitals per charttime)
+    inside the kept stays' windows (vital_window.sql)."""
+    rel = concept_sql("mimic", "vital_window", rows=vitalsign, from_hours=float(opts.vitals_from_hours))
+    return concept_sql("mimic", "vital_per_stay", vitalsign=f"({rel})")
+
+
 def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, opts: EtlOptions, att: Attrition,
-                     dup_note: str, vitalsign: str | None = None) -> pl.DataFrame:
+                     dup_note: str, vitalsign: str | None = None, streamed: bool = False) -> pl.DataFrame:
     """The 21 first-day vital aggregates per stay of ``kept``, from the source or from the cache.
 
     Either ``chartevents``, a chartevents-shaped table expression (stay_id, charttime, itemid,
@@ -131,19 +141,126 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
     chartevents cache), restricted to the window afterwards. Both give the same rows per
     charttime, since the window depends on a row's stay and charttime only. Then
     vital_per_stay.sql (mean / min / max per stay and vital) and first_day_vitalsign.sql (wide).
-    Identical rows collapsed are an attrition row ``dup_note`` (unit rows).
+    Or ``streamed``: the temp table ``vital_per_stay`` was filled by the streamed pass
+    (:func:`stream_vitals`). Identical rows collapsed are an attrition row ``dup_note`` (unit rows).
     """
     from_hours = float(opts.vitals_from_hours)
-    if vitalsign is None:
+    if streamed:
+        pass
+    elif vitalsign is None:
         rel = vitalsign_sql(f"({concept_sql('mimic', 'vital_window', rows=chartevents, from_hours=from_hours)})")
+        con.execute("CREATE TEMP TABLE vital_per_stay AS " + concept_sql("mimic", "vital_per_stay", vitalsign=f"({rel})"))
     else:
-        rel = concept_sql("mimic", "vital_window", rows=vitalsign, from_hours=from_hours)
-    con.execute("CREATE TEMP TABLE vital_per_stay AS " + concept_sql("mimic", "vital_per_stay", vitalsign=f"({rel})"))
+        con.execute("CREATE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql(vitalsign, opts))
     n_rows, n_distinct = con.execute("SELECT coalesce(sum(n_rows), 0), coalesce(sum(n_distinct), 0) "
                                      "FROM vital_per_stay").fetchall()[0]
     if n_rows != n_distinct:
         att.add(dup_note, n_rows, n_distinct, unit="rows")
     return frame(con, concept_sql("mimic", "first_day_vitalsign"))
+
+
+def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
+                  parquet: Path | None = None, timings: dict | None = None) -> int:
+    """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
+    per charttime of the whole file, written to ``parquet`` (the cache entry) when given, and,
+    in the same pass, the first-day aggregates of the kept stays into the temp table
+    ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql, partition by partition; each
+    stay lies in one partition). Returns the rows of the relation; the pass's stage times go
+    into ``timings`` (``chartevents_read_s``, ``chartevents_reduce_write_s``).
+
+    Raises:
+        etl.chart_stream.StreamUnreadable: the caller scans the file with DuckDB instead (the
+            partial ``vital_per_stay`` is dropped first).
+    """
+    bounds = [r[0] for r in con.execute(
+        f"SELECT DISTINCT unnest(quantile_disc(stay_id, [{', '.join(str(i / chart_stream.PARTITIONS) for i in range(1, chart_stream.PARTITIONS))}])) AS b "
+        "FROM all_stays WHERE stay_id IS NOT NULL ORDER BY b").fetchall()]
+    # rows within a second of a kept stay's window: the only ones the cohort needs (the exact
+    # window is vital_window.sql's); without a cache entry to write, the others are dropped
+    # while streaming, else after the partition is written
+    w = con.execute(
+        "SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - 1000000, "
+        "epoch_us(intime) + 86400000000 + 1000000 FROM kept "
+        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id",
+        [float(opts.vitals_from_hours)]).fetchnumpy()
+    window = tuple(np.asarray(w[k], np.int64) for k in w)
+    vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
+                                progress=chart_stream.progress_wanted(),
+                                items=chart_stream.vital_items(vitalsign_sql("chartevents")),
+                                window=window if parquet is None else None)
+    con.register("chart_part", chart_stream.SCHEMA.empty_table())
+    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
+    writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="zstd", use_dictionary=["vital"])
+              if parquet is not None else None)
+    # the cache file is written on its own thread (Arrow releases the GIL; one thread keeps the
+    # partitions in order) while DuckDB aggregates the same partition's window
+    pool = ThreadPoolExecutor(1)
+    writes: list = []
+
+    def sink(part):
+        if writer is not None:
+            writes.append(pool.submit(writer.write_table, part, row_group_size=1_000_000))
+            part = chart_stream.in_window(part, window)
+        con.register("chart_part", part)
+        con.execute("INSERT INTO vital_per_stay " + vital_per_stay_sql("chart_part", opts))
+
+    try:
+        vp.run(sink)
+        for f in writes:
+            f.result()
+    finally:
+        pool.shutdown(wait=True)
+        con.unregister("chart_part")
+        if writer is not None:
+            writer.close()
+    if timings is not None:
+        timings.update({f"chartevents_{k}": v for k, v in vp.seconds.items()})
+    return vp.out_rows
+
+
+def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, types: dict[str, str],
+                       opts: EtlOptions, att: Attrition, note: str, scratch: Path, cache_info: dict | None,
+                       timings: dict | None = None) -> pl.DataFrame:
+    """The first-day vitals of the kept stays from chartevents, reading the source at most once.
+
+    A valid cache entry is read (:func:`etl.chart_cache.use_cache`); otherwise a CSV source is
+    read by the streamed pass (:func:`stream_vitals`), which writes the cache entry when one is
+    asked for; a Parquet source, or a file the stream cannot read, is scanned by DuckDB (the
+    concept SQL, and DuckDB's one-line errors).
+    """
+    streamable = chart_stream.streamable(table)
+    built: list[int] = []
+
+    def build(path: Path) -> int:
+        built.append(stream_vitals(con, table, opts, scratch, parquet=path, timings=timings))
+        return built[-1]
+
+    try:
+        cache = use_cache(con, table, types, REQUIRED[("icu", "chartevents")], opts.chart_cache, vitalsign_sql,
+                          VITALSIGN_ORDER, build=build if streamable else None)
+    except chart_stream.StreamUnreadable:
+        streamable, built = False, []
+        con.execute("DROP TABLE IF EXISTS vital_per_stay")
+        cache = use_cache(con, table, types, REQUIRED[("icu", "chartevents")], opts.chart_cache, vitalsign_sql,
+                          VITALSIGN_ORDER)
+    info = cache_info if cache_info is not None else {}
+    info.update(status=cache.status, rows=cache.rows, seconds=round(cache.seconds, 3), reason=cache.reason)
+    if built and cache.status in ("written", "rebuilt"):
+        info["read_by"] = "stream"
+        return first_day_vitals(con, None, opts, att, note, streamed=True)
+    con.execute("DROP TABLE IF EXISTS vital_per_stay")
+    if cache.relation is not None:
+        info["read_by"] = "cache"
+        return first_day_vitals(con, None, opts, att, note, vitalsign=cache.relation)
+    if streamable:
+        try:
+            stream_vitals(con, table, opts, scratch, timings=timings)
+            info["read_by"] = "stream"
+            return first_day_vitals(con, None, opts, att, note, streamed=True)
+        except chart_stream.StreamUnreadable:
+            con.execute("DROP TABLE IF EXISTS vital_per_stay")
+    info["read_by"] = "duckdb"
+    return first_day_vitals(con, scan, opts, att, note)
 
 
 def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
@@ -169,12 +286,10 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         t0 = time.perf_counter()
         check_flags(con, tables["admissions"], ("hospital_expire_flag",))
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
+        tables.update({name: load(con, tables[name], types, f"src_{name}") for name in KEYS})
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
-        cache = use_cache(con, tables["chartevents"], types, REQUIRED[("icu", "chartevents")], opts.chart_cache,
-                          vitalsign_sql, VITALSIGN_ORDER)
-        if cache_info is not None:
-            cache_info.update(status=cache.status, rows=cache.rows, seconds=round(cache.seconds, 3),
-                              reason=cache.reason)
+        timings["checks_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         s = {name: t.scan_sql(types) for name, t in tables.items()}
         con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql(
             "mimic", "stays", icustays=s["icustays"], admissions=s["admissions"], patients=s["patients"],
@@ -193,9 +308,10 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         timings["stays_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        vitals = first_day_vitals(con, s["chartevents"], opts, att,
-                                  f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)",
-                                  vitalsign=cache.relation)
+        vitals = chartevents_vitals(
+            con, tables["chartevents"], s["chartevents"], types, opts, att,
+            f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)", scratch,
+            cache_info, timings)
         timings["chartevents_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

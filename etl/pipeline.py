@@ -280,6 +280,7 @@ def finish(
     Returns:
         The cohort report dict (also written as cohort_report.json / .md under ``tmp``).
     """
+    t_tail = time.perf_counter()
     if partition != "hospital":
         cohort = assign_centers(cohort, partition, window_years=opts.window_years,
                                 window_origin=opts.window_origin, n_centers=opts.n_centers,
@@ -295,6 +296,7 @@ def finish(
     cohort = cohort.select(COHORT_COLUMNS).sort("stay_id")
     cohort.write_parquet(tmp / "cohort.parquet")
     centers.write_parquet(tmp / "centers.parquet")
+    timings["centers_split_write_s"] = time.perf_counter() - t_tail
     if t_start is not None:
         timings["total_s"] = time.perf_counter() - t_start
     report = cohort_report(cohort, centers, att.rows, opts, timings)

@@ -43,6 +43,9 @@ class Table:
         kinds: DuckDB types of the columns as stored (Parquet), or all VARCHAR (CSV).
         distinct: scan ``SELECT DISTINCT *`` (set by :func:`check_key` when the table holds
             identical duplicated rows).
+        read_from: the file DuckDB reads when it is not ``path`` (a gzip without its padding).
+        loaded_as: the DuckDB temp table holding the typed rows (:func:`load`), scanned instead
+            of the file.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Table:
     kinds: tuple[str, ...] = ()
     distinct: bool = False
     read_from: Path | None = None
+    loaded_as: str | None = None
 
     @property
     def is_parquet(self) -> bool:
@@ -68,7 +72,7 @@ class Table:
             types: DuckDB types of the columns the caller uses; other columns are VARCHAR (CSV)
                 or left as stored (Parquet, where the caller's casts apply in SQL).
         """
-        scan = self._raw_scan(types)
+        scan = self.loaded_as or self._raw_scan(types)
         return f"(SELECT DISTINCT * FROM {scan})" if self.distinct else scan
 
     def _raw_scan(self, types: dict[str, str]) -> str:
@@ -262,6 +266,18 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
         raise InputError(f"{path}: a column name appears twice in the header")
     _check_kinds(path, cols, kinds, types or {})
     return Table(name, path, cols, kinds, read_from=_unpadded(path) if path.suffix == ".gz" else None)
+
+
+def load(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str], name: str) -> Table:
+    """Read ``table`` once into the DuckDB temp table ``name`` (its typed scan, so the same
+    values and the same errors as scanning the file) and return the table scanning it: the key
+    check, the stays and the Charlson flags then read memory, not the file again.
+
+    Raises:
+        duckdb.Error: as the file's scan (the caller translates it, :func:`duckdb_errors`).
+    """
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM {table.scan_sql(types)}")
+    return replace(table, loaded_as=name)
 
 
 def sql_path(path: Path | str) -> str:

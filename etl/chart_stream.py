@@ -1,0 +1,462 @@
+"""One pass over a chartevents CSV: parallel gzip inflation, Arrow parsing, vitals per charttime.
+
+Why (docs/decisions.md, "chartevents in one streamed pass"): DuckDB inflates a ``.csv.gz`` with
+zlib on the thread that also parses it (a gzip stream cannot be split between threads), and
+the vitals per charttime of etl/sql/mimic/vitalsign.sql cost two hash aggregations over every
+vital row, whose groups are nearly all of one row. Here:
+
+1. ISA-L's igzip (python-isal, ``isal.igzip_threaded``, about 5x zlib's speed) inflates the file
+   on its own thread; Arrow's streaming CSV reader parses it on its threads (GIL released),
+   reading the four columns as BIGINT / TIMESTAMP / INTEGER / DOUBLE (timestamps by Arrow's
+   ISO 8601 parser, which reads MIMIC's ``YYYY-MM-DD HH:MM:SS`` as DuckDB's format does).
+2. Each batch keeps the valid vital rows of etl/sql/mimic/vital_rows.sql (its ``vital_item``
+   rows: itemids, valid ranges, Fahrenheit conversion, read from the SQL file) and is split by
+   stay_id range into partitions (ranges from icustays' stay_id quantiles), kept in memory or,
+   past a budget derived from ``--memory-limit``, appended to Arrow files in the scratch folder.
+3. Each partition, in stay_id order, is sorted by (stay_id, charttime, vital, itemid) and
+   reduced with NumPy: identical rows (stay, itemid, charttime, value) collapsed and counted,
+   then one mean per (stay_id, vital, charttime) with ``n_rows`` / ``n_distinct``. That is the
+   relation of vitalsign.sql over the whole file, already in the cache's order; the caller
+   writes it to the cache and / or hands it to DuckDB for the window (vital_window.sql) and the
+   per-stay aggregates (vital_per_stay.sql), partition by partition.
+
+The pass is strict: anything it cannot read the way DuckDB would (a damaged or cut gzip, a row
+with another number of fields, ``12.0`` in an integer column, text in a number column, a vital
+row without stay_id or charttime) stops it with :class:`StreamUnreadable`, and the caller runs
+the DuckDB scan instead (etl/mimic.py): DuckDB then reads what it accepts and words the one-line
+error of what it refuses (etl/sources.py), exactly as without the stream.
+
+Progress: on a terminal (not under pytest, not with ``ABPS_NO_PROGRESS``), a rich line shows the
+compressed bytes read, the rows parsed, the rate and the time left.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from etl.sources import Table
+from etl.sql import concept_sql
+
+#: Arrow types of the four chartevents columns the ETL reads (DuckDB's BIGINT, TIMESTAMP,
+#: INTEGER and DOUBLE of etl.mimic.TYPES).
+ARROW_TYPES = {"stay_id": pa.int64(), "charttime": pa.timestamp("us"), "itemid": pa.int32(),
+               "valuenum": pa.float64()}
+#: The only timestamp text the DuckDB scan accepts (etl/sources.py ``timestampformat``).
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
+#: Bytes of CSV text per Arrow batch.
+BLOCK_BYTES = 8 << 20
+#: stay_id ranges the vital rows are split into (sorted and reduced one at a time).
+PARTITIONS = 16
+#: Bytes held per buffered vital row (stay_id, charttime, value, code) and the peak factor of the
+#: sort and reduction of one partition; the buffer spills past memory_limit / SPILL_SHARE.
+ROW_BYTES = 25
+SPILL_SHARE = 3
+#: Schema of the relation (etl/sql/mimic/vitalsign.sql's columns).
+SCHEMA = pa.schema([("stay_id", pa.int64()), ("vital", pa.string()), ("charttime", pa.timestamp("us")),
+                    ("v", pa.float64()), ("n_rows", pa.int64()), ("n_distinct", pa.int64())])
+
+
+class StreamUnreadable(Exception):
+    """The stream met something it does not read the way DuckDB does; the caller scans with DuckDB."""
+
+
+@dataclass(frozen=True)
+class VitalItems:
+    """etl/sql/mimic/vital_rows.sql's ``vital_item`` rows as arrays (one entry per itemid).
+
+    ``vitals`` are the vital names sorted (so a vital's code orders as its name, as DuckDB's
+    ``ORDER BY vital``); ``vital`` the code of each item's vital.
+    """
+
+    itemid: np.ndarray
+    vital: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    hi_incl: np.ndarray
+    f2c: np.ndarray
+    vitals: tuple[str, ...]
+
+
+def vital_items(text: str | None = None) -> VitalItems:
+    """Parse the ``vital_item`` VALUES rows (itemid, vital, lo, hi, hi inclusive, Fahrenheit) of
+    a query's text: by default etl/sql/mimic/vital_rows.sql (mimic-code measurement/vitalsign);
+    the ETL passes the text of the query whose hash keys the cache entry, so the stream computes
+    exactly that query."""
+    if text is None:
+        text = concept_sql("mimic", "vital_rows", chartevents="chartevents")
+    rows = re.findall(r"^\s*\((\d+),\s*'(\w+)',\s*([\d.]+),\s*([\d.]+),\s*(true|false),\s*(true|false)\)",
+                      text, flags=re.M)
+    if not rows:
+        raise RuntimeError("the vital-sign query holds no vital_item rows")
+    vitals = tuple(sorted({r[1] for r in rows}))
+    return VitalItems(np.array([int(r[0]) for r in rows], np.int32), np.array([vitals.index(r[1]) for r in rows], np.uint8),
+                      np.array([float(r[2]) for r in rows]), np.array([float(r[3]) for r in rows]),
+                      np.array([r[4] == "true" for r in rows]), np.array([r[5] == "true" for r in rows]), vitals)
+
+
+def streamable(table: Table) -> bool:
+    """True for a CSV or gzip CSV chartevents (Parquet is read by DuckDB directly)."""
+    return not table.is_parquet
+
+
+def progress_wanted() -> bool:
+    """A progress line only on a terminal, never under pytest or with ``ABPS_NO_PROGRESS`` set."""
+    if os.environ.get("PYTEST_CURRENT_TEST") or os.environ.get("ABPS_NO_PROGRESS"):
+        return False
+    return sys.stderr.isatty()
+
+
+def memory_bytes(limit: str) -> int:
+    """``--memory-limit`` text (``2GB``, ``512MiB``; validated by EtlOptions) as bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*", limit)
+    if m is None:
+        raise ValueError(f"not a memory size: {limit!r}")
+    scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30,
+             "TiB": 2**40}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+class _Progress:
+    """Compressed bytes read, rows parsed, rate and time left (rich), or nothing."""
+
+    def __init__(self, enabled: bool, label: str, total: int) -> None:
+        self._bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TextColumn("{task.fields[rows]}"), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(label, total=total, rows="0 rows")
+
+    def update(self, done: int, rows: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, rows=f"{rows / 1e6:,.1f} M rows")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class _Buffer:
+    """Vital rows split by stay_id range; pieces kept in memory, spilled to Arrow files past a budget."""
+
+    def __init__(self, bounds: np.ndarray, budget: int, scratch: Path) -> None:
+        self.bounds, self.budget, self.scratch = bounds, budget, scratch
+        self.parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(len(bounds) + 1)]
+        self.files: dict[int, Path] = {}
+        self.held = 0
+
+    def add(self, stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.ndarray) -> None:
+        part = np.searchsorted(self.bounds, stay, side="right")
+        if len(self.bounds):
+            order = np.argsort(part, kind="stable")
+            cuts = np.searchsorted(part[order], np.arange(1, len(self.parts)))
+            for k, idx in enumerate(np.split(order, cuts)):
+                if len(idx):
+                    self.parts[k].append((stay[idx], t[idx], code[idx], val[idx]))
+        else:
+            self.parts[0].append((stay, t, code, val))
+        self.held += len(stay) * ROW_BYTES
+        if self.held > self.budget:
+            self.spill()
+
+    def spill(self) -> None:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        for k, pieces in enumerate(self.parts):
+            if not pieces:
+                continue
+            path = self.files.setdefault(k, self.scratch / f"chartevents-part-{k}.arrow")
+            tb = pa.table({"s": np.concatenate([p[0] for p in pieces]), "t": np.concatenate([p[1] for p in pieces]),
+                           "c": np.concatenate([p[2] for p in pieces]), "v": np.concatenate([p[3] for p in pieces])})
+            with path.open("ab") as fh, pa.ipc.new_stream(fh, tb.schema) as w:
+                w.write_table(tb)
+            pieces.clear()
+        self.held = 0
+
+    def partition(self, k: int) -> tuple[np.ndarray, ...] | None:
+        pieces = list(self.parts[k])
+        self.parts[k] = []
+        if k in self.files:
+            with self.files[k].open("rb") as fh:
+                while fh.peek(1)[:1]:
+                    for b in pa.ipc.open_stream(fh):
+                        pieces.append(tuple(b.column(i).to_numpy() for i in range(4)))
+            self.files.pop(k).unlink()
+        if not pieces:
+            return None
+        return tuple(np.concatenate([p[i] for p in pieces]) for i in range(4))
+
+
+def _ahead(batches, depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """``batches`` parsed on a helper thread, ``depth`` batches ahead of the consumer: Arrow
+    releases the GIL while it parses, so parsing the next batch overlaps the NumPy work on this
+    one. An exception of the parser is raised here; stopping early stops the helper."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def work() -> None:
+        try:
+            for b in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    th = threading.Thread(target=work, name="chartevents-parse", daemon=True)
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while th.is_alive():
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        th.join()
+
+
+def in_window(part: pa.Table, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+    """The rows of ``part`` (stay_id, charttime columns) of the stays in ``window`` =
+    ``(stay_ids sorted and unique, start_us, end_us)`` charted in [start, end]."""
+    ids, start, end = window
+    stay = part.column("stay_id").to_numpy()
+    t = part.column("charttime").cast(pa.int64()).to_numpy()
+    pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
+    return part.filter(pa.array((ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])))
+
+
+def _bits(n: int) -> int:
+    return max(int(n).bit_length(), 1)
+
+
+def reduce_partition(stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.ndarray,
+                     items: VitalItems) -> pa.Table:
+    """Vitals per (stay_id, vital, charttime) of one partition's valid vital rows, sorted by
+    stay_id, charttime, vital (etl/sql/mimic/vital_rows.sql + vitalsign.sql).
+
+    Args:
+        stay, t: stay_id and charttime (microseconds), int64; code: ``vital << 4 | item index``
+            (uint8, item index into ``items``); val: valuenum (float64, inside its valid range).
+
+    Returns:
+        Arrow table of :data:`SCHEMA`: ``v`` the mean of the distinct values (Fahrenheit items
+        converted first), ``n_rows`` the source rows and ``n_distinct`` the distinct rows behind it.
+    """
+    n = len(stay)
+    smin, tmin = int(stay.min()), int(t.min())
+    unit = 1_000_000 if not np.any(t % 1_000_000) else 1
+    tt = (t - tmin) // unit
+    bs, bt = _bits(int(stay.max()) - smin), _bits(int(tt.max()))
+    if bs + bt + 8 <= 64:
+        key = ((stay - smin).astype(np.uint64) << np.uint64(bt + 8)) | (tt.astype(np.uint64) << np.uint64(8)) \
+            | code.astype(np.uint64)
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        same_row = key[1:] == key[:-1]
+    else:  # ranges too wide to pack: sort on the columns
+        order = np.lexsort((code, tt, stay))
+        key = None
+        s_, t_, c_ = stay[order], tt[order], code[order]
+        same_row = (s_[1:] == s_[:-1]) & (t_[1:] == t_[:-1]) & (c_[1:] == c_[:-1])
+    stay, t, code, val = stay[order], t[order], code[order], val[order]
+    if same_row.any():  # runs of one (stay, charttime, item): order their values
+        starts = np.flatnonzero(np.r_[True, ~same_row])
+        lengths = np.diff(np.r_[starts, n])
+        multi = np.repeat(lengths > 1, lengths)
+        idx = np.flatnonzero(multi)
+        run = np.repeat(np.arange(len(starts)), lengths)[idx]
+        sub = idx[np.lexsort((val[idx], run))]
+        val[idx] = val[sub]
+    new_row = np.r_[True, ~same_row | (val[1:] != val[:-1])]
+    d = np.flatnonzero(new_row)
+    n_rows_d = np.diff(np.r_[d, n])
+    item = code[d] & 15
+    vd = val[d]
+    vd = np.where(items.f2c[item], (vd - 32) / 1.8, vd)
+    vital = code[d] >> 4
+    sd, td = stay[d], t[d]
+    new_group = np.r_[True, (sd[1:] != sd[:-1]) | (td[1:] != td[:-1]) | (vital[1:] != vital[:-1])]
+    g = np.flatnonzero(new_group)
+    n_distinct = np.diff(np.r_[g, len(d)])
+    mean = np.add.reduceat(vd, g) / n_distinct
+    names = pa.array(items.vitals, pa.string())
+    return pa.table([pa.array(sd[g]), names.take(pa.array(vital[g])), pa.array(td[g], pa.timestamp("us")),
+                     pa.array(mean), pa.array(np.add.reduceat(n_rows_d, g).astype(np.int64)),
+                     pa.array(n_distinct.astype(np.int64))], schema=SCHEMA)
+
+
+class VitalPass:
+    """One pass over chartevents -> its vitals per charttime, partition by partition (module doc).
+
+    Args:
+        table: the located chartevents (CSV or gzip CSV; ``read_path`` is the file DuckDB would
+            read, without gzip padding).
+        bounds: sorted stay_id boundaries of the partitions (e.g. icustays quantiles).
+        memory_limit: ``--memory-limit``; rows past a third of it are spilled under ``scratch``.
+        progress: show the rich progress line.
+        items: the vital items (default :func:`vital_items`).
+        window: ``(stay_ids, start_us, end_us)``, stay_ids sorted and unique: keep only rows of
+            these stays charted in [start, end] (the caller still applies the exact window in
+            SQL; this only drops rows early). None: every stay, the whole file (the cache).
+
+    Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
+    kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
+    split; ``reduce_write_s``: sort, reduce and hand each partition to the sink).
+    """
+
+    def __init__(self, table: Table, bounds: np.ndarray, memory_limit: str, scratch: Path,
+                 progress: bool = False, items: VitalItems | None = None,
+                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+        self.table, self.bounds, self.scratch, self.progress = table, np.asarray(bounds, np.int64), scratch, progress
+        self.window = window
+        self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
+        self.items = items or vital_items()
+        self.rows = self.vital_rows = self.out_rows = 0
+        self.seconds: dict[str, float] = {}
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        path = self.table.read_path
+        raw = path.open("rb")
+        bar = _Progress(self.progress, f"chartevents ({self.table.path.name})", path.stat().st_size)
+        try:
+            if path.name.endswith(".gz"):
+                from isal import igzip_threaded
+
+                text = igzip_threaded.open(raw, "rb", threads=1, block_size=4 << 20)
+            else:
+                text = raw
+            read = pacsv.ReadOptions(column_names=list(self.table.columns), skip_rows=1,
+                                     block_size=BLOCK_BYTES, use_threads=True)
+            parse = pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
+                                       newlines_in_values=False, ignore_empty_lines=False)
+            # Arrow's ISO 8601 parser (a third of the parse time of a strptime format) reads
+            # 'YYYY-MM-DD HH:MM:SS' as the DuckDB scan's format does; a fraction of a second,
+            # which that format refuses, stops the stream (_vital_rows)
+            convert = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
+                                           null_values=[""], quoted_strings_can_be_null=True)
+            try:
+                reader = pacsv.open_csv(text, read_options=read, parse_options=parse, convert_options=convert)
+                for batch in _ahead(reader):
+                    self.rows += batch.num_rows
+                    bar.update(raw.tell(), self.rows)
+                    yield batch
+            except (pa.ArrowException, OSError, EOFError, ValueError) as exc:
+                raise StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}") from None
+            finally:
+                text.close()
+        finally:
+            bar.close()
+            raw.close()
+
+    def _vital_rows(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...] | None:
+        it = self.items
+        idx = pc.index_in(batch.column("itemid"), value_set=pa.array(it.itemid))
+        ix = idx.fill_null(-1).to_numpy(zero_copy_only=False)
+        val = batch.column("valuenum").fill_null(np.nan).to_numpy(zero_copy_only=False)
+        ok = ix >= 0
+        j = np.where(ok, ix, 0)
+        with np.errstate(invalid="ignore"):
+            ok &= (val > it.lo[j]) & ((val < it.hi[j]) | (it.hi_incl[j] & (val == it.hi[j])))
+        if not ok.any():
+            return None
+        sel = np.flatnonzero(ok)
+        stay_col, t_col = batch.column("stay_id").take(pa.array(sel)), batch.column("charttime").take(pa.array(sel))
+        if stay_col.null_count or t_col.null_count:
+            raise StreamUnreadable("a vital row without stay_id or charttime")
+        t = t_col.cast(pa.int64()).to_numpy()
+        if np.any(t % 1_000_000):
+            raise StreamUnreadable(f"charttime with a fraction of a second (format {TIMESTAMP_FORMAT})")
+        code = (it.vital[j[sel]] << 4) | j[sel].astype(np.uint8)
+        stay, val = stay_col.to_numpy(), val[sel]
+        if self.window is not None:
+            ids, start, end = self.window
+            if not len(ids):
+                return None
+            pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
+            inside = (ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])
+            stay, t, code, val = stay[inside], t[inside], code[inside], val[inside]
+            if not len(stay):
+                return None
+        return (stay, t, code, val)
+
+    def run(self, sink: Callable[[pa.Table], None]) -> None:
+        """Read the file once and call ``sink(part)`` with each partition's relation, in
+        (stay_id, charttime, vital) order overall.
+
+        Raises:
+            StreamUnreadable: the stream cannot read the file the way DuckDB does (nothing was
+                given to ``sink`` then, unless the failure came after the read).
+        """
+        buf = _Buffer(self.bounds, self.budget, self.scratch)
+        t0 = time.perf_counter()
+        try:
+            for batch in self._batches():
+                cols = self._vital_rows(batch)
+                if cols is not None:
+                    self.vital_rows += len(cols[0])
+                    buf.add(*cols)
+            self.seconds["read_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            # partition k + 1 is sorted and reduced (NumPy, GIL released) while partition k is
+            # written and aggregated (Parquet writer, DuckDB)
+            with ThreadPoolExecutor(1) as pool:
+                pending = None
+                for k in range(len(buf.parts)):
+                    cols = buf.partition(k)
+                    if cols is None:
+                        continue
+                    nxt = pool.submit(reduce_partition, *cols, self.items)
+                    if pending is not None:
+                        self._sink(pending.result(), sink)
+                    pending = nxt
+                if pending is not None:
+                    self._sink(pending.result(), sink)
+            self.seconds["reduce_write_s"] = time.perf_counter() - t0
+        finally:
+            for path in buf.files.values():
+                path.unlink(missing_ok=True)
+
+    def _sink(self, part: pa.Table, sink: Callable[[pa.Table], None]) -> None:
+        self.out_rows += part.num_rows
+        sink(part)

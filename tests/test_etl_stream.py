@@ -1,0 +1,145 @@
+"""The streamed chartevents pass (etl/chart_stream.py): its vitals per charttime equal hand-computed
+values and an independent Polars computation, spilling to disk changes nothing, the demo is read
+by the stream with the same cohort bytes as DuckDB's scan, and a file the stream does not read
+the way DuckDB does goes to DuckDB's scan (same cohort, same errors)."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from etl import chart_stream
+from etl.mimic import REQUIRED, TYPES, EtlOptions, run_etl
+from etl.sources import locate
+
+COLS = REQUIRED[("icu", "chartevents")]
+OPTS = dict(window_years=20, min_center_stays=1, seed=7)
+
+
+def _csv(path: Path, rows: list[tuple]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "subject_id,stay_id,charttime,itemid,value,valuenum\n"
+    text += "".join(f"1,{s},{t},{i},x,{'' if v is None else v}\n" for s, t, i, v in rows)
+    path.write_bytes(gzip.compress(text.encode()))
+    return path
+
+
+def _pass(path: Path, bounds=(), budget: int | None = None) -> pl.DataFrame:
+    table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
+    vp = chart_stream.VitalPass(table, np.array(bounds, np.int64), "2GB", path.parent / "spill")
+    if budget is not None:
+        vp.budget = budget
+    parts: list[pa.Table] = []
+    vp.run(parts.append)
+    assert not (path.parent / "spill").exists() or not list((path.parent / "spill").iterdir())
+    return pl.from_arrow(pa.concat_tables(parts)) if parts else pl.DataFrame()
+
+
+T0, T1 = "2150-01-01 10:00:00", "2150-01-01 11:00:00"
+ROWS = [
+    (30000001, T0, 220045, 80.0), (30000001, T0, 220045, 80.0),   # identical rows: one distinct, n_rows 2
+    (30000001, T0, 220045, 90.0),                                 # a second value at the same time
+    (30000001, T0, 220179, 120.0), (30000001, T0, 220050, 110.0),  # sbp from two itemids
+    (30000001, T0, 225309, 100.0),                                # and a third
+    (30000001, T1, 223761, 98.6),                                 # Fahrenheit -> Celsius
+    (30000001, T1, 220277, 100.0), (30000001, T1, 220045, 300.0),  # spo2 100 valid, heart rate 300 not
+    (30000001, T1, 220210, 0.0), (30000001, T1, 220210, None),     # resp rate 0 and empty: not valid
+    (30000001, T1, 220046, 50.0),                                 # not a vital itemid
+    (30000002, T0, 220045, 70.0),
+]
+
+
+def test_hand_computed_vitals_per_charttime(tmp_path):
+    got = _pass(_csv(tmp_path / "m/icu/chartevents.csv.gz", ROWS))
+    t0, t1 = datetime(2150, 1, 1, 10), datetime(2150, 1, 1, 11)
+    want = [  # (stay, vital, charttime, v, n_rows, n_distinct), sorted by stay, charttime, vital
+        (30000001, "heart_rate", t0, 85.0, 3, 2),
+        (30000001, "sbp", t0, 110.0, 3, 3),
+        (30000001, "spo2", t1, 100.0, 1, 1),
+        (30000001, "temperature", t1, (98.6 - 32) / 1.8, 1, 1),
+        (30000002, "heart_rate", t0, 70.0, 1, 1),
+    ]
+    assert got.columns == ["stay_id", "vital", "charttime", "v", "n_rows", "n_distinct"]
+    assert got.rows() == want
+
+
+def test_partitions_and_spilling_change_nothing(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 4000
+    items = [220045, 220179, 220050, 220277, 223761, 220210, 220046]
+    rows = [(int(30000000 + rng.integers(0, 40)), f"2150-01-0{1 + int(rng.integers(0, 3))} {int(rng.integers(0, 24)):02d}:00:00",
+             int(rng.choice(items)), float(rng.integers(0, 130))) for _ in range(n)]
+    rows += rows[:300]  # identical duplicates
+    src = _csv(tmp_path / "m/icu/chartevents.csv.gz", rows)
+    whole = _pass(src)
+    split = _pass(src, bounds=(30000010, 30000020, 30000030))
+    spilled = _pass(src, bounds=(30000010, 30000020, 30000030), budget=1)  # every batch spilled
+    assert whole.height > 100 and whole["n_rows"].sum() > whole["n_distinct"].sum()
+    assert split.equals(whole) and spilled.equals(whole)
+    # an independent computation (Polars): valid rows, identical rows collapsed, mean per charttime
+    it = chart_stream.vital_items()
+    ref = pl.DataFrame({"itemid": it.itemid, "vital": [it.vitals[v] for v in it.vital], "lo": it.lo, "hi": it.hi,
+                        "incl": it.hi_incl, "f2c": it.f2c})
+    src_df = pl.DataFrame(rows, schema=["stay_id", "charttime", "itemid", "valuenum"], orient="row").with_columns(
+        pl.col("charttime").str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us"), pl.col("itemid").cast(pl.Int32))
+    ok = (pl.col("valuenum") > pl.col("lo")) & ((pl.col("valuenum") < pl.col("hi")) | (pl.col("incl") & (pl.col("valuenum") == pl.col("hi"))))
+    want = (src_df.join(ref, on="itemid").filter(ok)
+            .group_by("stay_id", "charttime", "itemid", "valuenum", "vital", "f2c").agg(pl.len().alias("n"))
+            .with_columns(v=pl.when(pl.col("f2c")).then((pl.col("valuenum") - 32) / 1.8).otherwise(pl.col("valuenum")))
+            .group_by("stay_id", "vital", "charttime")
+            .agg(pl.col("v").mean(), pl.col("n").sum().alias("n_rows"), pl.len().alias("n_distinct"))
+            .sort("stay_id", "charttime", "vital"))
+    assert whole.select("stay_id", "vital", "charttime").equals(want.select("stay_id", "vital", "charttime"))
+    assert whole["n_rows"].equals(want["n_rows"].cast(pl.Int64))
+    assert whole["n_distinct"].equals(want["n_distinct"].cast(pl.Int64))
+    assert (whole["v"] - want["v"]).abs().max() < 1e-12
+
+
+def test_vital_items_are_read_from_the_sql():
+    it = chart_stream.vital_items()
+    assert len(it.itemid) == 15 and it.vitals == ("dbp", "heart_rate", "mbp", "resp_rate", "sbp", "spo2", "temperature")
+    f = dict(zip(it.itemid.tolist(), it.f2c.tolist()))
+    assert f[223761] and not f[223762]
+    assert chart_stream.memory_bytes("2GB") == 2_000_000_000 and chart_stream.memory_bytes("512MiB") == 512 * 2**20
+
+
+def test_demo_is_streamed_with_the_bytes_of_the_duckdb_scan(mimic_demo_dir, tmp_path, monkeypatch):
+    rep = run_etl(mimic_demo_dir, tmp_path / "s", EtlOptions(**OPTS, chart_cache="off"))
+    assert rep["chartevents_cache"]["read_by"] == "stream"
+    assert {"chartevents_read_s", "chartevents_reduce_write_s", "checks_s", "centers_split_write_s"} <= set(rep["timings_s"])
+    monkeypatch.setattr(chart_stream, "streamable", lambda table: False)
+    ref = run_etl(mimic_demo_dir, tmp_path / "d", EtlOptions(**OPTS, chart_cache="off"))
+    assert ref["chartevents_cache"]["read_by"] == "duckdb"
+    for f in ("cohort.parquet", "centers.parquet"):
+        assert (tmp_path / "s" / f).read_bytes() == (tmp_path / "d" / f).read_bytes()
+    assert rep["attrition"] == ref["attrition"]
+
+
+def test_text_the_stream_does_not_read_goes_to_duckdb(mimic_demo_dir, tmp_path):
+    """``12.0`` in stay_id is a whole number DuckDB's scan accepts and Arrow's integer parser
+    refuses: the run falls back to DuckDB and gives the demo's cohort."""
+    demo = tmp_path / "demo"
+    for sub in ("hosp", "icu"):
+        shutil.copytree(mimic_demo_dir / sub, demo / sub, symlinks=True)
+    ce = demo / "icu/chartevents.csv.gz"
+    lines = gzip.decompress(ce.read_bytes()).decode().splitlines()
+    head = lines[0].split(",")
+    k = head.index("stay_id")
+    cells = lines[1].split(",")
+    cells[k] = cells[k] + ".0"
+    lines[1] = ",".join(cells)
+    ce.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
+    got = run_etl(demo, tmp_path / "o", EtlOptions(**OPTS, chart_cache="off"))
+    run_etl(mimic_demo_dir, tmp_path / "r", EtlOptions(**OPTS, chart_cache="off"))
+    assert got["chartevents_cache"]["read_by"] == "duckdb"
+    assert (tmp_path / "o/cohort.parquet").read_bytes() == (tmp_path / "r/cohort.parquet").read_bytes()
+
+
+def test_no_progress_line_under_tests():
+    assert not chart_stream.progress_wanted()
