@@ -164,7 +164,7 @@ def test_mix_rank_one_and_sparse_paths_equal_dense(bf16):
 def test_evaluate_mixtures_sparse_rows_equal_dense(tmp_path, monkeypatch, head, bf16):
     """ABPS-like coalition rows (target + up to 2 members of 24) take the pair-product path;
     it scores the same AUROC as the dense mixing path."""
-    import federation.methods.base as base
+    import federation.engine.mlp as mlp
 
     write_fedprox_cohort(tmp_path / "c", n_centers=24, seed=4, mean_size=80, shared=0.8)
     data = FederatedData.from_cohort(tmp_path / "c")
@@ -183,7 +183,7 @@ def test_evaluate_mixtures_sparse_rows_equal_dense(tmp_path, monkeypatch, head, 
         wc[r, members] = wts / wts.sum()
     got = ctx.evaluate_mixtures(wc, tc, "val", chunk=37)
     assert torch.equal(ctx.evaluate_mixtures(wc.to_sparse(), tc, "val", chunk=37).nan_to_num(-1), got.nan_to_num(-1))
-    monkeypatch.setattr(base, "SPARSE_RATIO", 10**9)  # force the dense path, dense einsum mixing included
+    monkeypatch.setattr(mlp, "SPARSE_RATIO", 10**9)  # force the dense path, dense einsum mixing included
     monkeypatch.setattr("federation.engine.mixing.SPARSE_RATIO", 10**9)
     ref = ctx.evaluate_mixtures(wc, tc, "val", chunk=37)
     assert torch.isfinite(ref).sum() > 80

@@ -23,8 +23,12 @@ def _plain(obj: Any) -> Any:
         return [_plain(v) for v in obj]
     if isinstance(obj, torch.Tensor):
         return obj.tolist()
-    if isinstance(obj, numbers.Number) and not isinstance(obj, (bool, int, float)):
-        return obj.item() if hasattr(obj, "item") else float(obj)  # NumPy scalars
+    if isinstance(obj, (bool, int, float)):
+        return obj
+    if isinstance(obj, numbers.Integral):  # NumPy integers
+        return int(obj)
+    if isinstance(obj, numbers.Real):  # NumPy floats
+        return float(obj)
     return obj
 
 
