@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 # ruff and the layers contract (pyproject.toml [tool.ruff], [tool.importlinter])
 lint: $(STAMP)
