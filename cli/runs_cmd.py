@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -59,14 +58,29 @@ def ui(
         typer.echo(f"MLflow UI: {compare_url(base, uri, experiment)}  (store {uri}; Ctrl-C stops it)")
         return proc.wait()
     finally:  # normal exit, Ctrl-C or SIGTERM (cli.app turns it into SystemExit)
-        with contextlib.suppress(ProcessLookupError):  # workers may outlive the server's own exit
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_tree(proc.pid)
         log.close()
+
+
+def stop_process_tree(pid: int, timeout_s: float = 10.0) -> None:
+    """Stop process ``pid`` and every process below it, also those that left its session (the
+    MLflow server's uvicorn and job workers do): SIGTERM to all, then SIGKILL to those still alive
+    after ``timeout_s`` seconds. A process already gone is no error."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -4,8 +4,6 @@ port, and a local `mlflow server` started and stopped around a block (bounded in
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +12,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from cli.runs_cmd import stop_process_tree
 
 MLFLOW = Path(sys.executable).with_name("mlflow")
 
@@ -62,12 +62,6 @@ def mlflow_server(store_uri: str, folder: Path, extra: tuple[str, ...] = (), wai
                 time.sleep(0.5)
             yield base
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn workers (our own session)
-                proc.wait(timeout=20)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+            stop_process_tree(proc.pid, timeout_s=20)  # the server, its uvicorn and job workers
+            proc.wait(timeout=5)
     assert proc.poll() is not None

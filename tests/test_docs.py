@@ -8,10 +8,11 @@ import importlib.util
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from cli.runs_cmd import stop_process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -193,8 +194,8 @@ def test_tutorial_commands_run_on_a_small_cohort(tmp_path):
             try:
                 first = p.stdout.readline()
             finally:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=30)
+                stop_process_tree(p.pid, timeout_s=30)  # abps ui, its MLflow server and the server's workers
+                p.wait(timeout=5)
             assert first.startswith(f"MLflow UI: http://127.0.0.1:{port}"), first
             continue
         res = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
