@@ -189,7 +189,7 @@ def default_experiment(given: str | None, tracking_uri: str | None) -> str:
 
     if given or os.environ.get(EXPERIMENT_ENV, "").strip():
         return given or os.environ[EXPERIMENT_ENV].strip()
-    client = open_client(tracking_uri or default_tracking_uri())
+    client = open_client(tracking_uri or default_tracking_uri(), write=False)  # a reader: no lock, no schema change
     cohort = project.recorded_cohort()
     if cohort is not None and client.get_experiment_by_name(cohort.name) is not None:
         return cohort.name

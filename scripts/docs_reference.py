@@ -352,6 +352,7 @@ MEANINGS: dict[str, str] = {
     "dp_max_releases_per_center": "most releases any one center made",
     # results.json structure
     "method": "registered method name",
+    "label": "the run's row name everywhere: the method plus every parameter set away from its preset, e.g. abps [goal=diversity]",
     "seed": "run seed",
     "cohort": "the cohort folder the run read",
     "seeds": "one entry per seed",

@@ -23,7 +23,8 @@ def _abps(args: list[str], cwd: Path, terminal: bool) -> subprocess.CompletedPro
 def test_synth_and_etl_show_their_steps_on_a_terminal(tmp_path: Path, mimic_demo_dir: Path) -> None:
     p = _abps(["synth", "mimic", "--stays", "400", "--out", "syn"], tmp_path, terminal=True)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "synth mimic" in p.stderr and "icu/chartevents.csv.gz (" in p.stderr and "ground_truth.parquet" in p.stderr
+    # the bar's last state is drawn when it stops (the steps between are drawn at rich's refresh rate)
+    assert "synth mimic" in p.stderr and "ground_truth.parquet" in p.stderr
     p = _abps(["synth", "mimic", "--stays", "400", "--out", "syn2"], tmp_path, terminal=False)
     assert p.returncode == 0 and p.stderr == ""
 

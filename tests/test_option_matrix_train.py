@@ -116,6 +116,7 @@ def _fake_ui_server(monkeypatch, scratch: Path) -> None:
         return real(["true"], start_new_session=True)
 
     monkeypatch.setattr(rc.subprocess, "Popen", popen)
+    monkeypatch.setattr(rc, "_wait_healthy", lambda base, proc, timeout_s: True)
 
 
 _BENCH_TRIVIAL = {"no_progress": "a benchmark draws no progress bar: hiding it holds trivially"}
@@ -148,15 +149,19 @@ KINDS = [
     Kind(("runs",), "runs", lambda i: ["--tracking-uri", "sqlite:///mlflow/mlflow.db"],
          {"experiment": lambda i: Probe(["--experiment", "nosuch"]),
           "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///other.db"])}, setup=_store_setup),
-    Kind(("report",), "report", lambda i: ["--experiment", "abps", "--out", "rep", "--no-log", "--tracking-uri",
+    Kind(("report",), "report", lambda i: ["--experiment", "c1", "--out", "rep", "--no-log", "--tracking-uri",
                                            "sqlite:///mlflow/mlflow.db"],
          {"experiment": lambda i: Probe(["--experiment", "nosuch"]),
           "out": lambda i: Probe(["--out", "rep2"]),
           "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///other.db"])}, setup=_store_setup),
     Kind(("ui",), "ui", lambda i: ["--tracking-uri", "sqlite:///mlflow/mlflow.db"],
          {"host": lambda i: Probe(["--host", "0.0.0.0"]),
+          "experiment": lambda i: Probe(["--experiment", "nosuch"]),
           "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///other.db"])},
          setup=_store_setup, patch=_fake_ui_server),
+    # the caches of this run's scratch folder, never the user's own
+    Kind(("cache", "clear"), "cache-clear", lambda i: [],
+         patch=lambda monkeypatch, scratch: monkeypatch.setenv("ABPS_CACHE_DIR", str(scratch / "cache"))),
 ]
 
 _NEEDS_FMNIST = {"train-vv", "train-images"}

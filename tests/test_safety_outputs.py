@@ -56,7 +56,7 @@ def _train(cohort: Path, uri: str, *extra: str) -> list[str]:
             "--tracking-uri", uri, "--no-progress", *extra]
 
 
-def _mlflow_runs(uri: str, experiment: str = "abps") -> list:
+def _mlflow_runs(uri: str, experiment: str = "cohort") -> list:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -318,7 +318,7 @@ def test_a_kappa_1_run_is_not_labelled_kappa_3(cohort, tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     assert cli(capsys, "train", "--method", "abps", "--param", "kappa=1", "--cohort", str(cohort), "--seeds", "1",
                "--rounds", "1", "--tracking-uri", uri, "--no-progress", "--output", str(tmp_path / "r.json"))[0] == 0
-    (cell,) = collect_runs(Tracker(uri, "abps", create=False)).cells
+    (cell,) = collect_runs(Tracker(uri, "cohort", create=False)).cells
     assert cell.label == "abps [kappa=1]"
     code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
     assert code == 0 and "kappa=3" not in out and "abps [kappa=1]" in out
