@@ -352,6 +352,12 @@ MEANINGS: dict[str, str] = {
     "dp_max_releases_per_center": "most releases any one center made",
     # results.json structure
     "method": "registered method name",
+    "AUROC": "headline: final test AUROC, mean over the evaluable centers (final_auroc_mean)",
+    "Bandwidth": "headline: cumulative model bytes / FedAvg's reference traffic (rel_bandwidth)",
+    "Isolation": "headline: share of centers with no partner, mean over rounds (rest_share_mean)",
+    "rest_share_mean": "share of centers with no partner, mean over rounds",
+    "torch_threads": "PyTorch threads the run used (abps train --threads)",
+    "subgroup_unassigned": "per subgroup axis, the evaluated rows in no group of it (e.g. an unknown race), so the subgroup table accounts for every row",
     "label": "the run's row name everywhere: the method plus every parameter set away from its preset, e.g. abps [goal=diversity]",
     "seed": "run seed",
     "cohort": "the cohort folder the run read",
@@ -475,7 +481,9 @@ def mlflow_page() -> str:
         lines.append(f"| `{k}` | {', '.join(sorted(run['metrics'][k]))} | {_cell(meaning(k))} |")
     lines += ["", "## Tags", "", f"`{t.KIND_TAG}` says what a run is: `{t.KIND_TRAIN}` (an `abps train` "
               f"parent), `{t.KIND_RUN}` (one seed), `{t.KIND_SWEEP}` (a sweep's parent), `{t.KIND_CELL}` "
-              f"(one sweep cell), `{t.KIND_REPORT}`. Sweep cells add `{t.HASH_TAG}`, `{t.LABEL_TAG}`, "
+              f"(one sweep cell), `{t.KIND_REPORT}`. Training runs carry `{t.LABEL_TAG}` (the row name), "
+              f"`{t.COHORT_NAME_TAG}` (the cohort's folder) and `{t.HASH_TAG}` (the config's hash); "
+              f"sweep cells add "
               f"`{t.SWEEP_TAG}`, `{t.CELL_SECONDS_TAG}`, `{t.EXECUTOR_TAG}`; image-benchmark runs carry "
               f"`{t.BENCHMARK_TAG}`, `{t.SELECTOR_TAG}`, `{t.ARM_TAG}`, `{t.GRID_CELL_TAG}`. Tags under "
               f"`{t.PLATFORM_TAG_PREFIX}` record where the run was computed (docs: reproducibility).", "",

@@ -31,8 +31,8 @@ def test_synth_and_etl_show_their_steps_on_a_terminal(tmp_path: Path, mimic_demo
     args = ["etl", "--mimic-dir", str(mimic_demo_dir), "--window-years", "20", "--min-center-stays", "1"]
     p = _abps([*args, "--out", "c1"], tmp_path, terminal=True)
     assert p.returncode == 0, p.stderr[-2000:]
-    for stage in ("etl mimic", "checking the input tables", "first-day vitals (chartevents)",
-                  "Charlson comorbidities", "centers, splits and outputs"):
+    # the title and the last stage (drawn when the bar stops; the stages between at rich's refresh rate)
+    for stage in ("etl mimic", "centers, splits and outputs"):
         assert stage in p.stderr, stage
     p = _abps([*args, "--out", "c2"], tmp_path, terminal=False)
     assert p.returncode == 0 and "first-day vitals" not in p.stderr
