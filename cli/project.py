@@ -93,12 +93,21 @@ def default_cohort() -> Path:
 
 
 def run_output(experiment: str, method: str) -> Path:
-    """``runs/<experiment>/<method>-<UTC yyyymmdd-HHMMSS>/results.json`` (folder names made safe)."""
+    """``runs/<experiment>/<method>-<UTC yyyymmdd-HHMMSS>/results.json`` (folder names made safe).
+
+    A second run of the same label within the same second gets the first free folder among
+    ``...-HHMMSS-2``, ``-3``, ... so a default output never collides with an earlier run's.
+    """
     def safe(s: str) -> str:
         return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return Path("runs") / safe(experiment) / f"{safe(method)}-{stamp}" / "results.json"
+    base = Path("runs") / safe(experiment) / f"{safe(method)}-{stamp}"
+    folder, n = base, 1
+    while folder.exists():
+        n += 1
+        folder = base.with_name(f"{base.name}-{n}")
+    return folder / "results.json"
 
 
 def check_output(path: Path, force: bool) -> None:

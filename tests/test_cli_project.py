@@ -164,3 +164,18 @@ def test_ui_serves_the_project_store(tmp_path: Path) -> None:
         time.sleep(0.5)
     else:
         pytest.fail(f"port {port} still answers after `abps ui` stopped")
+
+
+def test_default_run_output_never_reuses_a_folder_within_one_second(project: Path, monkeypatch) -> None:
+    from cli import project as proj
+
+    monkeypatch.setattr(proj.time, "gmtime", lambda *a: time.struct_time((2026, 12, 2, 4, 2, 43, 2, 336, 0)))
+    first = proj.run_output("both", "fedavg")
+    assert first == Path("runs/both/fedavg-20261202-040243/results.json")
+    first.parent.mkdir(parents=True)
+    second = proj.run_output("both", "fedavg")
+    assert second == Path("runs/both/fedavg-20261202-040243-2/results.json")
+    second.parent.mkdir(parents=True)
+    assert proj.run_output("both", "fedavg").parent.name == "fedavg-20261202-040243-3"
+    assert proj.run_output("ICU / 2019", "abps goal=diversity").parent == Path(
+        "runs/ICU-2019/abps-goal-diversity-20261202-040243")
