@@ -34,7 +34,7 @@ from federation.data.image_shards import make_graph, make_shards, subsample
 from federation.engine.image_model import StackedModel
 from federation.images.int8 import predict_shared_int8
 from federation.images.run import load_dataset, run_selector
-from federation.methods import selectors as sel
+from federation.methods.registry import get_selector
 from federation.methods.selectors import parse_config
 
 
@@ -80,7 +80,7 @@ def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "
     for s in cfg.selectors:
         res = run_selector(s, cfg, shards, spec, cand, valid, degree, seed)
         sm = res["summary"]
-        out["selectors"][sel.DISPLAY[s]] = {
+        out["selectors"][get_selector(s).display] = {
             "s_per_round": sum(h["seconds_round"] for h in res["history"]) / rounds,
             "train_s_per_round": sm["seconds_train"] / rounds,
             "probe_select_mix_s_per_round": sm["seconds_probe_mix"] / rounds,
