@@ -17,7 +17,6 @@ separately (warm-up) and excluded from the per-round mean. The methods run inter
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -27,6 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from benchmarks.options import parser
 
 #: target: an ABPS round (kappa 3, exact Shapley) within 1.5x a FedAvg round at n = 230
 TARGET_RATIO = 1.5
@@ -113,13 +114,7 @@ def _time_matching(n: int, reps: int = 50) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; returns (and prints) the result document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--centers", type=int, default=230)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap = parser(__doc__, centers=230, rounds=3, threads=1, seed=11, passes=2)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 

@@ -42,7 +42,6 @@ load average before and after.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -56,6 +55,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from benchmarks.options import parser
 
 D, N_TRAIN, N_VAL, BIAS, W_NORM = 60, 250, 30, -2.2, 0.5
 HIDDEN = (128, 64)
@@ -296,19 +297,12 @@ def run_flower(n: int, rounds: int, seed: int, cpus: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the JSON document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=230)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--flower-rounds", type=int, default=4)
-    ap.add_argument("--loop-rounds", type=int, default=3)
-    ap.add_argument("--ours-rounds", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = parser(__doc__, clients=230, threads=2, flower_rounds=4, loop_rounds=3, ours_rounds=8, seed=0)
     ap.add_argument("--no-flower", action="store_true")
     ap.add_argument("--ab-prefetch", action="store_true",
                     help="also run abps with the engine's dropout-mask helper thread off (abps-sync), interleaved")
     ap.add_argument("--ab-kernels", action="store_true",
                     help="also run abps on the eager PyTorch step (ABPS_KERNELS=torch, abps-torch), interleaved")
-    ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()[0]

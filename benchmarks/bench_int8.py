@@ -41,6 +41,8 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.options import parser
+
 #: environment of each ISA level (``native``: the machine as it is)
 LEVELS: dict[str, dict[str, str]] = {
     "native": {},
@@ -135,17 +137,10 @@ def run_level(level: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure every selected level; print the table (and write ``--out``); return the rows."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--train", type=int, default=2400)
-    ap.add_argument("--test", type=int, default=1000)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = parser(__doc__, clients=4, train=2400, test=1000, threads=1, repeats=3, seed=0)
     ap.add_argument("--levels", nargs="+", choices=list(LEVELS), default=list(LEVELS))
     ap.add_argument("--engine", default=None, help="quantized engine instead of int8.ENGINE (A/B)")
     ap.add_argument("--weight-qmax", type=int, default=None, help="weight code bound instead of int8.WEIGHT_QMAX (A/B)")
-    ap.add_argument("--out", default=None)
     ap.add_argument("--worker", action="store_true", help="measure in this process and print one JSON line")
     args = ap.parse_args(argv if argv is not None else [])
     if args.worker:

@@ -16,7 +16,6 @@ the run took and the final mean validation AUROC.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_scale import _current_rss_gb, _rss_gb
+from benchmarks.options import parser
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TARGET_PEAK_GB = 16.0
@@ -80,13 +80,7 @@ def _worker(method: str, n: int, rounds: int, seed: int, threads: int) -> dict[s
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the JSON document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--centers", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--methods", default="fedavg,abps")
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None)
+    ap = parser(__doc__, centers=1000, rounds=50, methods="fedavg,abps", seed=11, threads=1)
     a = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     results = []

@@ -19,7 +19,6 @@ target; ``--out`` also writes the JSON atomically.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.options import parser
 from etl.io import atomic_write_text
 from federation.core.graphs import neighbour_table
 from federation.data.image_shards import make_graph, make_shards, subsample
@@ -145,16 +145,12 @@ def report_targets(res: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Command-line entry: parse options, run :func:`bench`, print (and optionally write) JSON."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--alpha", type=float, default=0.1)
+    ap = parser(__doc__, clients=50, rounds=2, alpha=0.1)
     ap.add_argument("--graph", choices=["er", "ba"], default="er")
     ap.add_argument("--selectors", nargs="+", default=["sage_os"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--test-samples", type=int, default=None)
     ap.add_argument("--eval-precision", choices=["fp32", "int8"], default="int8")
-    ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     res = bench(a.clients, a.rounds, a.alpha, a.graph, tuple(a.selectors), a.threads, a.test_samples,
                 eval_precision=a.eval_precision)

@@ -20,7 +20,6 @@ segments of at most ``StackedEngine.max_segment`` centers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -29,6 +28,8 @@ import resource
 import statistics
 import time
 from typing import Any
+
+from benchmarks.options import parser
 
 #: target: peak resident memory of a 10,000-center run
 TARGET_PEAK_GB = 16.0
@@ -151,13 +152,7 @@ def run_child(methods: list[str], n: int, rounds: int, seed: int, threads: int, 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the JSON document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--centers", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--methods", default="fedavg,abps")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--out", default=None)
+    ap = parser(__doc__, centers=10_000, rounds=5, methods="fedavg,abps", threads=1, seed=11)
     ap.add_argument("--one-process", action="store_true",
                     help="build the cohort once and run the methods one after the other in one child "
                          "(the later methods' peak RSS is then an upper bound)")

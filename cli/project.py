@@ -19,9 +19,20 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
+
+import typer
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
+
+#: help of ``--tracking-uri``, one text on every command that reads or writes MLflow
+TRACKING_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
+
+
+def tracking_uri_option() -> Any:
+    """The ``--tracking-uri`` option (default None: MLFLOW_TRACKING_URI, else the project's store)."""
+    return typer.Option(None, "--tracking-uri", help=TRACKING_URI_HELP)
 
 
 def _state_path() -> Path:
