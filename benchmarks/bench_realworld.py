@@ -1,17 +1,7 @@
 """Real-world conditions at scale: n FedProx-Synthetic centers at 30 % availability (daily
 cycle, configs/realworld-daily30.yaml) with heterogeneous links (configs/realworld-hetero-links.yaml):
 seconds per round and peak RSS against the 16 GB budget.
-
-Usage::
-
-    python -m benchmarks.bench_realworld [--centers 1000] [--rounds 50] [--methods fedavg,abps]
-        [--threads 1] [--out FILE.json]
-
-Each method runs in a fresh ``spawn`` child process (its own ``ru_maxrss``), on
-``generate_fedprox_cohort(n, seed=0)`` (FedProx-Synthetic(1, 1), mean 300 stays per center), with the
-method's default config plus the two presets' ``realworld:`` blocks merged. Reported per method: wall
-and CPU seconds per round (first round apart), peak RSS, the mean available share, the virtual hours
-the run took and the final mean validation AUROC.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
 """Seconds per SAGE round for K = 50 clients on Fashion-MNIST on 2 CPU cores.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.bench_sage [--clients 50] [--rounds 2] [--alpha 0.1] [--graph er]
-        [--selectors sage_os rg] [--threads 2] [--test-samples N] [--eval-precision int8|fp32]
-        [--out FILE.json]
-
-Builds the paper's setting (Sec. V-A: Dirichlet(alpha) over K clients, 80/10/10 shards, connected
-ER p = 0.15 or BA m = 3, the 64-dim encoder-decoder) on the full Fashion-MNIST training set and
-runs each selector for ``--rounds`` rounds with :func:`federation.images.run.run_selector`, without
-MLflow. Reports, per selector, the mean seconds per round and its split into local training (one
-epoch of all K clients, stacked), probing + selection + mixing, and evaluation (all K predictors on
-the shared test set and their local evaluation splits). Also times the evaluation of all K predictors
-on the shared test set alone, in fp32 and int8 (:mod:`federation.images.int8`, with the share of
-predictions equal to fp32), after one local epoch so the clients are trained. Prints a JSON document and one line per figure with its issue-15
-target; ``--out`` also writes the JSON atomically.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The project folder's conventions shared by the CLI commands.
-
-The *project* is the folder ``abps`` runs in (like the MLflow store ``sqlite:///mlflow/mlflow.db``,
-everything is relative to it):
-
-* ``.abps/state.json`` records the cohort of the most recent ``abps etl`` (:func:`record_etl`);
-  ``abps train`` without ``--cohort`` uses it, else ``./cohort`` (:func:`default_cohort`).
-* ``runs/<experiment>/<run name>/results.json`` is where ``abps train`` writes its results when no
-  ``--output`` is given (:func:`run_output`); an existing file is replaced only with ``--force``
-  (:func:`check_output`).
-
-Only paths go into the state file: no data, no identifiers.
+"""The project folder's conventions shared by the CLI commands: the recorded default cohort
+(``.abps/state.json``), the default results path ``runs/<experiment>/<run>/results.json`` and the
+``--tracking-uri`` option. Details: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
