@@ -31,7 +31,7 @@ from federation.engine.image_model import ModelSpec, StackedModel, model_spec_fo
 from federation.methods.registry import get_selector, selector_names
 from federation.methods.sage_rule import evidence_saving
 from federation.methods.sage_selector import SageRound, SageStep
-from federation.methods.selectors import SageConfig, SelectorStats, parse_config
+from federation.methods.selectors import SageConfig, Selector, SelectorStats, parse_config
 from federation.run.results import write_results
 from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
@@ -144,7 +144,7 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
     return {"history": history, "summary": summary}
 
 
-def _round_metrics(cls: Any, st: SageStep, degree: Tensor, m_max: int, stats: SelectorStats,
+def _round_metrics(cls: type[Selector], st: SageStep, degree: Tensor, m_max: int, stats: SelectorStats,
                    stop_labels: list[str], k: int) -> dict:
     dec = st.decision
     n_ex = int((dec.peers >= 0).sum())
@@ -172,7 +172,7 @@ def _round_metrics(cls: Any, st: SageStep, degree: Tensor, m_max: int, stats: Se
     return row
 
 
-def _summary(cls: Any, stats: SelectorStats, history: list[dict], schedule: list[int],
+def _summary(cls: type[Selector], stats: SelectorStats, history: list[dict], schedule: list[int],
              m_max: int, k: int, rounds: int) -> dict[str, Any]:
     last = next((h for h in reversed(history) if "global_acc" in h), {})
     out: dict[str, Any] = {

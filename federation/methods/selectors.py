@@ -326,7 +326,7 @@ class SelectorStats:
 class Selector(ABC):
     """One peer-selection rule of the SAGE benchmark: probe or not, decide, mix.
 
-    The round loop (:func:`federation.images.run.run_selector`) calls, every round t:
+    A selector round (:class:`federation.methods.sage_selector.SageRound`) calls, every round t:
     ``needs_probe(t)`` -> (the eq. (4) probe of :mod:`federation.methods.probe` if True) ->
     ``decide(t, table, own_ce, model)`` -> ``mix(decision)`` -> ``W @ omega``.
 
