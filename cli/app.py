@@ -71,10 +71,10 @@ def _exit_interrupted() -> None:
 def _watch_signals(fd: int) -> None:
     """Thread body: each byte on ``fd`` (the signal wakeup pipe) is a signal that just arrived;
     interrupt the running DuckDB queries, which a signal alone does not stop while several
-    threads execute them. The Python handler then runs when the query returns. Ends at EOF."""
+    threads execute them. The Python handler then runs when the query returns. Ends at EOF.
+    A command that never imported the ETL's DuckDB module has no query to interrupt (and does
+    not pay for importing DuckDB)."""
     import signal
-
-    from etl.sources import interrupt_all
 
     while True:
         try:
@@ -83,8 +83,9 @@ def _watch_signals(fd: int) -> None:
             return
         if not data:
             return
-        if {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
-            interrupt_all()
+        sources = sys.modules.get("etl.sources")
+        if sources is not None and {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
+            sources.interrupt_all()
 
 
 @contextlib.contextmanager

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from etl.errors import InputError
-from federation.core import provenance
 
 _FORBIDDEN_KEYS = {"stay_id", "subject_id", "hadm_id"}
 _T = TypeVar("_T")
@@ -368,6 +367,8 @@ class Tracker:
         provenance tags (:func:`federation.core.provenance.machine_info`); a run computed elsewhere (a
         Ray worker) overwrites them with its own."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+        from federation.core import provenance  # imports torch: only a writer needs it
 
         all_tags = {MLFLOW_RUN_NAME: name, **platform_tags(provenance.machine_info()), **(tags or {})}
         parent = parent_id or (self._stack[-1] if self._stack else None)
