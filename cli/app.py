@@ -42,6 +42,12 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line[:limit]
 
 
+def _warning_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
+    """``warnings.formatwarning`` while a command runs: ``warning: <first line>``, without
+    Python's file, line number and source line."""
+    return f"warning: {_first_line(message)}\n"
+
+
 #: The signal that ended the command, if any (set by the handlers below). A signal that arrives
 #: while DuckDB runs a query does not surface as the handler's exception: DuckDB interrupts the
 #: query and raises its own error (``RuntimeError: Query interrupted``). Whatever exception
@@ -122,9 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     temporary paths, so an interrupted command leaves earlier outputs intact.
     """
     import signal
+    import warnings
 
     _register()
     _received["signal"] = None
+    formatwarning, warnings.formatwarning = warnings.formatwarning, _warning_line
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, _on_sigterm)
     if previous[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT stays ignored
@@ -139,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             _report(exc)
         raise
     finally:
+        warnings.formatwarning = formatwarning
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if _received["signal"] is not None or rv == 130:  # click turns an interrupt into the return value 130
