@@ -45,6 +45,8 @@ def _probe(argvs: list[list[str]], cwd: Path) -> list[dict]:
     proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs), json.dumps(HEAVY)], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # no library noise either (MLflow INFO lines, deprecation warnings)
+    assert proc.stderr == "", proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
 
