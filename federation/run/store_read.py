@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from etl.errors import InputError
-from federation.run.tracking import _sqlite_path, _store_error, check_store, default_tracking_uri, open_client
+from federation.run.tracking import (
+    _sqlite_path,
+    _store_error,
+    check_store,
+    default_tracking_uri,
+    open_client,
+    search_all,
+)
 
 __all__ = ["RunStore", "StoredRun", "open_store"]
 
@@ -151,15 +158,7 @@ class _ClientStore:
         return None
 
     def finished_runs(self, experiment_id: str) -> list[Any]:
-        out: list[Any] = []
-        token = None
-        while True:
-            page = self._client.search_runs([experiment_id], filter_string="attributes.status = 'FINISHED'",
-                                            max_results=1000, page_token=token)
-            out.extend(page)
-            token = page.token
-            if not token:
-                return out
+        return search_all(self._client, experiment_id, "attributes.status = 'FINISHED'")
 
 
 def _open_sqlite(db: Path) -> sqlite3.Connection | None:

@@ -501,12 +501,17 @@ class Tracker:
 
     def search(self, filter_string: str) -> list[Any]:
         """Every run of the experiment matching ``filter_string`` (all pages)."""
-        out: list[Any] = []
-        token = None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000,
-                                           page_token=token)
-            out.extend(page)
-            token = page.token
-            if not token:
-                return out
+        return search_all(self.client, self.experiment_id, filter_string)
+
+
+def search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
+    """Every active run of experiment ``experiment_id`` matching ``filter_string``, all pages of
+    ``client.search_runs`` (an ``MlflowClient``), newest first."""
+    out: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
