@@ -244,6 +244,7 @@ def check_cohort_files(folder: str | os.PathLike[str]) -> None:
         differ = [f for f in COHORT_FILES if f in files and (not (folder / f).is_file()
                                                              or file_digest(folder / f) != files[f])]
         if differ:
-            raise InputError(f"{folder}: {' and '.join(differ)} {'is' if len(differ) == 1 else 'are'} not the "
-                             f"file{'s' if len(differ) > 1 else ''} {name} records (SHA-256 differs): the folder "
-                             "mixes files of different runs; write it again with one run")
+            one = len(differ) == 1
+            raise InputError(f"{' and '.join(str(folder / f) for f in differ)} {'is' if one else 'are'} not the "
+                             f"file{'' if one else 's'} {name} records (SHA-256 differs): the folder mixes files of "
+                             "different runs, or a file changed since; write the folder again with one run")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from etl.errors import InputError
 from federation.core.checks import count_non_finite
@@ -321,19 +322,43 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping. Raises InputError for a missing file or a non-mapping document."""
+    """Read a YAML mapping.
+
+    Raises:
+        InputError: one line naming the file: missing, not UTF-8, not valid YAML, empty (no
+            document: a file cut to nothing is not read as "all defaults"), or not a mapping.
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: config file not found")
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a UTF-8 text file") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+    if doc is None:
+        raise InputError(f"{p}: empty file (a config holds a YAML mapping)")
     if not isinstance(doc, dict):
         raise InputError(f"{p}: top level must be a mapping")
     return doc
+
+
+def check_config_file(path: str | Path, build: Callable[[], Any]) -> Any:
+    """``build()`` (a validation of the config read from ``path``), with its errors as one line
+    naming the file and the key: ``<path>: key 'lr': Input should be a valid number``.
+
+    Raises:
+        InputError: ``build`` raised a pydantic ValidationError or an InputError.
+    """
+    try:
+        return build()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
+        raise InputError(f"{path}: key '{loc}': {first.get('msg')}") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[str, Any] | None,
