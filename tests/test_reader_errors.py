@@ -264,6 +264,8 @@ READERS = [
     ("train-config-not-utf8", _train_config(b"\xff\xfe\x00rounds"), ("UTF-8",)),
     ("train-config-wrong-type", _train_config("lr: abc\nmethod: fedavg\nparams: {}\nrounds: abc\n"), ("'rounds'",)),
     ("train-config-unknown-key", _train_config("roundz: 3\n"), ("'roundz'",)),
+    ("train-config-duplicate-key", _train_config("engine:\n  lr: 0.01\n  lr: 0.1\n"), ("'lr'", "twice")),
+    ("train-config-negative-width", _train_config("engine: {hidden: [-128, 64]}\n"), ("'engine.hidden.0'",)),
     ("train-config-nan", _train_config("engine: {lr: .nan}\n"), ("'engine.lr'",)),
     ("train-config-negative", _train_config("engine: {local_epochs: -2}\n"), ("'engine.local_epochs'",)),
     ("sweep-config-not-yaml", _sweep_config("name: s\nmethods: [fedavg\n"), ("YAML",)),
