@@ -87,7 +87,7 @@ def train(
 
     `abps train --goal diversity` alone trains the goal-aware ABPS preset on this project's cohort.
     """
-    from federation.core.config import build_config, load_yaml
+    from federation.core.config import build_config, check_config_file, load_yaml
 
     seed_list = project.parse_seeds(seeds, list(ctx.args))
     file_cfg = load_yaml(config) if config is not None else None
@@ -112,6 +112,10 @@ def train(
         check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
             file_cfg = {**file_cfg, bench.threads_key: threads}
+        try:  # a bad option of the file is refused before anything runs, naming the file
+            bench.check(file_cfg, rounds, seed_list or None)
+        except InputError as exc:
+            raise InputError(f"{config}: {exc}") from None
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
         bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
@@ -141,6 +145,8 @@ def train(
         if "goal" not in getattr(cls.Params, "model_fields", {}):
             raise InputError(f"--goal applies to the ABPS methods only, not {method!r}")
         param = [*(param or []), f"goal={goal.strip().lower()}"]
+    if file_cfg is not None:  # the file alone first: a bad key is reported with the file's name
+        check_config_file(config, lambda: build_config(method, cls.default_config, file_cfg))
     if param:
         file_cfg = dict(file_cfg or {"method": method})
         file_cfg["params"] = {**(file_cfg.get("params") or {}), **_parse_params(param)}
