@@ -395,3 +395,16 @@ def test_table1_benchmark_reports_cell_seconds_by_row(cohort, capsys):
     assert doc["cell_s_total"] == pytest.approx(sum(doc["cell_s_mean_by_row"].values()))
     assert 0 < doc["cell_s_total"] <= doc["wall_s"] and doc["target_min"] == 30.0
     assert "REDUCED run, not the target workload" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, methods, seeds, rounds", [
+    ("era", ["fedavg", "feddyn", "abps-x", "abps"], [11, 22, 33, 44, 55], 100),
+    ("heterogeneity", ["fedavg", "fedavg-x", "abps-x", "local"], [11, 22, 33], 50)])
+def test_fidelity_sweep_files_expand_to_their_studies(name, methods, seeds, rounds):
+    from federation.core.config import load_yaml
+
+    spec = sw.SweepSpec.model_validate(load_yaml(CONFIGS / f"{name}.yaml"))
+    cells = sw.expand_cells(spec, CONFIGS, "c0")
+    assert len(cells) == len(methods) * len(seeds)
+    assert [c.config.method for c in cells[::len(seeds)]] == methods
+    assert {c.seed for c in cells} == set(seeds) and {c.config.max_rounds for c in cells} == {rounds}
