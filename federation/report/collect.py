@@ -4,6 +4,8 @@ two cohorts pooled."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -55,6 +57,8 @@ class CellRun:
     n_scored: float = math.nan  # centers with a defined test AUROC; the mean needs min_scored of them
     min_scored: float = math.nan
     cohort_name: str = ""  # the cohort's folder name (empty for runs made before the tag)
+    final_val_auroc: float = math.nan  # mean validation AUROC of the reported round
+    targets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # the run's targets.* config (as logged)
 
 
 def _platform(tags: dict[str, str]) -> dict[str, str]:
@@ -123,7 +127,20 @@ def _cell_from_run(r: Any) -> CellRun | None:
         rest_share=float(m.get("rest_share_mean", math.nan)),
         partners_mean=float(m.get("partners_mean", math.nan)),
         acceptance_rate=float(m.get("run_acceptance_rate", math.nan)),
-        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)), platform=_platform(t))
+        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)), platform=_platform(t),
+        final_val_auroc=float(m.get("final_val_auroc_mean", math.nan)), targets=_targets(r.data.params))
+
+
+def _targets(params: dict[str, str]) -> dict[str, tuple[float, ...]]:
+    """The run's logged ``targets.auroc`` / ``targets.below_fedavg`` (JSON lists, :func:`flatten`);
+    a run made before the setting existed has neither."""
+    out = {}
+    for key in ("auroc", "below_fedavg"):
+        text = params.get(f"targets.{key}")
+        if text is not None:
+            with contextlib.suppress(ValueError, TypeError):
+                out[key] = tuple(float(x) for x in json.loads(text))
+    return out
 
 
 def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
