@@ -1,16 +1,6 @@
-"""Stationary synthetic partner-selection bandit with known peer utilities (ABPS paper Sec. 5, App. C).
-
-Used to check the selection layer of ABPS (beliefs, UCB, propose-reject with rest) against its
-guarantees without training any model:
-
-* Theorem 2 (sublinear regret): inside a stationary window the cumulative regret
-  ``R(T) = sum_t sum_i [ sum_{j in top-kappa_i} mu*_{i->j} - sum_{j in P_i(t)} mu*_{i->j} ]`` grows
-  sublinearly in ``T`` (with an annealed epsilon, App. C.2 (b): ``epsilon_t = min(1, c / t)``).
-* Lemma 1 (intentional isolation): when every peer's true utility is below ``c_neg = 0.5`` the
-  algorithmic rule converges to resting.
-
-A pull of pair ``(i, j)`` returns a clipped-utility observation ``phi_bar in [0, 1]`` with mean
-``mu*[i, j]``: Bernoulli(mu*) or Beta(c mu*, c (1 - mu*)) noise (both mean-exact, Assumption A1-A2).
+"""A stationary synthetic partner-selection bandit with known peer utilities (ABPS paper Sec. 5,
+App. C): checks ABPS's selection layer (beliefs, UCB, propose-reject with rest) against Theorem 2
+and Lemma 1 without training a model. Details: docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations

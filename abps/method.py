@@ -1,22 +1,6 @@
-"""ABPS and ABPS-X as federated methods of the runtime (ABPS paper, Algorithm 1; Sec. 4, 6.3-6.5).
-
-One round of :class:`AbpsMethod` (the runner calls the hooks of :mod:`federation.methods.base`):
-
-* ``plan_round`` (Algorithm 1 lines 9-21, 23): optional belief decay toward the prior (drift,
-  Sec. 3); UCB of eq. (7) at ``t = round + 1``; propose-reject with rest over the goal-filtered
-  candidate sets (eq. 3, computed once in ``setup`` because the metadata vectors are static); the
-  exchange ``W`` = FedAvg over ``{i} U P_i`` (sample-weighted by ``n_train``, as the runtime's FedAvg;
-  ``weighting: uniform`` for a plain mean). The partner graph is the ledger's adjacency: each
-  partnership is one undirected edge carrying one payload (Sec. 6.3).
-* ``after_exchange`` (lines 24-29): the validation AUROC ``U_i(S)`` of every coalition
-  ``{i} U S, S subset P_i`` of every center, in ONE ``ctx.evaluate_mixtures`` call on the models as
-  sent this round (bf16 wire and head personalization as in the exchange, server momentum not
-  applied); Shapley marginals (eq. 4; exact for ``|P_i| <= 5``, else TMC with B = 8); the clip of
-  eq. (5); the Beta update of eq. (6). Logged: isolation rate, mean ``|P_i|``, acceptance rate,
-  proposals, mean phi and phi_bar, mean Shapley gain ``U_i(P_i) - U_i(empty)``.
-
-Presets (Table 1) are subclasses that only change ``default_config``: ``abps``, ``abps+p``,
-``abps+q``, ``abps+p+q+k1``, ``abps-hom``, ``abps-div``, ``abps-align``, ``abps-x``.
+"""ABPS and ABPS-X as methods of the runtime (ABPS paper, Algorithm 1; Sec. 4, 6.3-6.5) and their
+Table 1 presets (subclasses that change only ``default_config``). The round's hooks, step by step:
+docs/abps.md, "Module notes".
 """
 
 from __future__ import annotations

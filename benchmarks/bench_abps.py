@@ -1,23 +1,9 @@
 """Seconds per ABPS round (kappa 3, exact Shapley) against a FedAvg round at n = 230.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.bench_abps [--centers 230] [--rounds 3] [--threads 1] [--out FILE.json]
-
-Runs FedAvg and base ABPS with the runtime's round loop (:func:`federation.run.runner.run_one`) on the
-synthetic default cohort (FedProx-Synthetic(1, 1), ``n`` centers, seed 0), times every round from the
-runner's per-round callback, and splits ABPS's extra cost into its hooks: ``plan_round`` (UCB +
-propose-reject + W) and ``after_exchange`` (coalition rows, the one batched ``evaluate_mixtures``
-call, Shapley and the Beta update). Also times the matching alone over 50 rounds. Prints a JSON
-document; ``--out`` also writes it atomically. The first round of each method is reported
-separately (warm-up) and excluded from the per-round mean. The methods run interleaved
-(``--passes`` times FedAvg then ABPS) so that both see the same machine load; wall and CPU
-(``process_time``) seconds are both reported, with the ratio and the 1.5x target.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -27,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from benchmarks.options import parser
 
 #: target: an ABPS round (kappa 3, exact Shapley) within 1.5x a FedAvg round at n = 230
 TARGET_RATIO = 1.5
@@ -113,13 +101,7 @@ def _time_matching(n: int, reps: int = 50) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; returns (and prints) the result document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--centers", type=int, default=230)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap = parser(__doc__, centers=230, rounds=3, threads=1, seed=11, passes=2)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 

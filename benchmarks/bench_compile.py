@@ -1,43 +1,5 @@
 """The engine's training step three ways: eager PyTorch, the fused C++ kernels, ``torch.compile``.
-
-Usage::
-
-    python -m benchmarks.bench_compile [--clients 230] [--threads 2] [--rounds 8] [--step-reps 20]
-        [--modes default,max-autotune-no-cudagraphs] [--dynamic false] [--workload flower|engine]
-        [--no-from-bits] [--out FILE.json]
-
-Question answered: should :mod:`federation.engine.kernels` (hand-written C++ for the element-wise work of
-:meth:`federation.engine.mlp.StackedEngine._grads`) be replaced by ``torch.compile`` of the eager step?
-
-Workload: ``--workload flower`` (default) is the FedAvg-vs-Flower workload of
-:mod:`benchmarks.bench_flower` (:func:`benchmarks.bench_flower.federated_data`: ``--clients`` clients of
-250 train rows, d = 60, so every step has one segment of shape ``[230, 128]`` or ``[230, 122]``);
-``--workload engine`` is :mod:`benchmarks.bench_engine`'s FedProx-Synthetic cohort (lognormal sizes,
-mean 300 stays: many partial-batch segments of varying shape, which needs ``--dynamic true`` or
-``auto``). MLP d-128-64-1, dropout 0.2, Adam, batch 128, 2 local epochs (``EngineConfig()``).
-
-Variants, all in this process on the same data, seed and rounds:
-
-* **eager**: the hand-written step as it ships without a compiler (``ABPS_KERNELS=torch``);
-* **cpp**: the fused C++ kernels (``ABPS_KERNELS=cpp``, :meth:`StackedEngine._grads_fused`);
-* **compile-<mode>**: ``ABPS_KERNELS=torch`` with the engine's ``_grads`` (the gradients of one
-  segment of all active centers) replaced by ``torch.compile(_grads, mode=..., dynamic=...)``
-  (inductor, CPU); the rest of the round (batch gathers, dropout draws and masks in the helper
-  thread, fused Adam) is the eager path's;
-* step level only, **compile-default-bits**: the same compiled gradients, but the function takes the
-  int16 dropout draws and builds the 0/1 masks inside the compiled graph (what the C++ kernels do),
-  so the comparison with cpp covers the same element-wise work.
-
-Measured: (1) compile time, i.e. the first call of each compiled function on a fresh inductor cache
-(``TORCHINDUCTOR_CACHE_DIR`` is pointed to a temporary folder) and, for the first mode, again after
-``torch._dynamo.reset()`` with that cache warm (what a second process pays); (2) seconds per step:
-one full step ``[n, 128]`` of gradients, the variants alternated ``--step-reps`` times (rotating
-order), medians; (3) seconds per round: ``train_round`` of every variant alternated for ``--rounds``
-rounds after one warm-up round (which includes any recompile for a new shape), medians (and
-minima) of wall and CPU (process) seconds; (4) agreement: max abs difference of each variant's step gradients
-from the eager ones (and relative to the largest eager gradient of that tensor), and of the
-parameters after all rounds. Writes ``bench_out/bench_compile.json`` and ``bench_out/bench_compile.md``
-and prints the table.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

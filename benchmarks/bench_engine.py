@@ -1,22 +1,5 @@
 """Seconds per FedAvg round at n ~ 230 centers: stacked engine vs the per-center loop.
-
-Setup: a FedProx-Synthetic cohort (230 centers, ~300 stays per center on average, lognormal
-sizes, the contract's feature width) or the cohort directory in ``$ABPS_BENCH_COHORT``
-(e.g. a real ``abps etl`` output). Threads: ``$ABPS_BENCH_THREADS`` (default 1: on a 2-core
-machine shared with other jobs, 2 OpenMP threads oversubscribe the cores and both engines
-slow down several-fold; set 2 on an idle machine).
-
-Measures, per FedAvg round (2 local epochs, batch 128, MLP d-128-64-1):
-* stacked: ``StackedEngine.train_round`` + mixing (one einsum) + batched val/test AUROC;
-* loop: ``federation.engine.reference.LoopTrainer`` (one torch.optim.Adam per center) + a Python
-  average over centers + per-center evaluation; same random streams;
-* bmm vs ``torch.func.vmap(grad(functional))`` for one full-width training step;
-* FLOPs per round (multiply-add = 2 FLOPs; forward + backward = 3 x forward except layer 1's
-  input gradient), useful (real rows) and executed (incl. padded rows of partial batches),
-  and the fraction of the machine's dense-GEMM throughput measured here;
-* peak RSS (``ru_maxrss``) after each phase.
-
-Writes ``bench_out/bench_engine.json`` and ``bench_out/bench_engine.md``; prints the table.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -218,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"| per-center loop, s / round | {loop_s:.3f} |",
         f"| speed-up (target >= {TARGET_SPEEDUP:.0f}x) | {loop_s / stacked_s:.1f}x "
         f"({'met' if loop_s / stacked_s >= TARGET_SPEEDUP else 'MISSED'}) |",
-        f"| stacked s / round vs issue-14 target <= {TARGET_ROUND_S} s (2 threads, idle) | "
+        f"| stacked s / round vs target <= {TARGET_ROUND_S} s (2 threads, idle) | "
         f"{stacked_s / TARGET_ROUND_S:.2f}x the target ("
         + (("met" if stacked_s <= TARGET_ROUND_S else "MISSED") if (res["n_centers"], threads) == (230, 2)
            else f"not the target's workload: n = {res['n_centers']}, {threads} thread(s)") + ") |",

@@ -1,30 +1,5 @@
 """ETL wall time and memory against the decompression floor and two peers, in one process tree.
-
-On a synthetic MIMIC-IV v3.1 folder (default ``abps synth mimic --seed 1``: 94,458 stays,
-29.0 M chartevents rows, about 400 MB of gzip CSV), one after another, each in a child process:
-
-* ``zcat``: ``zcat chartevents.csv.gz > /dev/null``, one stream of zlib inflation: what any
-  reader of the file that inflates it on one core pays before parsing a byte (the ratio base);
-* ``first``: ``abps etl`` with an empty chartevents cache folder (the run a researcher waits
-  for: it reads the file once and writes the cache in the same pass);
-* ``uncached``: ``abps etl --chart-cache off``;
-* ``cached``: ``abps etl`` again on the cache written by ``first``;
-* ``pandas``: the common script: ``pandas.read_csv(..., usecols=4 columns, chunksize=10 M rows)``,
-  vital rows kept (itemids and valid ranges of etl/sql/mimic/vital_rows.sql), the vitals per
-  stay, vital and charttime averaged and written to Parquet (the relation the ETL caches);
-* ``polars``: the same with Polars' streaming engine: ``scan_csv ... group_by ... sink_parquet``.
-
-Each line prints the wall time, its ratio to ``zcat`` measured in this run, CPU seconds, the
-child's peak resident set size, and the wall time scaled to MIMIC-IV v3.1's 433.0 M chartevents
-rows (linear in rows). The ETL's targets: first and uncached <= 1.0x zcat, cached <= 0.5x, peak
-RSS <= 3 GB. The 1-minute load average before and after each run says whether the machine was
-shared (wall times grow with load; ratios within one run much less).
-
-``python -m benchmarks.bench_etl [--synth-dir DIR] [--workdir DIR] [--runs zcat,first,...]``
-(or ``python -m benchmarks.run etl -- ...``); results go to ``bench_out/etl.json``. Without
-``--synth-dir`` the synthetic folder is written under ``--workdir`` (default
-``$ABPS_BENCH_WORKDIR``, else ``bench_out``) as ``synth_etl`` and reused while its manifest
-matches (about 2 minutes to write, 0.5 GB).
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,36 +1,5 @@
 """Fidelity study of ABPS's goal-aware isolation (ABPS paper Sec. 6.5).
-
-Runs ABPS+P+Q+kappa=1 under the three goals of eq. (3) (the ``abps-hom`` / ``abps-div`` /
-``abps-align`` presets) on the synthetic 230-center default cohort for every reading of the paper's
-under-specified choices, and prints the Sec. 6.5 table beside the paper's numbers:
-
-* ``tau_mode``: ``global`` (one tau_sim keeping 25 % of pairs, Sec. 4.1) or ``per_center`` (each center
-  keeps its top 25 % of peers, Sec. 6.5 / App. C.2), the latter with ``candidacy`` ``proposer`` or
-  ``mutual`` (docs/abps.md);
-* ``normalize_metadata``: z-scored or raw metadata before the cosine (docs/abps.md);
-* ``gamma`` of eq. (7): 2 (as printed), sqrt(2) (the stray square-root sign), 0.1 (small enough for a
-  UCB to fall below tau_acc within 50 rounds, :func:`abps.beliefs.max_resting_gamma`).
-
-Per (reading, goal): rest share per round (mean over rounds and seeds, and its min-max over rounds),
-E|P_i|, bandwidth x FedAvg over the same number of rounds and the final mean test AUROC. Also a
-training-free table (:func:`selection_only`): the rest share that each reading's candidate sets and
-the kappa = 1 capacity produce with every UCB at the prior.
-Then the reading closest to the targets on all three goal rows at once (diversity rests 20-60 % per
-round; homogeneity and alignment rest <= 5 % with E|P| >= 0.95): the score is the summed distance
-outside those bands, ties broken by the distance to the paper's own numbers.
-
-Usage::
-
-    python -m benchmarks.run fidelity                   # reduced: 15 rounds, seed 11
-    ABPS_FIDELITY_ROUNDS=50 ABPS_FIDELITY_SEEDS="11 22 33 44 55" python -m benchmarks.run fidelity   # full
-
-Environment: ``ABPS_FIDELITY_ONLY`` (comma-separated reading labels to run, in that order; default
-all), ``ABPS_FIDELITY_RESUME`` (keep the runs of an earlier ``fidelity.json`` with the same rounds),
-``ABPS_FIDELITY_COHORT`` (a cohort directory; default: build the synthetic default under
-``bench_out/fidelity/`` with ``abps synth mimic`` + ``abps etl``, a few minutes), ``ABPS_FIDELITY_ROUNDS``
-(15), ``ABPS_FIDELITY_SEEDS`` ("11"), ``ABPS_FIDELITY_GAMMAS`` ("2 1.4142135623730951 0.1"),
-``ABPS_FIDELITY_OUT`` (``bench_out/fidelity``). Writes ``fidelity.json`` (every run, rewritten after
-each one, so a partial study survives an interrupt) and ``fidelity.md`` (the table).
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -94,7 +63,7 @@ def selection_only(meta: Any, reading: dict[str, Any], goal: str, rounds: int = 
 
 
 def target_distance(rows: dict[str, dict[str, float]]) -> float:
-    """How far one reading's three goal rows fall outside the issue's targets (0 = all met).
+    """How far one reading's three goal rows fall outside the study's targets (0 = all met).
 
     Diversity: rest share per round in [0.20, 0.60]. Homogeneity and alignment: rest share <= 0.05
     and E|P| >= 0.95. Distances are in share units and summed over the rows.

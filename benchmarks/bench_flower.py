@@ -1,48 +1,9 @@
 """Seconds per FedAvg round: Flower, a plain per-client PyTorch loop, and the abps runner.
-
-Usage::
-
-    python -m benchmarks.bench_flower [--clients 230] [--threads 2] [--flower-rounds 4]
-        [--loop-rounds 3] [--ours-rounds 8] [--no-flower] [--out FILE.json]
-
-Workload (identical for the three implementations): ``--clients`` clients, each 250 train
-and 30 validation rows of 60 float32 N(0, 1) features, label ~ Bernoulli(sigmoid(x . w - 2.2)) with
-one shared ``w`` of norm 0.5; MLP 60-128-64-1 with ReLU and dropout 0.2, BCE-with-logits; Adam
-(lr 1e-3, weight decay 1e-5) created fresh per client per round; batch 128 (last batch partial);
-2 local epochs; FedAvg weighted by sample count; every client evaluates the global model (val
-AUROC) every round.
-
-Fairness to the peers: the Flower client and the loop do the workload and nothing
-more. Each process builds a client's rows once (:func:`client_tensors`, cached) and reuses one model
-object per thread (:func:`_worker_model`; the weights are loaded from the message every call), and
-the AUROC is the same rank-based computation abps uses (:func:`client_auroc`, equal to
-scikit-learn's ``roc_auc_score``; scikit-learn's own call spends ~5 ms per client on input
-validation, ~1.2 s of a 230-client round). Flower gets Ray with ``--threads`` CPUs and one CPU per
-client, i.e. ``--threads`` actors of one torch thread each.
-
-* **Flower** (``flwr[simulation]``, the optional ``bench`` extra): ``flwr.simulation.run_simulation``
-  with the Ray backend, one CPU per client and Ray limited to ``--threads`` CPUs (so ``--threads``
-  actors of one torch thread each), the Message-API ``FedAvg`` strategy (``num-examples``
-  weighting), ``fraction_train = fraction_evaluate = 1``. Round times are the gaps between the
-  strategy's ``evaluate_fn`` calls (made after every round), so Ray start-up is excluded; the first
-  round (actor warm-up) is reported separately. Skipped with a message when ``flwr`` is not
-  installed or ``--no-flower`` is given.
-* **loop**: the same client code (:func:`local_train`, :func:`client_auroc`) run client after client
-  in this process, averaging in NumPy-free torch; ``--threads`` torch threads.
-* **abps**: :func:`federation.run.runner.run_one` with ``fedavg`` and
-  ``engine.reset_optimizer_each_round = true`` (fresh Adam per round) on the same rows, timed from
-  its per-round callback; it also scores a 30-row test split per round, which the others do not.
-
-The phases run interleaved (abps, loop, Flower, loop, abps) so all three see the same machine load;
-medians are over the steady rounds of both passes. Prints a JSON document with seconds per round,
-the ratios (``x_vs_flower``), the issue's targets, the final mean val AUROC of each implementation
-(same workload, independent random streams: equal within noise, not bit-equal) and the 1-minute
-load average before and after.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -56,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from benchmarks.options import parser
 
 D, N_TRAIN, N_VAL, BIAS, W_NORM = 60, 250, 30, -2.2, 0.5
 HIDDEN = (128, 64)
@@ -102,7 +65,7 @@ def _worker_model() -> torch.nn.Module:
 
 
 def make_model() -> torch.nn.Module:
-    """The issue's MLP: 60-128-64-1, ReLU, dropout 0.2 after each hidden layer."""
+    """The benchmark's MLP: 60-128-64-1, ReLU, dropout 0.2 after each hidden layer."""
     return torch.nn.Sequential(
         torch.nn.Linear(D, HIDDEN[0]), torch.nn.ReLU(), torch.nn.Dropout(DROPOUT),
         torch.nn.Linear(HIDDEN[0], HIDDEN[1]), torch.nn.ReLU(), torch.nn.Dropout(DROPOUT),
@@ -296,19 +259,12 @@ def run_flower(n: int, rounds: int, seed: int, cpus: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the JSON document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=230)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--flower-rounds", type=int, default=4)
-    ap.add_argument("--loop-rounds", type=int, default=3)
-    ap.add_argument("--ours-rounds", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = parser(__doc__, clients=230, threads=2, flower_rounds=4, loop_rounds=3, ours_rounds=8, seed=0)
     ap.add_argument("--no-flower", action="store_true")
     ap.add_argument("--ab-prefetch", action="store_true",
                     help="also run abps with the engine's dropout-mask helper thread off (abps-sync), interleaved")
     ap.add_argument("--ab-kernels", action="store_true",
                     help="also run abps on the eager PyTorch step (ABPS_KERNELS=torch, abps-torch), interleaved")
-    ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()[0]
@@ -442,7 +398,7 @@ def _table(doc: dict[str, Any]) -> str:
         lines.append(f"  abps without the dropout helper thread: {sync:.3f} s/round "
                      f"(helper on: {doc['abps']['median_s_per_round']:.3f}; target <= {TARGET_ROUND_S} s at 2 threads)")
     elif doc["abps"] is not None:
-        lines.append(f"  abps vs issue-14 target <= {TARGET_ROUND_S} s/round (2 threads, idle): "
+        lines.append(f"  abps vs target <= {TARGET_ROUND_S} s/round (2 threads, idle): "
                      f"{doc['abps']['median_s_per_round'] / TARGET_ROUND_S:.2f}x the target")
     return "\n".join(lines)
 

@@ -1,22 +1,5 @@
 """Harmful-center study: ABPS against ``random-partners`` on a federation with flipped centers.
-
-Flips the labels of a share of the centers of a cohort (:mod:`abps.harmful`), runs both methods with
-:data:`abps.harmful.STUDY_CONFIG` (kappa 1, bf16 wire, whole model exchanged; ABPS with gamma 0.02 and deferred acceptance)
-and prints, per round and method: the share of partnerships with a flipped center (at least one
-end), the share of mixed healthy-flipped partnerships, the rest share and the healthy centers' mean
-test AUROC; then, per seed, the means over the last 10 rounds ("by round R") and over the second
-half, and the issue's criterion on every seed: ABPS's mixed share at most half of random-partners'
-and ABPS's healthy AUROC not below it.
-
-Usage::
-
-    python -m benchmarks.run harmful      # reduced: FedProx-Synthetic 40 centers, 20 % flipped, 20 rounds, seed 11
-
-Environment: ``ABPS_HARMFUL_COHORT`` (source cohort; default: ``abps synth fedprox``-style cohort of 40
-centers sharing one risk function, written under the output folder), ``ABPS_HARMFUL_SHARE`` (0.2),
-``ABPS_HARMFUL_ROUNDS`` (20), ``ABPS_HARMFUL_SEEDS`` ("11"), ``ABPS_HARMFUL_OUT``
-(``bench_out/harmful``), ``ABPS_HARMFUL_GAMMA`` (0.02), ``ABPS_HARMFUL_ACCEPTANCE`` (``deferred``;
-``first_come`` for the literal Algorithm 1). Writes ``harmful.json`` (per-round rows of every run) there.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

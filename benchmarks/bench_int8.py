@@ -1,32 +1,5 @@
 """Agreement of the int8 SAGE evaluation with fp32, and its speed, at each x86 ISA level.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.bench_int8 [--clients 4] [--train 2400] [--test 1000]
-        [--threads 1] [--repeats 3] [--levels native avx2 avx512_core sse41] [--out FILE.json]
-
-The workload of ``tests/test_sage_engine.py``: Fashion-MNIST (``etl.images``), ``--train`` training
-and ``--test`` test images, Dirichlet(0.5) shards over ``--clients`` clients, one local epoch (so the
-clients are trained), then all clients' predictions on the shared test set in fp32
-(``StackedModel.predict_shared_inputs``) and int8 (:func:`federation.images.int8.predict_shared_int8`).
-Each ISA level runs in a fresh subprocess, since the capability variables are read once at start:
-
-* ``native``: no variables;
-* ``avx2``: ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`` (and
-  ``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``, which only matters with ``--engine fbgemm``);
-* ``avx512_core`` (AVX-512 without VNNI; only where the native level is AVX-512):
-  ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``;
-* ``sse41``: ``ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41``.
-
-Prints one table row per level: ATen capability, the oneDNN kernel that ran the int8 convolutions
-(from oneDNN's verbose log), the share of predictions equal to fp32 (all and worst client), whether
-the int8 predictions equal the native level's, and the best-of-``--repeats`` int8 and fp32 seconds.
-The acceptance rule is >= 99.5 % agreement at every level. ``--out`` writes the rows as JSON.
-
-``--engine`` and ``--weight-qmax`` override ``federation.images.int8.ENGINE`` / ``WEIGHT_QMAX`` in the
-subprocesses, for A/B runs: ``--engine fbgemm --weight-qmax 127 --levels avx2`` is what torch's ``x86``
-engine ran with full 8-bit weight codes on a CPU without AVX512-VNNI (``x86`` dispatches on cpuinfo,
-which no variable can mask, so on a VNNI machine it must be named).
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -40,6 +13,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from benchmarks.options import parser
 
 #: environment of each ISA level (``native``: the machine as it is)
 LEVELS: dict[str, dict[str, str]] = {
@@ -135,17 +110,10 @@ def run_level(level: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Measure every selected level; print the table (and write ``--out``); return the rows."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--train", type=int, default=2400)
-    ap.add_argument("--test", type=int, default=1000)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = parser(__doc__, clients=4, train=2400, test=1000, threads=1, repeats=3, seed=0)
     ap.add_argument("--levels", nargs="+", choices=list(LEVELS), default=list(LEVELS))
     ap.add_argument("--engine", default=None, help="quantized engine instead of int8.ENGINE (A/B)")
     ap.add_argument("--weight-qmax", type=int, default=None, help="weight code bound instead of int8.WEIGHT_QMAX (A/B)")
-    ap.add_argument("--out", default=None)
     ap.add_argument("--worker", action="store_true", help="measure in this process and print one JSON line")
     args = ap.parse_args(argv if argv is not None else [])
     if args.worker:

@@ -1,18 +1,5 @@
 """Memory is flat over a long run: resident memory after round 200 within 5 % of round 20.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.bench_memory [--centers 20] [--rounds 200] [--early 20]
-        [--methods fedavg abps] [--tolerance 0.05] [--threads 1] [--out FILE.json]
-
-Runs each method with the runtime's round loop (:func:`federation.run.runner.run_one`) on the synthetic
-FedProx-Synthetic(1, 1) cohort (``--centers`` centers, seed 0) and reads the process's resident set
-size (psutil) from the runner's per-round callback after round ``--early`` and after the last
-round. A leak that grows with the rounds (a per-round tensor kept alive, an autograd graph held
-across rounds, an unbounded cache) shows as a ratio above ``1 + tolerance``. The per-round
-history the runner keeps (a dozen floats per round) is far below the tolerance. Prints a JSON
-document; ``--out`` also writes it atomically. Raises RuntimeError when a method is not flat, so
-``make bench`` (``benchmarks.run``) counts it as a failure.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
 """How far results move across CPU kinds and engine steps: the demo sweep under each platform.
-
-Runs ``configs/demo.yaml`` (FedAvg, ABPS, ABPS-X, ABPS diversity goal; 2 seeds; 30 rounds) on one
-cohort once per platform, each in its own MLflow experiment:
-
-* ``native-fused``: this CPU, the fused C++ kernels built with ``-march=native``;
-* ``native-eager``: this CPU, the eager PyTorch step (``ABPS_KERNELS=torch``);
-* ``avx2-fused``: PyTorch, oneDNN and MKL capped at AVX2, the kernels built for ``x86-64-v3``
-  (what a plain AVX2 machine computes);
-* ``avx2-eager``: capped at AVX2, eager step.
-
-Then builds each experiment's Table 1 (``abps report``) and prints, per row, the AUROC of every
-platform, the largest AUROC difference from ``native-fused`` and whether the bytes are identical.
-
-``python -m benchmarks.run platforms -- --cohort DIR [--rounds R] [--seeds 11 22]`` (the cohort of
-``make demo`` is ``demo_out/cohort``); writes ``bench_out/platforms.json``.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,27 +1,5 @@
 """Privacy-utility and drift studies of ABPS (docs/privacy.md), with a figure.
-
-Privacy-utility: for each goal (homogeneity, diversity, alignment: the ``abps-hom`` / ``abps-div`` /
-``abps-align`` presets) and each per-release epsilon, runs ABPS with the DP metadata release
-(:mod:`abps.privacy`) and records the isolation share (mean ``isolation_rate`` over rounds), E|P|
-(mean ``mean_partners``), the final test AUROC and the overlap of the noisy candidate sets with the
-exact ones (share of exact candidate pairs kept, and Jaccard) over ``--overlap-seeds`` noise draws.
-
-Drift: the label-flip scenario (:mod:`federation.data.drift_scenario`, the ``--flip-count`` largest centers
-from round ``--flip-round``) under base ABPS, ABPS with the fixed ``belief_decay`` and ABPS with the
-Welch-t drift windows (:mod:`abps.drift`). Per run: partnerships touching a flipped center per round,
-rounds until their share falls to half its pre-flip level and until they stop (none for 3 rounds),
-the detection delay of the Welch test (first detection by an unflipped center of a flipped peer)
-and its false alarms (detections on pairs where neither side flipped, per test on those pairs).
-
-    OMP_NUM_THREADS=1 nice -n 10 python -m benchmarks.bench_privacy_drift --cohort DIR --out-dir DIR
-
-writes ``privacy_drift.json`` and ``privacy_drift.png`` into ``--out-dir``.
-
-Superseded for the docs by the sweep presets ``configs/privacy-study.yaml`` / ``configs/drift-study.yaml``
-and ``abps report`` (:mod:`federation.report.privacy_drift`), whose runs log the same measurements
-through MLflow; note that this script's "rounds to stop" counts every partnership of a flipped center,
-including the (beneficial) one between two flipped centers, where the runs' ``rounds_to_stop_partnering``
-counts only mixed (healthy-flipped) partnerships.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Real-world conditions at scale: n FedProx-Synthetic centers at 30 % availability (daily
 cycle, configs/realworld-daily30.yaml) with heterogeneous links (configs/realworld-hetero-links.yaml):
 seconds per round and peak RSS against the 16 GB budget.
-
-Usage::
-
-    python -m benchmarks.bench_realworld [--centers 1000] [--rounds 50] [--methods fedavg,abps]
-        [--threads 1] [--out FILE.json]
-
-Each method runs in a fresh ``spawn`` child process (its own ``ru_maxrss``), on
-``generate_fedprox_cohort(n, seed=0)`` (FedProx-Synthetic(1, 1), mean 300 stays per center), with the
-method's default config plus the two presets' ``realworld:`` blocks merged. Reported per method: wall
-and CPU seconds per round (first round apart), peak RSS, the mean available share, the virtual hours
-the run took and the final mean validation AUROC.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -26,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_scale import _current_rss_gb, _rss_gb
+from benchmarks.options import parser
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TARGET_PEAK_GB = 16.0
@@ -80,13 +70,7 @@ def _worker(method: str, n: int, rounds: int, seed: int, threads: int) -> dict[s
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the JSON document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--centers", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--methods", default="fedavg,abps")
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None)
+    ap = parser(__doc__, centers=1000, rounds=50, methods="fedavg,abps", seed=11, threads=1)
     a = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     results = []

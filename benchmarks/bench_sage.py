@@ -1,25 +1,9 @@
 """Seconds per SAGE round for K = 50 clients on Fashion-MNIST on 2 CPU cores.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.bench_sage [--clients 50] [--rounds 2] [--alpha 0.1] [--graph er]
-        [--selectors sage_os rg] [--threads 2] [--test-samples N] [--eval-precision int8|fp32]
-        [--out FILE.json]
-
-Builds the paper's setting (Sec. V-A: Dirichlet(alpha) over K clients, 80/10/10 shards, connected
-ER p = 0.15 or BA m = 3, the 64-dim encoder-decoder) on the full Fashion-MNIST training set and
-runs each selector for ``--rounds`` rounds with :func:`federation.images.run.run_selector`, without
-MLflow. Reports, per selector, the mean seconds per round and its split into local training (one
-epoch of all K clients, stacked), probing + selection + mixing, and evaluation (all K predictors on
-the shared test set and their local evaluation splits). Also times the evaluation of all K predictors
-on the shared test set alone, in fp32 and int8 (:mod:`federation.images.int8`, with the share of
-predictions equal to fp32), after one local epoch so the clients are trained. Prints a JSON document and one line per figure with its issue-15
-target; ``--out`` also writes the JSON atomically.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -28,13 +12,14 @@ from typing import Any
 
 import torch
 
+from benchmarks.options import parser
 from etl.io import atomic_write_text
 from federation.core.graphs import neighbour_table
 from federation.data.image_shards import make_graph, make_shards, subsample
 from federation.engine.image_model import StackedModel
 from federation.images.int8 import predict_shared_int8
 from federation.images.run import load_dataset, run_selector
-from federation.methods import selectors as sel
+from federation.methods.registry import get_selector
 from federation.methods.selectors import parse_config
 
 
@@ -80,7 +65,7 @@ def bench(clients: int = 50, rounds: int = 2, alpha: float = 0.1, graph: str = "
     for s in cfg.selectors:
         res = run_selector(s, cfg, shards, spec, cand, valid, degree, seed)
         sm = res["summary"]
-        out["selectors"][sel.DISPLAY[s]] = {
+        out["selectors"][get_selector(s).display] = {
             "s_per_round": sum(h["seconds_round"] for h in res["history"]) / rounds,
             "train_s_per_round": sm["seconds_train"] / rounds,
             "probe_select_mix_s_per_round": sm["seconds_probe_mix"] / rounds,
@@ -145,16 +130,12 @@ def report_targets(res: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Command-line entry: parse options, run :func:`bench`, print (and optionally write) JSON."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--alpha", type=float, default=0.1)
+    ap = parser(__doc__, clients=50, rounds=2, alpha=0.1)
     ap.add_argument("--graph", choices=["er", "ba"], default="er")
     ap.add_argument("--selectors", nargs="+", default=["sage_os"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--test-samples", type=int, default=None)
     ap.add_argument("--eval-precision", choices=["fp32", "int8"], default="int8")
-    ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     res = bench(a.clients, a.rounds, a.alpha, a.graph, tuple(a.selectors), a.threads, a.test_samples,
                 eval_precision=a.eval_precision)

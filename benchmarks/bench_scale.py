@@ -1,26 +1,9 @@
 """Scale: FedAvg and ABPS on 10,000 FedProx-Synthetic centers: seconds per round, peak RSS.
-
-Usage::
-
-    python -m benchmarks.bench_scale [--centers 10000] [--rounds 5] [--methods fedavg,abps]
-        [--threads 1] [--out FILE.json]
-
-Each method runs in a fresh child process (so that its peak RSS, ``ru_maxrss``, is its own): the
-child draws the cohort (``generate_fedprox_cohort(n, seed=0)``: FedProx-Synthetic(1, 1), mean 300
-stays per center, lognormal sizes), builds :class:`federation.data.tensors.FederatedData`, and runs
-:func:`federation.run.runner.run_one` for ``--rounds`` rounds with the method's default config. Reported
-per method: cohort build seconds, seconds per round (first round separately; mean of the others),
-peak RSS in GB and the RSS after the data was built, against the issue's target of 16 GB peak.
-
-At this size every ``[n, n]`` object matters: FedAvg's rank-one ``W`` is mixed once and broadcast,
-ABPS's ``W`` (kappa + 1 non-zeros per row) and its coalition rows are mixed by gathering
-(``federation.engine.mixing.mix``, ``Context.evaluate_mixtures``), and the engine splits a step into
-segments of at most ``StackedEngine.max_segment`` centers.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -29,6 +12,8 @@ import resource
 import statistics
 import time
 from typing import Any
+
+from benchmarks.options import parser
 
 #: target: peak resident memory of a 10,000-center run
 TARGET_PEAK_GB = 16.0
@@ -151,13 +136,7 @@ def run_child(methods: list[str], n: int, rounds: int, seed: int, threads: int, 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; prints (and returns) the JSON document."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--centers", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--methods", default="fedavg,abps")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--out", default=None)
+    ap = parser(__doc__, centers=10_000, rounds=5, methods="fedavg,abps", threads=1, seed=11)
     ap.add_argument("--one-process", action="store_true",
                     help="build the cohort once and run the methods one after the other in one child "
                          "(the later methods' peak RSS is then an upper bound)")

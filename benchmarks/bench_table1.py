@@ -1,27 +1,5 @@
 """Wall time of Table 1 in full: ``abps sweep --config configs/table1.yaml`` on 2 cores.
-
-Usage::
-
-    python -m benchmarks.bench_table1 [--cohort DIR] [--workdir DIR] [--stays 94458]
-        [--config configs/table1.yaml] [--workers 2] [--rounds R] [--seeds 11 22]
-        [--methods fedavg,abps] [--out FILE.json]
-
-Workload: every cell of the sweep file (configs/table1.yaml: the paper's Table 1 rows with the
-centralized reference, 20, and the random-partners ablation, x 5 seeds = 105 cells,
-50 rounds each; ABPS-X / FedAvg-X / Centralized with early stopping, patience 10 of at most 100;
-the non-rows abps-drift and the SAGE selector are in configs/table1-extras.yaml, not timed here)
-on the synthetic MIMIC-IV cohort of the default size, built once when
-``--cohort`` is not given: ``abps synth mimic --stays 94458`` then ``abps etl`` (defaults) into
-``--workdir`` (reused when its ``cohort/cohort.parquet`` exists; building it is timed
-separately and is not part of the figure). The sweep runs in this process exactly as
-``abps sweep`` does (:func:`federation.sweep.run_sweep`, the file's local process pool with
-``--workers`` processes of one torch thread each), tracking to a fresh temporary SQLite MLflow
-store, so every cell runs.
-
-Prints a JSON document (cells run / failed, wall and CPU seconds of the sweep including its
-worker processes, the 1-minute load before and after) and one line with the wall time against
-the issue's target of 30 minutes and the ratio. ``--rounds``, ``--seeds`` and ``--methods``
-shorten the sweep for a smoke run; the line then says the figure is reduced.
+Options: ``--help``; what it measures and how: docs/benchmarks.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The project folder's conventions shared by the CLI commands.
-
-The *project* is the folder ``abps`` runs in (like the MLflow store ``sqlite:///mlflow/mlflow.db``,
-everything is relative to it):
-
-* ``.abps/state.json`` records the cohort of the most recent ``abps etl`` (:func:`record_etl`);
-  ``abps train`` without ``--cohort`` uses it, else ``./cohort`` (:func:`default_cohort`).
-* ``runs/<experiment>/<run name>/results.json`` is where ``abps train`` writes its results when no
-  ``--output`` is given (:func:`run_output`); an existing file is replaced only with ``--force``
-  (:func:`check_output`).
-
-Only paths go into the state file: no data, no identifiers.
+"""The project folder's conventions shared by the CLI commands: the recorded default cohort
+(``.abps/state.json``), the default results path ``runs/<experiment>/<run>/results.json`` and the
+``--tracking-uri`` option. Details: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
@@ -19,9 +10,20 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
+
+import typer
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
+
+#: help of ``--tracking-uri``, one text on every command that reads or writes MLflow
+TRACKING_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
+
+
+def tracking_uri_option() -> Any:
+    """The ``--tracking-uri`` option (default None: MLFLOW_TRACKING_URI, else the project's store)."""
+    return typer.Option(None, "--tracking-uri", help=TRACKING_URI_HELP)
 
 
 def _state_path() -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from cli import project
 from cli.app import app
 
 
@@ -19,9 +20,7 @@ def report(
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment, e.g. the sweep's (default: MLFLOW_EXPERIMENT_NAME, else as "
         "abps runs)"),
-    tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
-        "sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = project.tracking_uri_option(),
     no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),
 ) -> None:
     """Rebuild Table 1 and Figure 3 (and the SAGE / variance-correction tables when such runs exist)."""

@@ -23,14 +23,12 @@ from etl.errors import InputError
 if TYPE_CHECKING:
     from federation.run.store_read import RunStore
 
-_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
-
 
 @app.command("ui")
 def ui(
     port: int = typer.Option(5000, "--port", min=1, max=65535, help="port of the UI (http://127.0.0.1:PORT)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (127.0.0.1: this machine only)"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=_URI_HELP),
+    tracking_uri: str | None = project.tracking_uri_option(),
     experiment: str | None = typer.Option(None, "--experiment", help="experiment whose runs the printed URL "
                                              "compares (default as abps runs)"),
 ) -> int:
@@ -153,7 +151,7 @@ def runs(
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the experiment of this "
         "project's cohort, its folder name as abps train uses, else the most recently used experiment)"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help=_URI_HELP),
+    tracking_uri: str | None = project.tracking_uri_option(),
 ) -> None:
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
     mean +- std across seeds, bandwidth (x FedAvg's reference traffic) and isolation (share of

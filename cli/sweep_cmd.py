@@ -26,9 +26,7 @@ def sweep(
     cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
     seeds: list[int] | None = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
-    tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
-        "sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = project.tracking_uri_option(),
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the file's)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),

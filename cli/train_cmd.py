@@ -69,9 +69,7 @@ def train(
     output: Path | None = typer.Option(
         None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
-    tracking_uri: str | None = typer.Option(
-        None, "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's "
-        "sqlite:///mlflow/mlflow.db)"),
+    tracking_uri: str | None = project.tracking_uri_option(),
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the cohort's folder name)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),

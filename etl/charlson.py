@@ -1,30 +1,6 @@
-"""Updated-Charlson comorbidity binaries from ICD-9-CM and ICD-10 diagnosis codes.
-
-The ABPS paper (Sec. 6.1, 6.3) uses Charlson comorbidity binaries as patient features and their
-per-center prevalence as the 12-dim comorbidity part of the metadata vector v_i (Sec. 4.1). The
-12 conditions are those kept by the updated Charlson index of Quan et al. (2011, Am J Epidemiol
-173:676-682); the code lists per condition are the "enhanced ICD-9-CM" and "ICD-10" coding
-algorithms of Table 1 of Quan et al. (2005, Med Care 43:1130-1139), the lists that MIT-LCP
-mimic-code's ``charlson`` concept implements for MIMIC-IV.
-
-Choices (see docs/charlson.md):
-
-* No hierarchy. Every flag is an independent binary: an admission can carry both
-  ``cci_mild_liver`` and ``cci_severe_liver``, or both ``cci_malignancy`` and
-  ``cci_metastatic``. The Charlson hierarchy (count only the more severe of the pair) matters only
-  for the weighted score, which this module does not compute; as model features and as
-  prevalences the raw presence of each coded condition is kept.
-* Both versions are mapped with their own list: ICD-9 codes (``icd_version`` 9) with Quan's
-  enhanced ICD-9-CM list, ICD-10 codes (``icd_version`` 10, ICD-10-CM in MIMIC-IV) with Quan's
-  ICD-10 list. No code is added for ICD-10-CM-only categories (e.g. C4A Merkel cell carcinoma,
-  C7A, C86, E08/E09); WHO-only entries of Quan's list (E12, E14, F00, B21, ...) simply match
-  nothing in MIMIC-IV.
-* Matching is by code prefix. Codes in MIMIC-IV carry no dot ("4280", "I509"); an entry such as
-  Quan's "428.x" is the prefix "428", "425.4-425.9" is expanded to "4254" ... "4259", and
-  "C00.x-C26.x" to "C00" ... "C26". Quan's "174.x-195.8" is "174" ... "194" plus "1950" ...
-  "1958". Codes are trimmed (spaces, tabs, newlines), upper-cased and stripped of dots before
-  matching, in both the Python and the SQL path.
-* Rows whose ``icd_version`` is neither 9 nor 10, and null or empty codes, match no condition.
+"""Updated-Charlson comorbidity binaries (Quan et al. 2011; code lists of Quan et al. 2005) from
+ICD-9-CM and ICD-10 diagnosis codes: patient features and the metadata's comorbidity prevalences
+(ABPS paper Sec. 4.1, 6.1). Matching rules: docs/charlson.md.
 """
 
 from __future__ import annotations

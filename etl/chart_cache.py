@@ -1,31 +1,6 @@
-"""A one-time Parquet cache of what the ETL derives from MIMIC-IV ``chartevents``, reused by later runs.
-
-Why (docs/decisions.md, "chartevents Parquet cache" and "the cache stores vitals per charttime"):
-the gzip CSV of chartevents is one deflate stream, inflated on one core, and its text is parsed
-again on every ``abps etl`` run; after that, the first-day vitals cost two hash aggregations over
-every vital row of the window (identical rows collapsed, then one value per charttime). The cache
-stores the result of a query over the whole file, given by the caller: for MIMIC-IV, the vital
-signs per (stay, vital, charttime) of etl/sql/mimic/vitalsign.sql (vital itemids and valid
-ranges applied, identical rows collapsed and counted, values averaged per charttime). That
-relation does not depend on the cohort's options (a row's window depends on its stay and
-charttime only, so each run applies the window to the cached rows), and every later run reads a
-few typed zstd columns instead of parsing and aggregating 54 M rows.
-
-A cache entry is one Parquet file and one JSON manifest per source file (named by a hash of
-the source's resolved path). The entry is used only when the manifest matches the source and
-the ETL as they are now: the same size in bytes, the same modification time (ns), the same
-SHA-256 of its first and last MiB, the same source columns and types, the same cache format,
-the same SHA-256 of the cached query's text (another itemid set, valid range or ETL version
-gives another query), and a Parquet file whose footer holds the row count the manifest recorded
-when the copy was written (DuckDB's count of the rows it wrote). Anything else (a changed,
-replaced or touched source, a changed concept, a truncated or foreign cache file) rebuilds the
-entry; the Parquet file is written under a temporary name and renamed, and the manifest is
-written last, so an interrupted build is never used.
-
-The cache holds patient-level data (per-charttime vital values of every stay): it lives where
-the user says (``--chart-cache DIR``), by default under the user's cache folder
-(``$ABPS_CACHE_DIR``, else ``$XDG_CACHE_HOME/abps``, else ``~/.cache/abps``), and
-``--chart-cache off`` never writes one.
+"""A one-time Parquet cache of the vitals per charttime that the ETL derives from MIMIC-IV
+``chartevents``, reused by later runs while the source and the query are unchanged.
+When an entry is used or rebuilt, and where it lives: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

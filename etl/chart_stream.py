@@ -1,33 +1,6 @@
-"""One pass over a chartevents CSV: parallel gzip inflation, Arrow parsing, vitals per charttime.
-
-Why (docs/decisions.md, "chartevents in one streamed pass"): DuckDB inflates a ``.csv.gz`` with
-zlib on the thread that also parses it (a gzip stream cannot be split between threads), and
-the vitals per charttime of etl/sql/mimic/vitalsign.sql cost two hash aggregations over every
-vital row, whose groups are nearly all of one row. Here:
-
-1. ISA-L's igzip (python-isal, ``isal.igzip_threaded``, about 5x zlib's speed) inflates the file
-   on its own thread; Arrow's streaming CSV reader parses it on its threads (GIL released),
-   reading the four columns as BIGINT / TIMESTAMP / INTEGER / DOUBLE (timestamps by Arrow's
-   ISO 8601 parser, which reads MIMIC's ``YYYY-MM-DD HH:MM:SS`` as DuckDB's format does).
-2. Each batch keeps the valid vital rows of etl/sql/mimic/vital_rows.sql (its ``vital_item``
-   rows: itemids, valid ranges, Fahrenheit conversion, read from the SQL file) and is split by
-   stay_id range into partitions (ranges from icustays' stay_id quantiles), kept in memory or,
-   past a budget derived from ``--memory-limit``, appended to Arrow files in the scratch folder.
-3. Each partition, in stay_id order, is sorted by (stay_id, charttime, vital, itemid) and
-   reduced with NumPy: identical rows (stay, itemid, charttime, value) collapsed and counted,
-   then one mean per (stay_id, vital, charttime) with ``n_rows`` / ``n_distinct``. That is the
-   relation of vitalsign.sql over the whole file, already in the cache's order; the caller
-   writes it to the cache and / or hands it to DuckDB for the window (vital_window.sql) and the
-   per-stay aggregates (vital_per_stay.sql), partition by partition.
-
-The pass is strict: anything it cannot read the way DuckDB would (a damaged or cut gzip, a row
-with another number of fields, ``12.0`` in an integer column, text in a number column, a vital
-row without stay_id or charttime) stops it with :class:`StreamUnreadable`, and the caller runs
-the DuckDB scan instead (etl/mimic.py): DuckDB then reads what it accepts and words the one-line
-error of what it refuses (etl/sources.py), exactly as without the stream.
-
-Progress: on a terminal (not under pytest, not with ``ABPS_NO_PROGRESS``), a rich line shows the
-compressed bytes read, the rows parsed, the rate and the time left.
+"""One pass over a chartevents CSV: parallel gzip inflation, Arrow parsing, vitals per charttime;
+:class:`StreamUnreadable` hands anything it cannot read to the DuckDB scan. The steps and their
+reasons: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

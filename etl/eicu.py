@@ -1,26 +1,5 @@
-"""eICU-CRD -> federated ICU-mortality cohort whose centers are real hospitals (`abps etl --source eicu`).
-
-eICU (Pollard et al. 2018) covers unit stays from many US hospitals, so the federation is real:
-center = ``hospitalid``. The output contract is MIMIC's (docs/data_dictionary.md), so the runtime
-needs no change; the mapping of eICU fields onto it is documented in docs/eicu.md:
-
-* stay_id = ``patientunitstayid``, hadm_id = ``patienthealthsystemstayid``, subject_id = the
-  dense rank of ``uniquepid`` (an integer; eICU's pid is a string).
-* label = ``hospitaldischargestatus`` = 'Expired' (stays with an empty status are dropped).
-* age: eICU writes ages above 89 as the string "> 89", read as 90.
-* care_unit = ``unittype``; admission_type = ``unitstaytype``; admission_location =
-  ``unitadmitsource``; insurance is not recorded in eICU ('UNKNOWN').
-* Vitals: first-day APACHE values from ``apacheApsVar`` (heart rate, mean BP, respiratory rate,
-  temperature; -1 marks missing) and, where present, non-invasive BP from ``vitalAperiodic`` over
-  the first 24 h of the unit stay. APACHE gives one (worst) value per stay, used for mean, min and
-  max alike. SpO2 has no source in the demo (vitalPeriodic is not part of it) and stays null.
-* Charlson flags: ICD-9 and ICD-10 codes in ``diagnosis.icd9code`` (both versions are listed in
-  one string, e.g. "401.9, I10"), ``pastHistory`` paths, and ``apachePredVar`` flags, mapped to the
-  12 updated-Charlson categories (docs/eicu.md gives the table).
-
-The concepts are SQL files under ``etl/sql/eicu/`` (stays, first-day vitals, diagnosis codes,
-comorbidity) and ``etl/sql/charlson.sql``; the connection, key checks and tail are shared with
-MIMIC (etl/pipeline.py).
+"""eICU-CRD -> federated ICU-mortality cohort whose centers are real hospitals
+(``abps etl --source eicu``), in MIMIC's output contract. Field mapping: docs/eicu.md.
 """
 
 from __future__ import annotations

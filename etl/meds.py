@@ -1,20 +1,6 @@
-"""MEDS (Medical Event Data Standard) -> the federated ICU-mortality cohort.
-
-A MEDS dataset is a folder with ``data/<split>/*.parquet`` event shards (one row per event:
-``subject_id``, ``time``, ``code``, ``numeric_value``, plus extra columns) and ``metadata/``
-(``dataset.json``, ``codes.parquet``, ``subject_splits.parquet``); meds 0.3.3, as written by the
-MIMIC-IV MEDS ETL (MEDS_transforms 0.0.9; PhysioNet ``mimic-iv-demo-meds`` 0.0.1).
-
-The concepts under ``etl/sql/meds/`` rebuild, from the events, the MIMIC-IV relations the cohort
-concepts read (``icustays``, ``admissions``, ``patients``, ``chartevents``, ``diagnoses_icd``);
-the MIMIC-IV concepts (``etl/sql/mimic/*.sql``, ``etl/sql/charlson.sql``) then run unchanged on
-them, and the shared tail (:func:`etl.pipeline.finish`) partitions, splits and writes the same
-four outputs as the CSV path. What MEDS drops or re-codes is in docs/meds.md; the agreement with
-the CSV path on the demo is tests/test_etl_meds.py.
-
-Besides the four MEDS columns the MIMIC-IV MEDS ETL's extra columns ``hadm_id`` and
-``icustay_id`` are required (the cohort is one row per ICU stay, labelled per admission);
-``insurance`` and ``race`` are read when present (``UNKNOWN`` otherwise).
+"""MEDS (Medical Event Data Standard) -> the federated ICU-mortality cohort: SQL concepts rebuild the
+MIMIC-IV relations from the events, then the MIMIC-IV concepts and the shared tail run unchanged.
+What MEDS drops or re-codes: docs/meds.md.
 """
 
 from __future__ import annotations

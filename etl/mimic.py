@@ -1,17 +1,6 @@
-"""MIMIC-IV -> federated ICU-mortality cohort (ABPS paper Sec. 6.1 and Appendix A).
-
-The clinical concepts are SQL files under ``etl/sql/mimic/`` (stays, vital rows, vitals per
-charttime, first-day vitals, the diagnosis codes of a stay) and ``etl/sql/charlson.sql``; this
-module locates and checks the source tables, runs the concepts in order on the one DuckDB
-connection (:func:`etl.sources.connect`), counts every stay dropped (the attrition table), and
-hands the kept stays to the shared tail (:func:`etl.pipeline.finish`). ``chartevents`` is never
-loaded whole: one streaming scan keeps only the vital itemids inside each kept stay's window,
-so memory grows with the number of kept stays, not with the size of the file; or, with the
-chartevents cache (:mod:`etl.chart_cache`), the run reads the vitals per charttime cached
-from an earlier run and applies the window to them.
-
-Outputs (``docs/data_dictionary.md``): ``cohort.parquet``, ``centers.parquet``,
-``cohort_report.json`` and ``cohort_report.md``, written to a temporary folder and renamed.
+"""MIMIC-IV -> federated ICU-mortality cohort (ABPS paper Sec. 6.1 and Appendix A): locates and checks
+the source tables, runs the SQL concepts of ``etl/sql/mimic/`` in order, counts every stay dropped and
+hands the kept stays to the shared tail. Details: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

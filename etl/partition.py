@@ -1,21 +1,6 @@
-"""Partitions of a cohort into federated centers, and the grouped, stratified split.
-
-Partitions (ABPS paper Sec. 6.1):
-
-* ``careunit-year`` (default): care unit x consecutive ``window_years``-year windows of the shifted
-  year of ``intime``, windows aligned on ``window_origin`` (2100, so 2-year windows are
-  2110-2111, 2112-2113, ... as in the paper's Figure 1).
-* ``careunit-era``: care unit x published ``anchor_year_group`` (the paper's 40-center check).
-* ``dirichlet``: label skew; for each label, the stays are split over ``n_centers`` by a
-  Dirichlet(alpha) proportion vector (Hsu et al. 2019).
-* ``iid``: stays spread uniformly at random over ``n_centers``.
-
-The two random partitions are also the image benchmarks' client splits (:func:`dirichlet_partition`,
-:func:`iid_partition` on sample indices; SAGE Sec. V-A, variance paper Fig. 1): one implementation,
-:func:`dirichlet_assignment` / :func:`iid_assignment`, serves both.
-
-The split is drawn after the partition: train / val / test, stratified by label and grouped by
-subject_id, so that all stays of a patient share a split.
+"""Partitions of a cohort into federated centers (``careunit-year``, ``careunit-era``, ``dirichlet``,
+``iid``; ABPS paper Sec. 6.1) and the split stratified by label and grouped by subject_id. The random
+partitions are also the image benchmarks' client splits. Details: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

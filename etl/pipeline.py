@@ -1,18 +1,6 @@
-"""What both ETL sources share: options, the one DuckDB connection, SQL concept files, the tail.
-
-* :class:`EtlOptions` - the options of ``abps etl`` for either source, validated per source (an
-  option that does not apply to the source is refused, never ignored).
-* :func:`etl.sources.connect` (re-exported) - the only place a DuckDB connection of the ETL is
-  made: ``--threads``, ``--memory-limit``, a spill folder inside the output's temporary sibling,
-  and the connection's time zone fixed to UTC (results never depend on the machine's ``TZ``).
-* :func:`etl.sql.concept_sql` (re-exported) - reads a concept file
-  ``etl/sql/<source>/<concept>.sql`` (one clinical concept per file, each citing its source in a
-  header comment) and fills its ``${...}`` slots (named ``<slot>`` in the header comments).
-* :func:`finish` - the tail: partition -> drop small centers -> split -> center metadata ->
-  write the four outputs (cohort.parquet, centers.parquet, cohort_report.json / .md).
-
-Row-level data never leaves this module except into the cohort files: messages and the report
-carry counts and names of files, columns and filters only.
+"""What both ETL sources share: the options of ``abps etl``, the DuckDB connection, the SQL concept
+files and the tail (partition, split, center metadata, the four outputs). Details: docs/etl.md,
+"Module notes".
 """
 
 from __future__ import annotations

@@ -1,28 +1,5 @@
-"""``abps synth mimic``: a synthetic MIMIC-IV v3.1-format directory with its ground truth.
-
-Writes, into ``out``::
-
-    hosp/patients.csv.gz, hosp/admissions.csv.gz, hosp/diagnoses_icd.csv.gz
-    icu/icustays.csv.gz, icu/chartevents.csv.gz, icu/d_items.csv.gz
-    ground_truth.parquet          one row per ICU stay: what the ETL must recover
-    synth_manifest.json           marks the directory as synth output (options and row counts)
-
-with the real MIMIC-IV headers (``etl.synth_spec``), gzip CSV, timestamps ``YYYY-MM-DD HH:MM:SS``.
-At the default scale (94,458 stays, v3.1's icustays count) the population has about 65,500
-patients over the nine care units, shifted years 2110..2200, and the default ETL partition (six
-units x 2-year windows from 2110, ages 18..95, centers of >= 50 stays) gives about 230 centers of a
-few hundred stays, as in the ABPS paper (Sec. 6.1, n = 230). The generative model is described in
-``etl.synth_cohort`` (population, Charlson, mortality) and ``etl.synth_chart`` (charting, truth).
-
-``ground_truth.parquet`` columns: ``stay_id, subject_id, hadm_id, first_careunit, care_unit``
-(short name), ``intime_year, anchor_year_group, age`` (anchor_age + year(admittime) -
-anchor_year), ``label`` (hospital_expire_flag), ``risk`` (the generator's death probability of the
-stay), the 12 ``cci_*`` flags the generator coded for the stay's admission, and 21 first-24 h
-vital aggregates ``{vital}_{mean,min,max}`` (semantics in ``etl.synth_chart.vital_truth``; null
-when never charted validly in the window, or all null with ``chartevents=False``).
-
-Same seed and options give byte-identical files. The output is written to a temporary sibling
-directory and renamed (``etl.io.atomic_output_dir``).
+"""``abps synth mimic``: a synthetic MIMIC-IV v3.1-format directory with its ground truth
+(same seed and options, byte-identical files). Files, scale and columns: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

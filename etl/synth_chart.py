@@ -1,20 +1,5 @@
-"""Synthetic ``icu/chartevents`` rows and the first-24-hour vital-sign ground truth.
-
-Second stage of ``abps synth mimic`` (``etl.synth``). For a chunk of ICU stays this draws charted
-vital signs about hourly (``step_s``) from 0-3 h before ``intime`` until the stay ends or
-``intime + 24 h + extra`` (extra 20-48 h), around each stay's latent levels
-(``SynthCohort.vital_mu``) with a slow oscillation and measurement noise, over the MIMIC-IV
-itemids of ``synth_spec.VITAL_ITEMS`` plus items the ETL must ignore (heart-rate alarms, heart
-rhythm, GCS eye opening, FiO2). It also adds the dirt of real charting: out-of-range values
-(HR 0 / 999, SpO2 150, Celsius values under the Fahrenheit item ...), text values without a
-``valuenum``, stays without some vital (or without any chart row), rows outside the stay.
-
-The truth (:func:`vital_truth`) is computed from the same in-memory arrays, with the semantics the
-ETL must reproduce: window ``intime <= charttime <= intime + 24 h`` (inclusive), valid ranges of
-``synth_spec.VITAL_ITEMS`` (temperature 223761 converted with ``(v - 32) / 1.8``), rows without
-``valuenum`` ignored, values sharing a charttime averaged first, then min / max / mean per stay.
-Values are rounded to the precision written to the CSV (integers; temperatures to 0.1) before
-anything else, so the text in the file parses back to exactly these doubles.
+"""Synthetic ``icu/chartevents`` rows and the first-24-hour vital-sign ground truth: the second
+stage of ``abps synth mimic``. Details: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Synthetic MIMIC-IV cohort: patients, admissions, ICU stays, labels and diagnoses, in memory.
-
-This is the first stage of ``abps synth mimic`` (``etl.synth``). It draws a population of ICU
-patients in MIMIC-IV v3.1 shape (about 1.45 stays per patient, 1.1 stays per admission, nine care
-units, shifted years 2110..2200, published eras assigned independently of the shifted year),
-per-stay latent vital-sign levels, the 12 same-admission Charlson conditions, and in-hospital
-death from a per-care-unit logistic model that drifts with the shifted year
-(``etl.synth_spec``, "Mortality model"). Death of an admission is the noisy-OR of its stays'
-probabilities; a death ends the patient's history (later admissions are not generated).
-
-All times are int64 seconds since 1970-01-01 (the shifted calendar, like MIMIC's).
-Every array is drawn from the ``numpy.random.Generator`` passed in, so a seed fixes the cohort.
+"""Synthetic MIMIC-IV cohort in memory (patients, admissions, ICU stays, labels, diagnoses): the first
+stage of ``abps synth mimic``; every array is drawn from the generator passed in. Details:
+docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Fixed facts of the synthetic MIMIC-IV v3.1 generator (``abps synth mimic``).
-
-Everything here is a constant of the simulated world, independent of ``--seed``: table headers
-(as in the real MIMIC-IV v2.2 / v3.1 files), care units with their v3.1 sizes and in-hospital
-mortality, category strings, chartevents items, valid vital ranges, the Charlson code pools and
-the per-care-unit mortality model. Sources:
-
-* column lists, item ids, valid ranges, care-unit strings and v3.1 sizes:
-  ``shared/reference/mimic-iv-etl-facts.md`` (from MIT-LCP mimic-code and the PhysioNet notes);
-* category strings (admission_type, admission_location, race ...): the MIMIC-IV demo v2.2 and the
-  v3.0 release notes (insurance Medicare / Medicaid / Private / Self-pay / No charge / Other);
-* Charlson code pools: each code lies in exactly one of the 12 updated-Charlson conditions of
-  Quan et al. (2011), using the ICD-9-CM / ICD-10 lists of Quan et al. (2005, Med Care 43:1130,
-  Table 1); the unrelated pools lie in none of the 17 original conditions, except the deliberate
-  distractors noted below.
+"""Fixed facts of the synthetic MIMIC-IV v3.1 generator (``abps synth mimic``), independent of the
+seed: table headers, care units, categories, chartevents items, valid ranges, Charlson code pools,
+the mortality model. Sources: docs/etl.md, "Module notes".
 """
 
 from __future__ import annotations

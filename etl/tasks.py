@@ -1,22 +1,5 @@
-"""Prediction tasks of ``abps etl --task``: which outcome fills the cohort's ``label`` column.
-
-The runtime is task-agnostic: every task writes its binary outcome to ``label`` (the split is
-stratified on it, the center metadata's positive rate is its rate), and the cohort report
-records the task and its label rate per care unit / window / hospital. docs/tasks.md gives each
-definition with its source.
-
-* ``in-hospital-mortality`` (default; ABPS paper Sec. 6.1): the label of the stays concept
-  (MIMIC ``hospital_expire_flag``, eICU ``hospitaldischargestatus``). Outputs are unchanged.
-* ``icu-mortality``: death before ICU discharge (MIMIC-Extract's ``mort_icu``).
-* ``los-3`` / ``los-7``: ICU length of stay above 3 / 7 days (MIMIC-Extract's ``los_3`` /
-  ``los_7``).
-* ``decompensation``: death within 24 h after the first 24 h in the ICU, for stays alive and
-  still in the ICU at 24 h (Harutyunyan et al. 2019's decompensation label at t = 24 h, the end
-  of the first-day feature window; other stays have no label and are dropped).
-
-Each non-default task is one SQL concept per source, ``etl/sql/<source>/task_*.sql``, returning
-one row (stay_id, label) per stay; :func:`relabel` swaps it into the ``all_stays`` table before
-any filter, so a stay whose task label is unknown is dropped and counted like any other.
+"""Prediction tasks of ``abps etl --task``: which outcome fills the cohort's ``label`` column (one SQL
+concept per task and source, swapped in by :func:`relabel`). Definitions: docs/tasks.md.
 """
 
 from __future__ import annotations

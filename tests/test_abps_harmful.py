@@ -69,7 +69,7 @@ def test_write_harmful_cohort_and_cli(tmp_path, capsys):
 
 
 def test_abps_avoids_harmful_partners_where_random_does_not():
-    """The issue's criterion at a small size: 6 centers, 2 flipped, kappa 1, 12 rounds, seeds 11 / 22 / 33,
+    """The study's criterion at a small size: 6 centers, 2 flipped, kappa 1, 12 rounds, seeds 11 / 22 / 33,
     ABPS as in the study (gamma 0.02, deferred acceptance). On every seed, over rounds 7-12, ABPS's
     share of mixed (healthy-flipped) partnerships is at most half of random-partners' (measured 0.0,
     0.0 and 0.194 against 0.333, 0.556 and 0.667) and the healthy centers' mean test AUROC is not below

@@ -3,7 +3,7 @@
 Guards the fix of the 0.33 / 0.48 / 0.51 mean per-center test AUROC of Local / FedAvg / ABPS with the
 paper's per-center encoding and local schedule on 5-33 train rows per hospital (docs/eicu.md): the
 federated encoding and the eICU preset's local training (configs/eicu-table.yaml). One seed of the
-docs' three, 30 rounds as in the issue.
+docs' three, 30 rounds.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def _dup_rows(path: Path, pick, change=None) -> int:
 def test_eicu_identical_duplicates_collapsed_and_counted(eicu_demo_dir, eicu_ref, tmp_path):
     ref, ref_rep, _ = eicu_ref
     src = _copy_eicu(eicu_demo_dir, tmp_path / "e")
-    # the recipe: duplicate the apacheApsVar row of every stay whose id is divisible by 10
+    # the recipe: duplicate the apacheApsVar row of every stay whose id is divisible by 10
     n_aps = _dup_rows(src / "apacheApsVar.csv.gz", lambda ln: int(ln.split(",")[1]) % 10 == 0)
     n_pat = _dup_rows(src / "patient.csv.gz", lambda ln: int(ln.split(",")[0]) % 7 == 0)
     assert n_aps > 100 and n_pat > 100

@@ -177,7 +177,7 @@ def test_feddyn_reaches_the_global_stationary_point_on_quadratics():
 
 
 def test_centralized_pools_one_encoding_and_early_stops(data):
-    """Issues 21 / 23: the Centralized reference trains on one encoding fitted on the pooled train
+    """The Centralized reference trains on one encoding fitted on the pooled train
     split (pooled rows have numeric mean 0 / std 1 as a whole) and early-stops on validation."""
     from etl.errors import InputError
     from federation.core.config import DataConfig

@@ -48,7 +48,7 @@ def _independent_count(cohort_dir: Path, min_train: int) -> dict[str, int]:
 
 def test_dropped_centers_are_counted(c95):
     d = FederatedData.from_cohort(c95)
-    assert d.dropped == {"centers": 32, "stays": 37, "deaths": 8, "min_train": 1}  # the figures
+    assert d.dropped == {"centers": 32, "stays": 37, "deaths": 8, "min_train": 1}
     assert d.dropped == _independent_count(c95, 1) and d.n_centers == 95 - 32
     d3 = FederatedData.from_cohort(c95, min_train=3)
     assert d3.dropped == _independent_count(c95, 3) and d3.dropped["centers"] > 32

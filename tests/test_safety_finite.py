@@ -1,6 +1,6 @@
 """a non-finite value never becomes a result.
 
-The two recipes of the issue (a 0/0 WPFed mixing row; FedAvg diverging at lr 1e30) printed
+Two recipes (a 0/0 WPFed mixing row; FedAvg diverging at lr 1e30) printed
 ``AUROC 1.3597`` on main; they must stop with one line naming method, seed and round. The
 guards underneath: ``check_row_stochastic`` refuses NaN rows, ``batched_auroc`` refuses
 non-finite scores and never returns a value outside [0, 1] (scikit-learn is the reference),
@@ -110,7 +110,7 @@ def test_config_refuses_non_finite_numbers_up_front():
 
 @pytest.fixture(scope="module")
 def iid3(mimic_demo_dir, tmp_path_factory) -> Path:
-    """The issue's cohort C: the real MIMIC-IV demo, IID over 3 centers."""
+    """Cohort C: the real MIMIC-IV demo, IID over 3 centers."""
     out = tmp_path_factory.mktemp("iid3") / "c"
     p = run("etl", "--mimic-dir", str(mimic_demo_dir), "--partition", "iid", "--n-centers", "3",
             "--min-center-stays", "1", "--out", str(out))

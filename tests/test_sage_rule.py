@@ -295,3 +295,21 @@ def test_sage_os_cumulative_stage_cost_reading():
     assert not float(sage.cost_stop(2e-3, 6, 32, 64, torch.tensor(0.0), sage.confidence_radius(32, 6, 4, 0.1)))
     # eq. (28): 6 * (32 + 32) / (128 * 18) = 1/6 (literal reading: 0.25, test above).
     assert 1 - sage.evidence_saving(dec.anchors_used, torch.full((3,), 6), 128) == pytest.approx(1 / 6)
+
+
+# --- the selector registry ---------------------------------------------------------------------
+
+def test_selector_registry_order_names_and_aliases():
+    """One registry: the SAGE paper's table order, and every spelling the presets accept."""
+    from federation.methods.registry import canonical_selector, get_selector, selector_displays, selector_names
+    from federation.methods.selectors import SageConfig
+
+    assert selector_names() == ("local", "rg", "pens", "pfeddst", "aq128", "sage_nf", "vanilla_sage", "sage_os")
+    assert selector_displays() == ("LOCAL", "RG", "PENS", "PFedDST", "AQ-128", "SAGE-NF", "Vanilla SAGE", "SAGE-OS")
+    spellings = {"AQ-128": "aq128", " sage-os ": "sage_os", "os": "sage_os", "NF": "sage_nf", "Vanilla": "vanilla_sage",
+                 "vanilla-sage": "vanilla_sage", "Vanilla SAGE": "vanilla_sage", "PFedDST": "pfeddst", "rg": "rg"}
+    assert {s: canonical_selector(s) for s in spellings} == spellings
+    assert get_selector("SAGE-OS") is sel.SageOs and get_selector("sage_os").anchor_rule
+    with pytest.raises(ValueError, match="unknown selector 'gossip'; known: LOCAL, RG, PENS"):
+        canonical_selector("gossip")
+    assert SageConfig().selectors == list(selector_names())

@@ -1,21 +1,6 @@
-"""Clinical evaluation of a finished run: per-center calibration and ranking figures,
-their spread across centers, a bootstrap interval and subgroup gaps.
-
-Called once per (method, seed) from :func:`federation.run.runner.finalize_run` on the test split at
-the final round (at the best validation round with early stopping), for **every** center,
-including centers that rested or were never selected. Definitions: docs/metrics.md; the
-batched functions are :mod:`federation.core.clinical` and :func:`federation.core.metrics.batched_auroc`
-(all centers at once, no loop over centers).
-
-Outputs (aggregates only, keyed by center_id; no row, no identifier):
-
-* ``per_center``: AUROC, AUPRC, Brier, ECE (10 equal-width bins), calibration intercept / slope,
-  test rows and positives per center (MLflow artifact ``clinical_per_center.csv``).
-* ``distribution``: per metric, mean / median / worst-10 % / std / Gini across centers.
-* ``auroc_ci``: percentile bootstrap interval of the mean per-center AUROC (patients resampled
-  within center).
-* ``subgroups``: AUROC and ECE by sex, age band and race group pooled over centers, gap to the
-  overall figure, bootstrap interval of the AUROC gap; small groups suppressed and said.
+"""Clinical evaluation of a finished run on the test split, every center included: per-center
+calibration and ranking figures, their spread across centers, a bootstrap interval and subgroup
+gaps (aggregates only). Outputs: docs/runtime.md, "Module notes"; definitions: docs/metrics.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,5 @@
-"""Communication ledger: bytes per round, cumulative bytes, bandwidth relative to FedAvg.
-
-Accounting (ABPS paper Sec. 5.4 and Table 1; "cumulative transmitted bytes counted once per
-undirected edge", Sec. 6.3):
-
-* an undirected edge that carries a model in a round costs one payload, however many
-  directions it is used in; FedAvg's star over n centers is n center-server edges, so n
-  payloads per round; a peer mesh counts each unordered pair {i, j} once;
-* payload = exchanged parameters x bytes per parameter (4 for fp32, 2 for the bf16 wire);
-* probe bytes (e.g. SAGE anchor predictions) and metadata bytes (ABPS v_i vectors) are
-  kept in their own columns and are not part of the model bytes;
-* relative bandwidth = cumulative model bytes / (n x full fp32 model bytes x R_ref) with
-  R_ref = 50 rounds (Table 1), so FedAvg after 50 rounds is exactly 1.00, FedAvg+P+Q
-  (1-layer head kept local, bf16) is 0.5 x trunk share, and a mesh in which every center
-  has 3 partners (1.5 n undirected edges) is 1.5.
+"""Communication ledger: bytes per round, cumulative bytes, bandwidth relative to FedAvg (ABPS paper
+Sec. 5.4, 6.3; one payload per undirected edge that carried a model). Accounting: docs/ledger.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,5 @@
-"""A concept-drift scenario for any method: chosen centers flip their labels from a given round on.
-
-Run config (``drift:`` mapping; default none)::
-
-    drift:
-      round: 6                 # 1-based round from which the flip is in effect (local training of that round)
-      centers: [MICU|2110-2111]  # center_ids that turn harmful, or
-      count: 0                 # the `count` largest centers by n_train (ties by center_id), instead of `centers`
-      splits: [train, val]     # the splits whose labels flip (test labels stay: the original task)
-
-From round ``round`` on, every label ``y`` of the chosen centers' ``splits`` becomes ``1 - y``: the
-center's concept inverts (ABPS paper Sec. 3, a realized shift beyond ``epsilon_m``), so its model and its
-validation utilities turn harmful to its partners and theirs to it. The positive-rate coordinate of its
-metadata vectors (``meta[:, 0]``, over the train split) becomes ``1 - p`` at the same time, as the
-center would compute it. The flip works on a per-run copy of the labels and metadata (the loaded
-cohort is shared by the seeds of a run and is never modified).
+"""A concept-drift scenario for any method (run config ``drift:``): chosen centers flip their labels
+from a given round on, on a per-run copy of the labels and metadata. Details: docs/drift.md.
 """
 
 from __future__ import annotations

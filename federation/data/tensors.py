@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -88,6 +89,38 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
         raise InputError(f"{centers_path}: column 'center_id' is not unique")
 
 
+_REQUIRED = object()
+
+
+class _PaddedView:
+    """A padded ``[n_centers, max_rows, k]`` tensor kept beside its packed form (attribute
+    ``packed``: the real rows center by center, then one padding row). Assigning it drops the packed
+    form (rebuilt from it on demand); reading it builds it once from the packed rows, padding with
+    ``fill``. A dataclass field: ``default`` is its default (none: required)."""
+
+    def __init__(self, packed: str, fill: float, default: Any = _REQUIRED) -> None:
+        self.packed, self.fill, self.default = packed, fill, default
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.cache = f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:  # class access: the field's default; AttributeError tells dataclass there is none
+            if self.default is _REQUIRED:
+                raise AttributeError(self.cache[1:])
+            return self.default
+        value, packed = getattr(obj, self.cache), getattr(obj, self.packed)
+        if value is None and packed is not None:
+            value = packed.new_full((*obj.mask.shape, packed.shape[1]), self.fill)
+            value[obj.mask] = packed[:-1]
+            setattr(obj, self.cache, value)
+        return value
+
+    def __set__(self, obj: Any, value: torch.Tensor | None) -> None:
+        setattr(obj, self.cache, value)
+        setattr(obj, self.packed, None)
+
+
 @dataclass
 class SplitTensors:
     """One split of every center: features stored packed, labels and masks padded.
@@ -109,11 +142,11 @@ class SplitTensors:
     (:meth:`from_packed`); both give the same values everywhere.
     """
 
-    x: torch.Tensor
+    x: torch.Tensor = _PaddedView("_packed", 0.0)  # type: ignore[assignment]
     y: torch.Tensor
     mask: torch.Tensor
     n: torch.Tensor
-    raw: torch.Tensor | None = None
+    raw: torch.Tensor | None = _PaddedView("_raw_packed", float("nan"), default=None)  # type: ignore[assignment]
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, n: torch.Tensor,
@@ -194,39 +227,6 @@ class SplitTensors:
             return self._x[centers, :width]
         idx = self.packed_index(centers, torch.arange(width).unsqueeze(0))
         return self.packed_x.index_select(0, idx.view(-1)).view(centers.numel(), width, -1)
-
-
-def _get_x(self: SplitTensors) -> torch.Tensor:
-    if self._x is None:  # padded view of the packed rows, built once
-        xp = self._packed
-        x = xp.new_zeros(*self.mask.shape, xp.shape[1])
-        x[self.mask] = xp[:-1]
-        self._x = x
-    return self._x
-
-
-def _set_x(self: SplitTensors, value: torch.Tensor | None) -> None:
-    self._x = value
-    self._packed = None
-
-
-def _get_raw(self: SplitTensors) -> torch.Tensor | None:
-    if self._raw is None and self._raw_packed is not None:  # padded view of the packed values, built once
-        rp = self._raw_packed
-        r = rp.new_full((*self.mask.shape, rp.shape[1]), float("nan"))
-        r[self.mask] = rp[:-1]
-        self._raw = r
-    return self._raw
-
-
-def _set_raw(self: SplitTensors, value: torch.Tensor | None) -> None:
-    self._raw = value
-    self._raw_packed = None
-
-
-SplitTensors.x = property(_get_x, _set_x, doc="``[n_centers, max_rows, d]`` padded features (see the class)")
-SplitTensors.raw = property(_get_raw, _set_raw,  # type: ignore[assignment]
-                            doc="``[n_centers, max_rows, k]`` padded raw numeric values (see the class)")  # type: ignore[assignment]
 
 
 @dataclass

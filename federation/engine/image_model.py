@@ -1,17 +1,6 @@
-"""Stacked convolutional encoder-decoder clients for the SAGE image benchmark.
-
-Every client k holds a predictor Theta_k = (omega_k, phi_k) (SAGE paper, Sec. III): omega_k is the
-shared, model-bearing representation block (encoder + decoder) and phi_k the client-local classifier
-head. All K clients share one architecture, so their parameters live in stacked tensors with a
-leading client axis ``[K, ...]`` and are trained in one computation (grouped convolutions with the
-clients along the channel axis, :func:`grouped_forward`); nothing on the hot path loops over clients
-in Python.
-
-Training loss (docs/sage.md): for a mini-batch of client k,
-``L_k = CE(head(enc(x)), y) + recon_weight * MSE(dec(enc(x)), x)``, pixels scaled to [0, 1].
-The optimiser is Adam (lr 1e-3, betas (0.9, 0.999), eps 1e-8) kept per client across rounds; a
-client whose local epoch is shorter than the longest one takes no part in the extra steps, so the
-stacked update equals K independent ``torch.optim.Adam`` runs (tests/test_sage_engine.py).
+"""Stacked convolutional encoder-decoder clients of the SAGE image benchmark (SAGE paper Sec. III):
+all K clients' parameters in ``[K, ...]`` tensors, trained in one grouped computation with a stacked
+Adam. Details: docs/sage.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Exchange as a row-stochastic mixing matrix and the transforms around it.
-
-Every method's exchange is ``theta_i <- sum_j W[i, j] * wire(theta_j)`` over the exchanged
-block (ARCHITECTURE.md: FedAvg is a rank-one W, gossip ``(1-a) I + a P``, ABPS averages a
-center with its accepted partners). Transforms (ABPS paper Sec. 6.4):
-
-* trunk / head split (head personalization, Arivazhagan et al. 2019): only the keys in
-  :func:`exchanged_keys` are mixed; the head stays local;
-* bfloat16 wire format (Kalamkar et al. 2019; ABPS Sec. 6.4 "Q"): what a center receives
-  from a peer is rounded to bf16; its own copy stays fp32:
-  ``mixed_i = sum_j W[i,j] bf16(theta_j) + W[i,i] (theta_i - bf16(theta_i))``;
-* server-side EMA momentum (:func:`apply_momentum`, FedAvgM, Hsu et al. 2019);
-* variance correction (:func:`federation.core.variance.variance_correct`, Tian et al. 2024,
-  Algorithm 3, the one module that implements it): every mixed layer is rescaled to the
-  W-weighted mean variance of the layers that went into it.
+"""Exchange as a row-stochastic mixing matrix and the transforms around it (ABPS paper Sec. 6.4): the
+trunk / head split, the bf16 wire, server momentum, variance correction. Details: docs/runtime.md,
+"Module notes".
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def tune_allocator() -> bool:
     Every training step allocates and frees a few dozen tensors of 2-15 MB at n = 230 (bmm
     outputs, gradients, dropout masks). With glibc's defaults many of them are fresh ``mmap``
     regions whose pages fault in on first touch and go back to the kernel on free: 26-37 k minor
-    page faults and 0.07-0.23 s of system CPU per issue-14 round. Serving blocks below
+    page faults and 0.07-0.23 s of system CPU per round of the 230-center benchmark. Serving blocks below
     :data:`MALLOC_MMAP_THRESHOLD` from the heap and trimming the heap only above
     :data:`MALLOC_TRIM_THRESHOLD` removes nearly all of them (docs/benchmarks.md, "Session 4").
     Larger blocks (large n) are still ``mmap``-ed and returned at once, so memory peaks do not

@@ -1,21 +1,6 @@
-"""Stacked LeNet-5 (Caffe form) for the gossip simulation, with its SGD and "inv" learning rate.
-
-All N node models live in one flat parameter tensor ``[N, P]`` (P = 431,080 for LeNet-5); each
-layer is a view ``[N, *shape]`` of it. A training step of many nodes is one batched computation:
-
-* ``engine="grouped"``: the convolutions of all nodes run as one grouped convolution
-  (``groups = n``), the fully connected layers as batched matmuls (``torch.baddbmm``);
-* ``engine="vmap"``: ``torch.func.vmap`` over ``torch.func.grad`` of a single-model functional
-  forward.
-
-Both give the same gradients (tests/test_gossip_model.py); ``benchmarks/bench_gossip.py`` measures
-them against a per-node loop. On a 2-core CPU grouped is about 1.5-2x faster than vmap (and is the
-default); see docs/gossip.md for the numbers.
-
-Source: Tian et al., "Vanishing Variance Problem in Fully Decentralized Neural-Network Systems"
-(arXiv 2404.04616), Sec. III-A: LeNet-5 with Caffe's LeNet hyper-parameters (base lr 0.01,
-momentum 0.9, weight decay 5e-4, "inv" policy with gamma 1e-4 and power 0.75), batch 64; Xavier
-initialization (Sec. II-C), drawn independently on every node.
+"""Stacked LeNet-5 (Caffe form) for the gossip simulation, with its SGD and "inv" learning rate
+(Tian et al., arXiv 2404.04616, Sec. III-A): all nodes' parameters in one ``[N, P]`` tensor, one
+batched step. Details: docs/gossip.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Config-driven runs of the gossip benchmark (``benchmark: vv``) with MLflow tracking.
-
-A config YAML (configs/vv-*.yaml) has the sections::
-
-    benchmark: vv
-    name: vv-fmnist
-    data: {root: /usr/share/datasets/fashion-mnist, name: fashion-mnist}
-    simulation: {...GossipConfig fields...}       # the shared base
-    grid: {interval_ratio: [1, 4], ...}            # optional: cross product of overrides
-    arms:                                          # compared methods, each overriding the base
-      - {name: plain, averaging: plain}
-      - {name: variance_corrected, averaging: variance_corrected}
-    seeds: [0]
-    tracking: {enabled: true, uri: null, experiment: vv}
-    output: runs/vv-fmnist
-    threads: 1                                     # optional torch.set_num_threads
-
-Every (grid cell, arm, seed) is one simulation and one MLflow child run under a parent run for
-the invocation; per-eval curves are logged with step = tick, the summary (plateau delay,
-first / most reaching ticks) as final metrics, and the per-node curves as a JSON artifact.
+"""Config-driven runs of the gossip benchmark (``benchmark: vv``, configs/vv-*.yaml) with MLflow
+tracking: every (grid cell, arm, seed) is one simulation and one child run. The config's sections:
+docs/gossip.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The SAGE benchmark runner: configuration, round loop, probing, metrics, MLflow, results JSON.
-
-One configuration (data set x graph x Dirichlet alpha) runs every selected selector from the same
-partition, graph and initialisation (Sec. V-A). A round is: local epoch of all K clients (stacked)
--> probe if the selector needs it (:mod:`federation.methods.probe`, eq. (4)) -> the selector's
-``decide`` -> its ``mix`` (eq. (2) or its native average) -> metrics, as the step and evaluation
-hooks of the one loop driver :func:`federation.core.loop.drive`. Selectors are registered classes
-(:mod:`federation.methods.selectors`); this runner knows none of them by name.
-
-Entry point: :func:`cli_run` (also ``federation.images.cli_run``), dispatched to by
-``abps train --config configs/sage-*.yaml``.
+"""The SAGE benchmark (``abps train --config configs/sage-*.yaml``): every configured selector on one
+shared partition, graph and initialisation per seed (Sec. V-A), scored on the shared test set and the
+clients' local splits, logged to MLflow and results.json. A round is the clients' local epoch, then the
+selector's round, :class:`federation.methods.sage_selector.SageRound`, as the method ``sage`` runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import federation.methods.selectors as sel
 from etl.images import ImageDataset
 from federation.core.graphs import neighbour_table
 from federation.core.image_metrics import accuracy, confusion_matrices, macro_f1
@@ -36,9 +28,10 @@ from federation.data.image_shards import (
     subsample,
 )
 from federation.engine.image_model import ModelSpec, StackedModel, model_spec_for
-from federation.methods.probe import draw_anchors, empty_table, probe
+from federation.methods.registry import get_selector, selector_names
 from federation.methods.sage_rule import evidence_saving
-from federation.methods.selectors import SageConfig, exchange_adjacency, parse_config
+from federation.methods.sage_selector import SageRound, SageStep
+from federation.methods.selectors import SageConfig, Selector, SelectorStats, parse_config
 from federation.run.results import write_results
 from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
@@ -99,43 +92,36 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
     """
     k = shards.n_clients
     model = StackedModel(spec, k, seed, lr=cfg.lr, recon_weight=cfg.recon_weight)
-    schedule = torch.tensor(cfg.schedule, dtype=torch.long)
-    m_max = int(schedule[-1])
+    m_max = cfg.schedule[-1]
     g_data = torch.Generator().manual_seed(seed)
-    g_sel = torch.Generator().manual_seed(seed * 1000 + sel.SELECTORS.index(selector) + 1)
-    rule = sel.REGISTRY[selector](cfg, cand, cand_valid, degree, shards.n_train, g_sel)
+    g_sel = torch.Generator().manual_seed(seed * 1000 + selector_names().index(selector) + 1)
+    cls = get_selector(selector)
+    sage_round = SageRound(cls(cfg, cand, cand_valid, degree, shards.n_train, g_sel), cand, cand_valid, degree,
+                           torch.tensor(cfg.schedule, dtype=torch.long),
+                           probe_bytes_per_anchor(shards.x_train, shards.n_classes))
     # Traffic through the runtime's ledger (one bandwidth definition with the clinical runs): the
     # model-bearing block omega on each undirected edge that carried one, plus probe bytes.
     shared_params = sum(model.params[n][0].numel() for n in model.shared_names)
     ledger = Ledger(k, sum(p[0].numel() for p in model.params.values()), reference_rounds=cfg.rounds)
-    probe_unit = probe_bytes_per_anchor(shards.x_train, shards.n_classes)
-    stats = sel.SelectorStats()
+    stats = SelectorStats()
     stop_labels = [f"stop_at_{m}" for m in cfg.schedule]
     clock = {"train": 0.0, "probe_mix": 0.0, "eval": 0.0, "start": 0.0, "mixed": 0.0}
 
     def step(t: int) -> dict[str, float]:
-        """Round t: local epoch(s), probe when the selector needs it, decide, mix, ledger."""
+        """Round t: local epoch(s), then the selector's round (anchors, probe, decide, mix), ledger."""
         clock["start"] = t0 = time.perf_counter()
         loss = 0.0
         for _ in range(cfg.local_epochs):
             loss = model.local_epoch(shards.x_train, shards.y_train, shards.train_index, shards.n_train,
                                      cfg.batch_size, g_data)
-        anchor_rows, anchor_valid = draw_anchors(shards, m_max, g_data)
         t1 = time.perf_counter()
-        own_ce = None
-        if rule.needs_probe(t):
-            table, own_ce = probe(model, shards, cand, cand_valid, degree, schedule, anchor_rows,
-                                  anchor_valid, with_ce=rule.with_ce, own=rule.own)
-        else:
-            table = empty_table(cand, cand_valid, degree, schedule, shards.n_anchor)
-        dec = rule.decide(t, table, own_ce, model)
-        model.mix_shared(rule.mix(dec))
+        st = sage_round(t, model, shards, model, g_data)
+        model.mix_shared(st.w)
         clock["mixed"] = time.perf_counter()
         clock["train"] += t1 - t0
         clock["probe_mix"] += clock["mixed"] - t1
-        row = _round_metrics(selector, dec, degree, m_max, stats, cfg.schedule, stop_labels, k)
-        rb = ledger.record(t, exchange_adjacency(dec.peers), 0, shared_params, 4,
-                           probe_bytes=int(round(row.get("probe_evaluations", 0.0) * probe_unit)))
+        row = _round_metrics(cls, st, degree, m_max, stats, stop_labels, k)
+        rb = ledger.record(t, st.adjacency, 0, shared_params, 4, probe_bytes=st.probe_bytes)
         row.update(model_bytes=float(rb.model_bytes), probe_bytes=float(rb.probe_bytes),
                    edges=float(rb.edges))
         row["train_loss"] = loss
@@ -151,27 +137,26 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
     history = [row for _, row in drive(cfg.rounds, step, lambda tau: evaluate(model, shards, cfg.eval_precision),
                                        EvalSchedule(every=cfg.eval_every), on_record=record).records]
     t_train, t_probe, t_eval = clock["train"], clock["probe_mix"], clock["eval"]
-    summary = _summary(selector, stats, history, cfg.schedule, m_max, k, cfg.rounds)
+    summary = _summary(cls, stats, history, cfg.schedule, m_max, k, cfg.rounds)
     summary.update(seconds_train=t_train, seconds_probe_mix=t_probe, seconds_eval=t_eval,
                    model_bytes=ledger.model_bytes, probe_bytes=ledger.probe_bytes,
                    total_bytes=ledger.total_bytes, rel_bandwidth=ledger.relative_bandwidth)
     return {"history": history, "summary": summary}
 
 
-def _round_metrics(selector: str, dec: sel.Decision, degree: Tensor, m_max: int,
-                   stats: sel.SelectorStats, schedule: list[int], stop_labels: list[str], k: int) -> dict:
+def _round_metrics(cls: type[Selector], st: SageStep, degree: Tensor, m_max: int, stats: SelectorStats,
+                   stop_labels: list[str], k: int) -> dict:
+    dec = st.decision
     n_ex = int((dec.peers >= 0).sum())
-    anchor_based = sel.REGISTRY[selector].evidence
     row: dict[str, float] = {"comm_oh": n_ex / k, "model_exchanges": float(n_ex)}
     stats.exchanges += n_ex
-    if anchor_based:
-        d = degree.to(torch.float64)
+    if cls.evidence:
         row["budget_consumed"] = 1.0 - evidence_saving(dec.anchors_used, degree, m_max)
-        row["probe_evaluations"] = float((d * dec.anchors_used.to(torch.float64)).sum())
+        row["probe_evaluations"] = st.probe_evaluations
         stats.d_m += row["probe_evaluations"]
-        stats.d_sum += float(d.sum())
+        stats.d_sum += float(degree.to(torch.float64).sum())
         stats.decisions += k
-    if selector in sel.ANCHOR_SELECTORS:
+    if cls.anchor_rule:
         row["rg_fallback_rate"] = float(dec.gossip.to(torch.float64).mean())
         row["cost_rg_rate"] = float(dec.cost_gossip.to(torch.float64).mean())
         row["certified_rate"] = float(dec.certified.to(torch.float64).mean())
@@ -187,11 +172,11 @@ def _round_metrics(selector: str, dec: sel.Decision, degree: Tensor, m_max: int,
     return row
 
 
-def _summary(selector: str, stats: sel.SelectorStats, history: list[dict], schedule: list[int],
+def _summary(cls: type[Selector], stats: SelectorStats, history: list[dict], schedule: list[int],
              m_max: int, k: int, rounds: int) -> dict[str, Any]:
     last = next((h for h in reversed(history) if "global_acc" in h), {})
     out: dict[str, Any] = {
-        "selector": sel.DISPLAY[selector],
+        "selector": cls.display,
         "global_acc": last.get("global_acc"), "macro_f1": last.get("macro_f1"),
         "client_acc": last.get("client_acc"), "worst_client_acc": last.get("worst_client_acc"),
         "comm_oh": stats.exchanges / (k * rounds),
@@ -199,7 +184,7 @@ def _summary(selector: str, stats: sel.SelectorStats, history: list[dict], sched
     if stats.decisions:
         out["budget_consumed"] = stats.d_m / (m_max * stats.d_sum) if stats.d_sum else 0.0
         out["saving"] = 1.0 - out["budget_consumed"]
-    if selector in sel.ANCHOR_SELECTORS:
+    if cls.anchor_rule:
         n = stats.decisions
         out["stop_distribution"] = {lab: stats.stop_counts.get(lab, 0) / n for lab in
                                     [f"stop_at_{m}" for m in schedule]}
@@ -259,8 +244,9 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         parent = tracker.parent(f"{name}-seed{seed}", params) if tracker else contextlib.nullcontext()
         with parent:
             for s in cfg.selectors:
-                child = (tracker.child(f"{name}-{sel.DISPLAY[s]}-seed{seed}", {**params, "selector": sel.DISPLAY[s]},
-                                       {BENCHMARK_TAG: "sage", SELECTOR_TAG: sel.DISPLAY[s]})
+                display = get_selector(s).display
+                child = (tracker.child(f"{name}-{display}-seed{seed}", {**params, "selector": display},
+                                       {BENCHMARK_TAG: "sage", SELECTOR_TAG: display})
                          if tracker else contextlib.nullcontext())
                 with child:
                     out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker)

@@ -1,23 +1,5 @@
-"""Decentralized peer-to-peer baselines of the ABPS paper's Table 1 (Sec. 6.2): DeceFL, DeFTA, WPFed.
-
-Each method is a mixing matrix over peer edges (no server): after the stacked local training of
-every center (2 local epochs, :class:`federation.engine.mlp.StackedEngine`), center i replaces its
-exchanged block by ``sum_j W[i, j] theta_j`` where W is non-zero only on the edges of the round's
-communication graph. The ledger counts each undirected edge that carried a model once per
-round (:mod:`federation.core.ledger`), so a round over a graph with n edges costs what FedAvg's star
-costs (n payloads): the 1.00x column of Table 1.
-
-* :class:`DeceFL` (Yuan et al. 2023): fixed graph, Metropolis-Hastings weights.
-* :class:`DeFTA` (Zhou et al. 2024): fixed graph, DeFTA's degree-corrected sample weights
-  re-weighted by a per-edge trust that each receiver keeps from scoring the received models
-  on its own validation split.
-* :class:`WPFed` (Ye et al. 2024): a new graph every round, chosen by locality-sensitive-hashing
-  (SimHash) similarity filtering plus a weighted neighbour score that mixes the similarity with
-  peer-reported model quality.
-
-The graph of DeceFL and DeFTA is drawn once per run (:mod:`federation.core.graphs`, default: a
-connected random graph with exactly n edges) and exposed as ``method.artifacts(ctx)["graph.json"]``
-(center indices and center ids only). Docs: docs/baselines.md.
+"""Decentralized peer-to-peer baselines of the ABPS paper's Table 1 (Sec. 6.2): DeceFL, DeFTA and
+WPFed, each a mixing matrix over the round's peer edges. Details: docs/baselines.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""The anchor probe of the SAGE benchmark: eq. (4) for every (receiver, candidate) pair at once.
+"""The anchor probe of SAGE, eq. (4), for every (receiver, candidate) pair at once.
 
-A receiver k draws a nested anchor set from its anchor pool each round, sends the anchor inputs
-(never labels) to every neighbour j, gets back the predictions of j's post-local-update predictor
-Theta_j^{t,+}, and scores them against its own labels: the empirical 0-1 anchor risk
-R_hat^(m_l)_{k,j} at every stage m_l of the schedule (SAGE paper, Sec. III, eq. (4)). PENS and
-PFedDST read the same exchange as a mean cross-entropy.
-
-Kept apart from the round loop (:mod:`federation.images.run`) and the decision rules
-(:mod:`federation.methods.selectors`) so imports run one way: sage <- probe <- selectors <- run.
+A receiver sends anchor inputs (never labels) to its neighbours, gets back the predictions of their
+post-local-update predictors and scores them against its own labels: the empirical 0-1 anchor risk
+at every stage of the schedule (SAGE paper Sec. III), and the mean cross-entropy PENS and PFedDST read.
 """
 
 from __future__ import annotations

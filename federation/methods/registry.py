@@ -1,18 +1,8 @@
-"""Method registry: name -> class, the one list of methods.
+"""The registry: the one list of methods (``abps train --method``) and of peer selectors (SAGE).
 
-Every method class registers itself with the :func:`register` class decorator, which sets (and
-checks) its class attributes ``display_name`` (the ABPS paper's Table 1 row name), ``family``
-(Figure 3 colour group) and ``paper_order`` (Table 1 row index; None for a method the paper does
-not have). Everything that lists methods reads them from here: ``abps train --method`` (help and
-lookup), the sweep's validation (:func:`federation.sweep.expand_cells`), the report's row names,
-colours and order (:func:`display_names`, :func:`families`, :func:`paper_order`), and
-tests/test_conformance.py (every registered method, ``configs/<name>.yaml`` and
-``configs/table1.yaml``).
-
-The methods of :mod:`federation.methods` register on import. Methods of packages above the runtime
-(the ABPS presets) are plugins: each is declared in pyproject.toml under the entry-point group
-:data:`PLUGIN_GROUP` and loaded on the first lookup, so this module never names a package above
-it (imports run one way: etl <- federation <- abps <- cli).
+Methods register with :func:`register` (Table 1 row name, Figure 3 family, row order); the ABPS
+methods are entry-point plugins (:data:`PLUGIN_GROUP`) loaded on the first lookup. Selectors
+register with :func:`register_selector`, in the SAGE paper's table order.
 """
 
 from __future__ import annotations
@@ -20,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from etl.errors import InputError
 from federation.methods.base import Method
@@ -178,3 +168,54 @@ def goal_preset(goal: str) -> str:
     if g not in presets:
         raise InputError(f"--goal {goal!r}: choose one of {', '.join(sorted(presets))}")
     return presets[g]
+
+
+# --- peer selectors ------------------------------------------------------------------------------
+
+#: selector identifier -> class (:class:`federation.methods.selectors.Selector`), in registration
+#: order = the SAGE paper's table order (LOCAL, RG, PENS, PFedDST, AQ-128, SAGE-NF, Vanilla SAGE, SAGE-OS).
+SELECTORS: dict[str, Any] = {}
+
+S = TypeVar("S", bound=type)
+
+
+def register_selector(cls: S) -> S:
+    """Class decorator: register a selector class under its ``name``; it is also found by its
+    ``display`` name and its ``aliases`` (case-insensitive).
+
+    Raises:
+        ValueError: the name is taken by another class.
+    """
+    if cls.name in SELECTORS and SELECTORS[cls.name] is not cls:
+        raise ValueError(f"selector name {cls.name!r} already registered")
+    SELECTORS[cls.name] = cls
+    return cls
+
+
+def canonical_selector(name: str) -> str:
+    """The identifier of a selector given by identifier, display name or alias ("AQ-128", "SAGE-OS",
+    "os", "PFedDST" -> ``aq128``, ``sage_os``, ``sage_os``, ``pfeddst``).
+
+    Raises:
+        ValueError: unknown selector (the message lists the display names).
+    """
+    key = str(name).strip().lower()
+    for ident, c in SELECTORS.items():
+        if key == ident or key == c.display.lower() or key in c.aliases:
+            return ident
+    raise ValueError(f"unknown selector {name!r}; known: {', '.join(c.display for c in SELECTORS.values())}")
+
+
+def get_selector(name: str) -> Any:
+    """The selector class of ``name`` (identifier, display name or alias); ValueError if unknown."""
+    return SELECTORS[canonical_selector(name)]
+
+
+def selector_names() -> tuple[str, ...]:
+    """Selector identifiers in the SAGE paper's table order."""
+    return tuple(SELECTORS)
+
+
+def selector_displays() -> tuple[str, ...]:
+    """Selector display names (table labels) in the SAGE paper's table order."""
+    return tuple(c.display for c in SELECTORS.values())

@@ -1,28 +1,91 @@
-"""The SAGE benchmark's peer selectors as a method of the runtime: ``sage``.
+"""One SAGE selector round (:class:`SageRound`) and the runtime method ``sage`` that runs it.
 
-Design notes: docs/runtime.md, "Module notes".
+:class:`SageRound` is the one implementation of a selector's round (anchors, eq. (4) probe, decision,
+mixing matrix, exchanged edges, probe bytes); the method ``sage`` and the image benchmark
+(:mod:`federation.images.run`) both call it. Design notes: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, ClassVar, Literal
 
 import networkx as nx
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import Tensor
 
-import federation.methods.selectors as sel
 from federation.core.graphs import neighbour_table
 from federation.core.seeding import mix_seed
 from federation.data.image_shards import make_graph
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.probe import draw_anchors, empty_table, probe
-from federation.methods.registry import register
+from federation.methods.registry import canonical_selector, get_selector, register
 from federation.methods.sage_rule import truncate_schedule
-from federation.methods.selectors import canonical_selector
+from federation.methods.selectors import Decision, SageConfig, Selector, exchange_adjacency, increasing_schedule
 
-__all__ = ["SageSelectorParams", "SageSelectorMethod"]
+__all__ = ["SageStep", "SageRound", "SageSelectorParams", "SageSelectorMethod"]
+
+
+@dataclass
+class SageStep:
+    """What one SAGE round decided.
+
+    Attributes:
+        decision: the selector's :class:`Decision` for every receiver.
+        w: float [K, K] row-stochastic mixing matrix of the model-bearing block (eq. (2) or native).
+        adjacency: bool [K, K] receiver k took a model-bearing object from j.
+        probe_evaluations: sum_k d_k m_{k,t}, the (receiver, candidate, anchor) probes the decisions
+            spent (0 for a selector without evidence).
+        probe_bytes: ``probe_evaluations`` x bytes per anchor, rounded to whole bytes.
+    """
+
+    decision: Decision
+    w: Tensor
+    adjacency: Tensor
+    probe_evaluations: float
+    probe_bytes: int
+
+
+class SageRound:
+    """The round of one SAGE selector, on any model with ``pair_logits`` (image model, clinical MLP).
+
+    Each call: draw the nested anchor sets -> probe every (receiver, candidate) pair (eq. (4)) when
+    the selector needs it -> ``decide`` -> ``mix``. An anchor rule decides a receiver without a
+    feasible stage by random gossip whatever its candidates' risks (SAGE Sec. V-B), so its pairs are
+    not probed (nor charged).
+
+    Args:
+        rule: the selector object; cand, cand_valid, degree: long / bool [K, D], long [K] neighbour table;
+        schedule: long [L] cumulative anchors; probe_unit: bytes one anchor probe moves.
+    """
+
+    def __init__(self, rule: Selector, cand: Tensor, cand_valid: Tensor, degree: Tensor, schedule: Tensor,
+                 probe_unit: int) -> None:
+        self.rule, self.cand, self.cand_valid, self.degree = rule, cand, cand_valid, degree
+        self.schedule, self.unit = schedule, probe_unit
+
+    def __call__(self, round_idx: int, model: Any, shards: Any, heads: Any,
+                 generator: torch.Generator) -> SageStep:
+        """Round ``round_idx``: ``model`` answers the probe, ``shards`` holds the anchor pools
+        (``anchor_index``, ``n_anchor``, ``x_train``, ``y_train``), ``heads.params`` the classifier
+        heads (PFedDST), ``generator`` draws the anchors."""
+        rows, valid = draw_anchors(shards, int(self.schedule[-1]), generator)
+        own_ce = None
+        if self.rule.needs_probe(round_idx):
+            pairs = self.cand_valid
+            if self.rule.anchor_rule:
+                pairs = pairs & (truncate_schedule(self.schedule.tolist(), shards.n_anchor) > 0)[:, None]
+            table, own_ce = probe(model, shards, self.cand, pairs, self.degree, self.schedule, rows, valid,
+                                  with_ce=self.rule.with_ce, own=self.rule.own)
+        else:
+            table = empty_table(self.cand, self.cand_valid, self.degree, self.schedule, shards.n_anchor)
+        dec = self.rule.decide(round_idx, table, own_ce, heads)
+        evals = 0.0
+        if self.rule.evidence:
+            evals = float((self.degree.to(torch.float64) * dec.anchors_used.to(torch.float64)).sum())
+        return SageStep(dec, self.rule.mix(dec), exchange_adjacency(dec.peers), evals, int(round(evals * self.unit)))
 
 
 class SageSelectorParams(BaseModel):
@@ -63,9 +126,7 @@ class SageSelectorParams(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _increasing(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v or v[0] < 1 or any(b <= a for a, b in zip(v, v[1:])):
-            raise ValueError(f"must be increasing positive integers, got {list(v)}")
-        return v
+        return increasing_schedule(v)
 
 
 @register(display_name="SAGE selector", family="decentralized")
@@ -84,39 +145,24 @@ class SageSelectorMethod(Method):
         p: SageSelectorParams = self.p  # type: ignore[assignment]
         g = nx.complete_graph(ctx.n) if p.graph == "complete" else make_graph(p.graph, ctx.n, ctx.seed, p.er_p, p.ba_m)
         self.cand, self.cand_valid, self.degree = neighbour_table(g)
-        cfg = sel.SageConfig(rounds=ctx.cfg.max_rounds, schedule=list(p.schedule), delta=p.delta, lambda_cost=p.lambda_cost,
+        cfg = SageConfig(rounds=ctx.cfg.max_rounds, schedule=list(p.schedule), delta=p.delta, lambda_cost=p.lambda_cost,
                          stage_cost=p.stage_cost, alpha_mix=p.alpha_mix, pens=p.pens, pfeddst=p.pfeddst,
                          selectors=[p.selector])
-        self.rule = sel.REGISTRY[p.selector](cfg, self.cand, self.cand_valid, self.degree, ctx.n_train,
-                                             torch.Generator().manual_seed(mix_seed(ctx.seed, 0x5A6E)))
+        rule = get_selector(p.selector)(cfg, self.cand, self.cand_valid, self.degree, ctx.n_train,
+                                        torch.Generator().manual_seed(mix_seed(ctx.seed, 0x5A6E)))
+        self.round = SageRound(rule, self.cand, self.cand_valid, self.degree, torch.tensor(p.schedule, dtype=torch.long),
+                               ctx.engine.probe_bytes_per_anchor())
         self.g_anchor = torch.Generator().manual_seed(mix_seed(ctx.seed, 0xA7C4))
-        self.schedule = torch.tensor(p.schedule, dtype=torch.long)
-        self.unit = ctx.engine.probe_bytes_per_anchor()
         self.last: Any = None
         self.totals = torch.zeros(4, dtype=torch.float64)  # rounds, certified, RG fallback, anchors used
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
-        """Anchors from each center's own validation rows -> probe (when the selector needs it) ->
-        decide -> ``W``; the ledger's edges and probe bytes."""
+        """One :class:`SageRound` on the engine's probe view (anchors: each center's ``val`` rows)."""
         model, shards = ctx.engine.probe_view(ctx.params)
-        rows, valid = draw_anchors(shards, int(self.schedule[-1]), self.g_anchor)
-        own_ce = None
-        if self.rule.needs_probe(round_idx):
-            # an anchor rule decides a receiver without a feasible stage by random gossip whatever its
-            # candidates' risks (Sec. V-B): its pairs are not probed (nor charged)
-            pairs = self.cand_valid
-            if self.rule.anchor_rule:
-                pairs = pairs & (truncate_schedule(self.schedule.tolist(), shards.n_anchor) > 0)[:, None]
-            table, own_ce = probe(model, shards, self.cand, pairs, self.degree, self.schedule, rows, valid,
-                                  with_ce=self.rule.with_ce, own=self.rule.own)
-        else:
-            table = empty_table(self.cand, self.cand_valid, self.degree, self.schedule, shards.n_anchor)
-        heads = ctx.engine.probe_heads(ctx.params)
-        dec = self.rule.decide(round_idx, table, own_ce, SimpleNamespace(params=heads))
-        self.last = dec
-        evals = (self.degree.to(torch.float64) * dec.anchors_used.to(torch.float64)).sum() if self.rule.evidence else 0.0
-        return RoundPlan(w=self.rule.mix(dec), adjacency=sel.exchange_adjacency(dec.peers),
-                         probe_bytes=int(round(float(evals) * self.unit)))
+        step = self.round(round_idx, model, shards, SimpleNamespace(params=ctx.engine.probe_heads(ctx.params)),
+                          self.g_anchor)
+        self.last = step.decision
+        return RoundPlan(w=step.w, adjacency=step.adjacency, probe_bytes=step.probe_bytes)
 
     def after_exchange(self, ctx: Context, round_idx: int, plan: RoundPlan) -> dict[str, float]:
         """The round's selection figures: share of centers that took a peer, certified, fell back to

@@ -25,26 +25,7 @@ from torch import Tensor
 import federation.methods.sage_rule as sage
 from etl.errors import InputError
 from federation.methods.probe import ProbeTable
-
-_ALIASES = {"aq-128": "aq128", "sage-nf": "sage_nf", "nf": "sage_nf", "vanilla": "vanilla_sage",
-            "vanilla sage": "vanilla_sage", "vanilla-sage": "vanilla_sage", "sage-os": "sage_os",
-            "os": "sage_os"}
-
-#: name -> selector class, in the paper's table order (filled by :func:`register_selector`).
-REGISTRY: dict[str, type[Selector]] = {}
-
-
-def canonical_selector(name: str) -> str:
-    """Map a display name or alias ("AQ-128", "SAGE-OS", "PFedDST") to its identifier.
-
-    Raises:
-        ValueError: unknown selector.
-    """
-    key = str(name).strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in REGISTRY:
-        raise ValueError(f"unknown selector {name!r}; known: {', '.join(c.display for c in REGISTRY.values())}")
-    return key
+from federation.methods.registry import SELECTORS, canonical_selector, register_selector
 
 
 @dataclass
@@ -342,20 +323,15 @@ class SelectorStats:
 
 # --- the selectors as registered classes -----------------------------------------------------
 
-def register_selector(cls: type[Selector]) -> type[Selector]:
-    """Class decorator: add a :class:`Selector` subclass to :data:`REGISTRY` under ``cls.name``."""
-    REGISTRY[cls.name] = cls
-    return cls
-
-
 class Selector(ABC):
     """One peer-selection rule of the SAGE benchmark: probe or not, decide, mix.
 
-    The round loop (:func:`federation.images.run.run_selector`) calls, every round t:
+    A selector round (:class:`federation.methods.sage_selector.SageRound`) calls, every round t:
     ``needs_probe(t)`` -> (the eq. (4) probe of :mod:`federation.methods.probe` if True) ->
     ``decide(t, table, own_ce, model)`` -> ``mix(decision)`` -> ``W @ omega``.
 
-    Class attributes: ``name`` (identifier), ``display`` (table label), ``with_ce`` / ``own``
+    Class attributes: ``name`` (identifier), ``display`` (table label), ``aliases`` (other
+    accepted spellings, lower case), ``with_ce`` / ``own``
     (the probe also returns cross-entropies / the receiver's own CE), ``anchor_rule`` (one of
     the four budget-matched anchor selectors of Sec. V: certificate and stop statistics),
     ``evidence`` (spends anchor evidence: budget accounting, eq. (28)).
@@ -369,6 +345,7 @@ class Selector(ABC):
 
     name: str = ""
     display: str = ""
+    aliases: tuple[str, ...] = ()
     with_ce: bool = False
     own: bool = False
     anchor_rule: bool = False
@@ -485,27 +462,21 @@ class Aq128(_AnchorRule):
 class SageNf(_AnchorRule):
     """SAGE-NF: certificate (8) as Vanilla, but commits to j_hat_1 when nothing is certified."""
 
-    name, display = "sage_nf", "SAGE-NF"
+    name, display, aliases = "sage_nf", "SAGE-NF", ("nf",)
 
 
 @register_selector
 class VanillaSage(_AnchorRule):
     """Vanilla SAGE: first stage where (8) holds selects j_hat_1; none -> RG."""
 
-    name, display = "vanilla_sage", "Vanilla SAGE"
+    name, display, aliases = "vanilla_sage", "Vanilla SAGE", ("vanilla", "vanilla-sage")
 
 
 @register_selector
 class SageOs(_AnchorRule):
     """SAGE-OS, Algorithm 1: certificate (20), cost stop (24), RG at the last stage."""
 
-    name, display = "sage_os", "SAGE-OS"
-
-
-#: Selector identifiers in the paper's table order, their display names, the anchor rules.
-SELECTORS: tuple[str, ...] = tuple(REGISTRY)
-DISPLAY: dict[str, str] = {n: c.display for n, c in REGISTRY.items()}
-ANCHOR_SELECTORS: tuple[str, ...] = tuple(n for n, c in REGISTRY.items() if c.anchor_rule)
+    name, display, aliases = "sage_os", "SAGE-OS", ("os",)
 
 
 def exchange_adjacency(peers: Tensor) -> Tensor:
@@ -523,6 +494,17 @@ def exchange_adjacency(peers: Tensor) -> Tensor:
 
 
 # --- the SAGE benchmark configuration ------------------------------------------------------
+
+def increasing_schedule(v: list[int] | tuple[int, ...]) -> list[int] | tuple[int, ...]:
+    """An anchor schedule m_1 < ... < m_L of positive integers, returned as given.
+
+    Raises:
+        ValueError: empty, not increasing or not positive (pydantic names the option).
+    """
+    if not v or v[0] < 1 or any(b <= a for a, b in zip(v, v[1:])):
+        raise ValueError(f"must be increasing positive integers, got {list(v)}")
+    return v
+
 
 class PensOptions(BaseModel):
     """PENS settings: peers merged per round and the share of rounds spent on discovery."""
@@ -572,7 +554,7 @@ class SageConfig(BaseModel):
     eval_precision: Literal["fp32", "int8"] = "fp32"
     train_samples: int | None = Field(None, ge=1)
     test_samples: int | None = Field(None, ge=1)
-    selectors: list[str] = list(SELECTORS)
+    selectors: list[str] = list(SELECTORS)  # every registered selector (all are defined above)
     pens: PensOptions = PensOptions()
     pfeddst: PfeddstOptions = PfeddstOptions()
     num_threads: int | None = Field(None, ge=1)
@@ -588,9 +570,7 @@ class SageConfig(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: list[int]) -> list[int]:
-        if not v or v[0] < 1 or any(b <= a for a, b in zip(v, v[1:])):
-            raise ValueError(f"must be increasing positive integers, got {v}")
-        return v
+        return increasing_schedule(v)
 
 
 def parse_config(config: dict[str, Any], rounds: int | None = None,

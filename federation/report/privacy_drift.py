@@ -1,22 +1,6 @@
-"""`abps report` sections: the privacy-utility study of the DP metadata release and the
-drift study of the Welch-t drift windows (docs/privacy.md; ABPS paper Sec. 7, items i and iii).
-
-Both read only what the runs logged through :class:`federation.run.tracking.Tracker` (params, final
-metrics, per-round metric histories), so a sweep (``configs/privacy-study.yaml``,
-``configs/drift-study.yaml``) followed by ``abps report`` redraws every table and the figure:
-
-* **Privacy-utility** (runs with a goal, in an experiment where some run sets a finite
-  ``metadata_dp_epsilon``): per goal and per-release epsilon (unset = inf, no mechanism), the seed
-  means of the isolation share (``rest_share_mean``), E|P| (``partners_mean``), the final test AUROC,
-  the overlap of the noisy candidate sets with the exact ones (``candidate_kept_share``,
-  ``candidate_jaccard``) and the epsilon spent (``dp_epsilon_spent``; inf when no mechanism).
-* **Drift** (runs whose config has a ``drift:`` block): per row label, the seeds that stopped
-  partnering with the flipped centers and after how many rounds (``rounds_to_stop_partnering``), the
-  share of harmful (mixed) partnerships before and after the flip, the detection delay and the
-  false-alarm rate of the Welch test, the final AUROC; the figure shows ``flipped_mixed_share`` and
-  ``flipped_accept_share`` per round.
-
-Files: :data:`FILES` (``privacy.md/.csv``, ``drift.md/.csv``, ``privacy_drift.png``).
+"""``abps report`` sections: the privacy-utility study of the DP metadata release and the drift study
+of the Welch-t drift windows (ABPS paper Sec. 7), from what the runs logged. Tables and figure:
+docs/privacy.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""`abps report` section for real-world federation conditions (docs/realworld.md).
-
-For the runs that logged a virtual clock (the per-round MLflow metric ``virtual_hours``, written
-when the run config has a ``realworld:`` block, e.g. the sweep ``configs/realworld-links.yaml``):
-
-* a table per method label: seeds, final mean test AUROC (mean +/- std across seeds), virtual
-  hours of the whole run, virtual seconds per round, mean available share, dropped updates per
-  round, and the virtual hours until the label's seed-mean curve first reaches 95 % of its final
-  AUROC gain over round 1;
-* ``realworld_time.png``: (a) mean test AUROC against virtual hours (one line per seed, one
-  colour per label) and (b) the same against rounds, so the cost of slow links is read off
-  beside the round count the Pareto figure (fig3.png) is built on.
-
-Only aggregates the runs logged are read (per-round metric histories); nothing row-level.
+"""``abps report`` section for real-world federation conditions: per method label the AUROC against
+virtual time, from the runs that logged a virtual clock. Details: docs/realworld.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -13,9 +13,7 @@ from typing import Any
 from federation.report.common import csv_text, fmt, md_table, mean_std
 from federation.run.tracking import SELECTOR_TAG
 
-__all__ = ["SAGE_SELECTORS", "sage_tables", "sage_markdown", "sage_figure"]
-
-SAGE_SELECTORS = ("LOCAL", "RG", "PENS", "PFedDST", "AQ-128", "SAGE-NF", "Vanilla SAGE", "SAGE-OS")
+__all__ = ["sage_tables", "sage_markdown", "sage_figure"]
 
 
 def _sage_summary_stops(client: Any, run_id: str) -> float:
@@ -64,7 +62,10 @@ def sage_tables(client: Any, runs: Sequence[Any]) -> dict[str, Any]:
         meta[cfg] = (p.get("dataset", ""), p.get("graph", ""), alpha[cfg])
     configs = sorted(meta, key=lambda c: meta[c])
     present = {s for _, s in vals}
-    selectors = [s for s in SAGE_SELECTORS if s in present] + sorted(present - set(SAGE_SELECTORS))
+    from federation.methods.registry import selector_displays  # imports the methods: the report only
+
+    order = selector_displays()  # the SAGE paper's table order
+    selectors = [s for s in order if s in present] + sorted(present - set(order))
     cells = {k: {m: (*mean_std(v), sum(1 for x in v if math.isfinite(x))) for m, v in d.items()}
              for k, d in vals.items()}
     return {"configs": configs, "selectors": selectors, "cells": cells, "alpha": alpha}

@@ -1,17 +1,5 @@
-"""Hyperparameter tuning report: mean validation AUROC per grid point, the choice on validation.
-
-``configs/tuning.yaml`` is an ``abps sweep`` file whose entries are the grid points of each
-baseline's knobs (label ``"<method> <knob>=<value> ..."``). After
-
-    abps sweep --config configs/tuning.yaml --cohort COHORT
-    python -m federation.report.tuning --experiment tuning --out report/
-
-``report/tuning.md`` (and ``tuning.csv``) list, per method and grid point, the mean and std across
-seeds of the final **validation** AUROC (mean over centers; ``final_val_auroc_mean``, the best round
-under early stopping) and mark the grid point with the highest mean as chosen. The test AUROC is
-shown for the record only: the choice never reads it (hyperparameters chosen on
-validation, never test). Self-contained (its own MLflow reading) so that ``federation.report`` can
-call :func:`tuning_section` without depending on its internals.
+"""Hyperparameter tuning report: mean validation AUROC per grid point of ``configs/tuning.yaml`` and
+the choice on validation (never test). Details: docs/baselines.md, "Module notes".
 """
 
 from __future__ import annotations

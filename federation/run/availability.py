@@ -1,20 +1,5 @@
-"""Center availability per round: a boolean mask ``[rounds, n]`` on the center axis.
-
-Three models (:class:`federation.core.config.AvailabilityConfig`; docs/realworld.md):
-
-* ``bernoulli``: center ``i`` is up in round ``r`` iff ``u(seed, r, i) < rate``, with ``u`` a
-  counter-based uniform (the engine's 32-bit hash of (seed, round, center)), so a center's draws
-  depend on nothing but (seed, round, center): not on n, not on other centers, not on history.
-* ``daily``: center ``i`` is up while its local hour ``(t + offset_i) mod 24`` lies in
-  ``work_hours = [start, end)`` (a window that wraps midnight when ``start > end``), ``t`` the
-  round's virtual start in UTC hours. Offsets: ``utc`` (all 0), ``spread`` (uniform in [-12, 12)
-  hours, drawn per center from ``seed``: a time zone plus the center's own shift pattern, so the
-  share of centers up at any hour is ``(end - start) / 24``) or one value per center.
-* ``trace``: a CSV ``center,start,end`` (center_id, up-interval [start, end) in virtual hours since
-  the run's start; one center may have many rows); with ``trace_period_hours`` the trace repeats.
-
-Every mask is computed with tensor operations over the center axis (no Python loop over centers).
-An unavailable center neither trains nor exchanges in that round (federation/run/realworld.py).
+"""Center availability per round: a boolean mask ``[rounds, n]`` from the ``bernoulli``, ``daily`` or
+``trace`` model, computed over the center axis. Details: docs/realworld.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
-"""Per-center compute and link profiles and the virtual clock of a round (docs/realworld.md).
-
-A center ``i`` has ``rows_per_s_i`` (training rows per second), ``uplink_i`` / ``downlink_i``
-(bytes per second) and ``latency_i`` (seconds). In a round, an available center that takes part:
-
-* computes ``compute_i = local_epochs * n_train_i / rows_per_s_i`` seconds;
-* sends ``up_i`` and receives ``down_i`` bytes: ``links_i`` payloads each way, where a payload is
-  the ledger's bytes of one model transfer (exchanged parameters x bytes per parameter x payloads
-  per link) and ``links_i`` is 1 for a center-server edge (star methods) or the number of its peer
-  edges (ABPS, gossip); probe and metadata bytes of the round are split evenly over the
-  participants' uplinks;
-* transfers for ``transfer_i = latency_i + up_i / uplink_i + down_i / downlink_i`` seconds (no
-  latency when it sends nothing);
-* finishes at ``finish_i = compute_i + transfer_i``.
-
-The round's duration is the largest ``finish_i`` over the participants (the slowest participant's
-compute plus its own transfer time), or the deadline when the server's policy drops the late ones
-(:func:`deadline_cut`). ``None`` in a profile means infinitely fast (0 seconds).
+"""Per-center compute and link profiles and the virtual clock of a round: a round lasts as long as
+its slowest participant (or the deadline). The timing model: docs/realworld.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,37 +1,6 @@
-"""The one MLflow writer and tag schema of the project: ``abps train``, ``abps sweep``, the image
-benchmarks (SAGE, gossip) and ``abps report`` all write through :class:`Tracker`.
-
-Default store: ``sqlite:///mlflow/mlflow.db`` relative to the current working directory
-(the folder is created), artifacts under ``mlflow/artifacts``; ``make ui`` opens it. For an
-explicit ``sqlite:///PATH/x.db`` URI the artifacts go to ``PATH/artifacts``.
-
-Privacy: callers log configs, aggregate metrics and per-center aggregates keyed by
-center_id only; :meth:`Tracker.log_json` refuses documents that carry a patient identifier
-key (stay_id, subject_id, hadm_id).
-
-Tag schema (names are the constants below; no other module spells a tag name):
-
-* ``abps.kind`` (:data:`KIND_TAG`): ``train`` (an ``abps train`` parent), ``run`` (one seed of
-  ``abps train``), ``sweep`` (a sweep's parent), ``cell`` (one sweep cell), ``report``;
-* ``method``, ``seed``, ``abps.label`` (the row name, method plus a goal its preset does not set:
-  :func:`federation.methods.run_label`) on every clinical run; ``abps.cohort_id`` (content hash of
-  the cohort) and ``abps.cohort`` (its folder name);
-* sweep cells add ``abps.config_hash``, ``abps.sweep_hash``, ``abps.cell_seconds``;
-* image-benchmark runs carry ``benchmark`` (``sage`` / ``vv``).
-
-Concurrency: creating a new store's schema and an experiment happen once,
-under a file lock beside a sqlite store (``<db>.lock``, :func:`store_lock`), so parallel
-``abps train`` runs on a new store all succeed; writes that meet a locked sqlite database are
-retried (:func:`_retry`). JSON artifacts are strict JSON (NaN / infinity -> null).
-
-Usage::
-
-    tr = Tracker(None, "table1")
-    with tr.parent("fedavg", {"seeds": "11 22"}):
-        with tr.child("fedavg-seed11", {"seed": 11}, {"method": "fedavg"}):
-            tr.log_dict_params(cfg)
-            tr.log_metrics({"val_auroc_mean": 0.71}, step=1)
-            tr.log_json({"MICU|2110-2111": {"test_auroc": 0.7}}, "per_center.json")
+"""The one MLflow writer and tag schema of the project (:class:`Tracker`): ``abps train``, ``abps
+sweep``, the image benchmarks and ``abps report`` all write through it. Store, privacy, tags and
+concurrency: docs/runtime.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Scheduling: the order in which a sweep's cells are handed to a process pool or to Ray.
-
-A sweep's wall time on ``w`` workers is at least its total cell time / ``w``, and at most that
-plus the longest cell that starts last. Handing out the cells longest-expected-first (Graham's LPT
-rule, 1969: within 4/3 of the optimal makespan) lets the workers end together instead of one of
-them starting a long cell (BNN+FL, the SAGE selector) while the others idle. Cells are pure
-functions of (config, cohort, seed, threads) (:func:`federation.sweep.cells.run_cell`), so the
-order changes no number (tests/test_sweep.py runs a shuffled order and compares).
-
-The expected cost of a cell is a per-method figure measured on the Table 1 cohort (n = 230
-centers, 1 torch thread, idle; docs/benchmarks.md "Table 1"), scaled by the rounds the cell may
-run (:attr:`federation.methods.base.Method.seconds_per_round`). Only the order uses it.
+"""Scheduling: a sweep's cells are handed out longest-expected-first (Graham's LPT rule), from each
+method's ``seconds_per_round``; the order changes no number. Details: docs/sweeps.md.
 """
 
 from __future__ import annotations
