@@ -1,11 +1,5 @@
-"""The registered methods' names and Table 1 rows, readable without importing a method.
-
-A copy of what :mod:`federation.methods.registry` holds (each class's ``name``, ``display_name``,
-``family`` and ``paper_order``, in :func:`~federation.methods.registry.method_names` order), for the
-commands that must answer at once and so never import torch or the engines: ``abps train --help``
-lists these names, ``abps runs`` orders its rows by them, the report names its rows with them.
-tests/test_cli_imports.py fails when this copy and the registry differ; ``python -m
-federation.method_catalog`` prints the table that the registry gives, to paste below.
+"""The registered methods' names, Table 1 rows, families and order, readable without importing a
+method (a copy of the registry's, checked by tests/test_cli_imports.py; docs/runtime.md, Module notes).
 """
 
 from __future__ import annotations
@@ -47,15 +41,3 @@ DISPLAY: dict[str, str] = {row[0]: row[1] for row in CATALOG}
 #: name -> Figure 3 colour family (as ``families()``)
 FAMILY: dict[str, str] = {row[0]: row[2] for row in CATALOG}
 
-
-def from_registry() -> tuple[tuple[str, str, str, int | None], ...]:
-    """:data:`CATALOG` as the registry gives it now (imports every method, torch included)."""
-    from federation.methods import all_methods, method_names
-
-    classes = all_methods()
-    return tuple((n, classes[n].display_name, classes[n].family, classes[n].paper_order) for n in method_names())
-
-
-if __name__ == "__main__":
-    for row in from_registry():
-        print(f"    {row!r},")

@@ -62,7 +62,7 @@ def sage_tables(client: Any, runs: Sequence[Any]) -> dict[str, Any]:
         meta[cfg] = (p.get("dataset", ""), p.get("graph", ""), alpha[cfg])
     configs = sorted(meta, key=lambda c: meta[c])
     present = {s for _, s in vals}
-    from federation.methods.registry import selector_displays  # imports torch: the report only
+    from federation.methods.registry import selector_displays  # imports the methods: the report only
 
     order = selector_displays()  # the SAGE paper's table order
     selectors = [s for s in order if s in present] + sorted(present - set(order))

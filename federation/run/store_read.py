@@ -1,15 +1,6 @@
-"""Reading finished runs from an MLflow store for the commands that only look (``abps runs``, the
-URL ``abps ui`` prints): fast on the project's sqlite store, MLflow's client everywhere else.
-
-Importing MLflow's client and opening its SQLAlchemy store takes 2-3 s (pandas, polars, FastAPI and
-71 ORM classes come with it), longer than the whole answer may take. A sqlite store is therefore
-read with Python's ``sqlite3``, read-only, from the five tables of MLflow's tracking schema that a
-run list needs (``experiments``, ``runs``, ``tags``, ``params``, ``latest_metrics``; MLflow
-``mlflow/store/tracking/dbmodels/models.py``), with MLflow's own read semantics: active runs only,
-newest first, a NaN metric stored as ``is_nan``. A store whose tables lack a column used here, that
-holds experiments outside MLflow's default workspace, or that is not a local sqlite file is read
-through :class:`mlflow.tracking.MlflowClient`. tests/test_cli_imports.py checks that both give the
-same runs on a store the installed MLflow wrote (docs/decisions.md).
+"""Reading an experiment's finished runs for the commands that only look (``abps runs``, the URL
+``abps ui`` prints): ``sqlite3`` on the project's sqlite store, MLflow's client on any other
+(docs/runtime.md, Module notes).
 """
 
 from __future__ import annotations
