@@ -260,6 +260,8 @@ READERS = [
      ("'hadm_id'",)),
     ("meds-wrong-type", lambda t: _meds(t, "data/tuning/0.parquet", _Frame(
         lambda d: d.with_columns(d["time"].dt.strftime("%d/%m/%Y").alias("time")))), ("'time'",)),
+    ("meds-negative-id", lambda t: _meds(t, "data/held_out/0.parquet", _Frame(
+        lambda d: d.with_columns(-d["hadm_id"]))), ("'hadm_id'", "positive")),
     ("meds-truncated-codes", lambda t: _meds(t, "metadata/codes.parquet", _cut(0.5)), ()),
     ("meds-truncated-splits", lambda t: _meds(t, "metadata/subject_splits.parquet", _cut(0.5)), ()),
     ("meds-garbage-dataset-json", lambda t: _meds(t, "metadata/dataset.json", b"{\"meds_version\": "), ("JSON",)),
