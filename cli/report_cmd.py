@@ -23,7 +23,7 @@ def report(
     tracking_uri: str | None = project.tracking_uri_option(),
     no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),
 ) -> None:
-    """Rebuild Table 1 and Figure 3 (and the SAGE / variance-correction tables when such runs exist)."""
+    """Rebuild Table 1, Figure 3 and the bytes-to-target table (and the SAGE / variance-correction tables when such runs exist)."""
     from cli.runs_cmd import default_experiment
     from federation.report import write_report
 

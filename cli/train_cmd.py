@@ -9,15 +9,14 @@ benchmark runners instead (``federation.images.cli_run`` / ``federation.gossip.c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
-from typer.core import TyperCommand
 
 from cli import project
 from cli.app import app
 from etl.errors import InputError
 from etl.io import check_writable
+from federation.method_catalog import METHOD_NAMES
 
 
 def _parse_params(items: list[str]) -> dict[str, object]:
@@ -33,19 +32,6 @@ def _parse_params(items: list[str]) -> dict[str, object]:
         except yaml.YAMLError:
             raise InputError(f"--param {name.strip()}: value is not valid YAML") from None
     return out
-
-
-class _TrainCommand(TyperCommand):
-    """``abps train`` whose ``--method`` help lists the registered methods (read when help is
-    shown, so other commands do not pay for importing every method)."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        from federation.methods import method_names
-
-        for p in self.params:
-            if p.name == "method":
-                p.help = f"registered method, in the ABPS paper's Table 1 order: {', '.join(method_names())}"
-        super().format_help(ctx, formatter)
 
 
 #: the ``abps train`` options a benchmark config (``benchmark: sage | vv``) applies; --no-progress
@@ -68,12 +54,12 @@ def _refuse_unused(ctx: typer.Context, applies: frozenset[str], what: str) -> No
 
 @app.command(
     "train",
-    cls=_TrainCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
 )
 def train(
     ctx: typer.Context,
-    method: str | None = typer.Option(None, "--method", help="registered method (listed in `abps train --help`)"),
+    method: str | None = typer.Option(
+        None, "--method", help=f"registered method, in the ABPS paper's Table 1 order: {', '.join(METHOD_NAMES)}"),
     cohort: Path | None = typer.Option(
         None, "--cohort", help="directory with cohort.parquet + centers.parquet (default: the cohort of this "
         "project's most recent `abps etl`, recorded in .abps/state.json, else ./cohort)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import time
 import zlib
@@ -38,7 +39,9 @@ class SynthConfig:
     0.5 doubles chartevents, to about 60 M rows at full scale). ``chartevents``: write
     ``icu/chartevents.csv.gz`` (False skips it and leaves the vital truth null). ``compresslevel``:
     gzip level 1..9 (1 is the fast default). ``chunk_stays``: stays generated and written per
-    chartevents chunk (bounds memory).
+    chartevents chunk (bounds memory). ``heterogeneity``: how far the care units' risk models and
+    base rates differ (:func:`etl.synth_spec.unit_model`: 0 = one shared model and base rate, 1 =
+    the built-in units (default), 2 = twice as far apart); the manifest names it when not 1.
     """
 
     stays: int = S.DEFAULT_STAYS
@@ -47,6 +50,7 @@ class SynthConfig:
     chartevents: bool = True
     compresslevel: int = 1
     chunk_stays: int = 6_000
+    heterogeneity: float = 1.0
 
     def validate(self) -> None:
         """Raise :class:`InputError` naming the option at fault."""
@@ -62,6 +66,8 @@ class SynthConfig:
             raise InputError(f"--compress-level must be between 1 and 9, got {self.compresslevel}")
         if self.chunk_stays < 1:
             raise InputError(f"chunk_stays must be >= 1, got {self.chunk_stays}")
+        if not (math.isfinite(self.heterogeneity) and self.heterogeneity >= 0):
+            raise InputError(f"--heterogeneity must be a finite number >= 0, got {self.heterogeneity}")
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,15 @@ def _check_out(out: Path) -> None:
                              f"(no {MANIFEST}); choose an empty or new directory")
 
 
+def _options(config: SynthConfig) -> dict[str, object]:
+    """The manifest's options: every field of ``config``; ``heterogeneity`` only when set away from
+    its default 1 (a default folder stays byte-identical to one written before the option existed)."""
+    opts = asdict(config)
+    if config.heterogeneity == 1.0:
+        del opts["heterogeneity"]
+    return opts
+
+
 def synth_mimic(out: str | os.PathLike[str], config: SynthConfig = SynthConfig()) -> SynthSummary:
     """Write a synthetic MIMIC-IV v3.1-format directory with ``ground_truth.parquet`` into ``out``.
 
@@ -214,7 +229,7 @@ def synth_mimic(out: str | os.PathLike[str], config: SynthConfig = SynthConfig()
     out = Path(out)
     _check_out(out)
     t_start = time.perf_counter()
-    cohort = build_cohort(config.stays, config.seed)
+    cohort = build_cohort(config.stays, config.seed, config.heterogeneity)
     tables = _tables(cohort, config.seed)
     n_chart = 0
     truth = np.full((cohort.n_stays, len(S.VITALS), 3), np.nan)
@@ -231,7 +246,7 @@ def synth_mimic(out: str | os.PathLike[str], config: SynthConfig = SynthConfig()
         manifest = {
             "generator": GENERATOR,
             "format": "MIMIC-IV v3.1 layout (synthetic)",
-            "options": asdict(config),
+            "options": _options(config),
             "rows": {"patients": cohort.n_patients, "admissions": int(cohort.hadm_id.shape[0]),
                      "diagnoses_icd": tables["hosp/diagnoses_icd"].height, "icustays": cohort.n_stays,
                      "chartevents": n_chart},

@@ -234,8 +234,9 @@ def _subset(d: dict[str, np.ndarray], keep_adm: np.ndarray) -> None:
 # --------------------------------------------------------------------------------------------
 # Stage 2: features, latent vitals and the mortality model.
 # --------------------------------------------------------------------------------------------
-def _features(d: dict[str, np.ndarray], rng: np.random.Generator) -> None:
-    """Admission attributes, Charlson flags, latent vitals and the linear predictor (in place)."""
+def _features(d: dict[str, np.ndarray], rng: np.random.Generator, weights: np.ndarray) -> None:
+    """Admission attributes, Charlson flags, latent vitals and the linear predictor (in place);
+    ``weights`` ``[N_UNITS, len(RISK_FEATURES)]`` are the units' logistic weights (``S.unit_model``)."""
     adm_pat, stay_adm, unit = d["adm_pat"], d["stay_adm"], d["unit"]
     n_a, n_s = adm_pat.shape[0], stay_adm.shape[0]
     adm_year = year_of(d["admittime"])
@@ -307,7 +308,7 @@ def _features(d: dict[str, np.ndarray], rng: np.random.Generator) -> None:
     tau = (year_of(d["intime"]) - S.YEAR_CENTER) / S.YEAR_SCALE
     # the drift acts on centred features, so that it changes the model, not the mortality level;
     # the level falls through the intercept drift alone
-    w = S.unit_weights()[unit]
+    w = weights[unit]
     drift = (w * S.drift_factors()[None, :] * (x - x.mean(axis=0))).sum(axis=1)
     d["stay_lin"] = (w * x).sum(axis=1) + tau * drift + S.DRIFT_INTERCEPT * tau
 
@@ -343,13 +344,16 @@ def calibrate_intercepts(stay_lin: np.ndarray, unit: np.ndarray, stay_adm: np.nd
 # --------------------------------------------------------------------------------------------
 # Stage 3: the whole cohort.
 # --------------------------------------------------------------------------------------------
-def build_cohort(n_stays: int, seed: int) -> SynthCohort:
+def build_cohort(n_stays: int, seed: int, heterogeneity: float = 1.0) -> SynthCohort:
     """Draw a cohort with exactly ``n_stays`` ICU stays (MIMIC-IV v3.1 shape; see module docstring).
 
-    ``seed`` fixes everything. Raises ``ValueError`` if ``n_stays < 1`` (the CLI validates first).
+    ``seed`` fixes everything. ``heterogeneity``: how far the care units' risk models and base rates
+    differ (``S.unit_model``; 0 = shared, 1 = the built-in units). Raises ``ValueError`` if
+    ``n_stays < 1`` or the heterogeneity is negative (the CLI validates first).
     """
     if n_stays < 1:
         raise ValueError("n_stays must be >= 1")
+    weights, mortality = S.unit_model(heterogeneity)
     factor = 1.12
     for attempt in range(8):
         rng = np.random.default_rng([seed, 1, attempt])
@@ -359,9 +363,9 @@ def build_cohort(n_stays: int, seed: int) -> SynthCohort:
         last_in = np.zeros(d["adm_pat"].shape[0], dtype=np.int64)
         np.maximum.at(last_in, d["stay_adm"], d["intime"])
         _subset(d, year_of(last_in) <= S.LAST_YEAR)
-        _features(d, rng)
+        _features(d, rng, weights)
         n_a = d["adm_pat"].shape[0]
-        b = calibrate_intercepts(d["stay_lin"], d["unit"], d["stay_adm"], n_a, S.UNIT_MORTALITY)
+        b = calibrate_intercepts(d["stay_lin"], d["unit"], d["stay_adm"], n_a, mortality)
         p_stay, p_adm = _admission_risk(d["stay_lin"], d["unit"], d["stay_adm"], n_a, b)
         d["stay_risk"] = p_stay
         d["label"] = (rng.random(n_a) < p_adm).astype(np.int8)

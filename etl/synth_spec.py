@@ -5,6 +5,8 @@ the mortality model. Sources: docs/etl.md, "Module notes".
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # --------------------------------------------------------------------------------------------
@@ -326,6 +328,34 @@ def unit_weights() -> np.ndarray:
             else:
                 w[u, idx[key]] *= m
     return w
+
+
+def unit_model(heterogeneity: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """The care units' mortality models at a heterogeneity ``h`` (``abps synth mimic --heterogeneity``).
+
+    Each unit's logistic weights ``w_u`` (:func:`unit_weights`) and the logit of its base rate
+    (:data:`UNIT_MORTALITY`) are placed at ``h`` times their distance from the stay-share-weighted
+    mean unit (``UNIT_SHARE``): ``w_u(h) = w_bar + h (w_u - w_bar)``,
+    ``logit m_u(h) = l_bar + h (logit m_u - l_bar)``. ``h = 0``: every unit shares one model and one
+    base rate; ``h = 1`` (default): the built-in units, returned exactly; ``h = 2``: twice as far apart
+    (a weight may change sign: a feature harmful in one unit, protective in another).
+
+    Returns:
+        ``(weights [N_UNITS, len(RISK_FEATURES)], mortality [N_UNITS])`` (float64).
+
+    Raises:
+        ValueError: ``heterogeneity`` negative or not finite.
+    """
+    h = float(heterogeneity)
+    if not (math.isfinite(h) and h >= 0.0):
+        raise ValueError(f"heterogeneity must be a finite number >= 0, got {heterogeneity}")
+    w, m = unit_weights(), UNIT_MORTALITY.copy()
+    if h == 1.0:
+        return w, m
+    w_bar = UNIT_SHARE @ w
+    logit = np.log(m) - np.log1p(-m)
+    l_bar = float(UNIT_SHARE @ logit)
+    return w_bar + h * (w - w_bar), 1.0 / (1.0 + np.exp(-(l_bar + h * (logit - l_bar))))
 
 
 def drift_factors() -> np.ndarray:

@@ -380,6 +380,10 @@ MEANINGS: dict[str, str] = {
     "<center_id>": "one center's figures",
     "config": "the run config as run (Configuration keys page)",
     "history": "per round: the round's metrics (as MLflow's per-round metrics)",
+    "curve": "per round: mean validation AUROC and cumulative bytes, the bytes-to-target curve (federation/core/targets.py)",
+    "round": "rounds completed (1-based), one entry per evaluated round",
+    "cum_total_bytes": "model + probe + metadata bytes since round 1",
+    "bytes_to_target": "per targets.auroc target: the first round and the cumulative bytes at which the mean validation AUROC reaches it (null, null: never reached)",
     "provenance": "where the run was computed: CPU, SIMD level, engine step, versions",
 }
 
@@ -387,6 +391,8 @@ _CLINICAL_PREFIXES = {
     "clin_": "clinical figure at the end of the run (metrics.md): AUROC worst-10 %, Gini, AUPRC, Brier, ECE, calibration slope, subgroup gaps",
     "isolation_": "ABPS per-seed isolation summary (final_metrics)",
     "rest_": "ABPS per-seed resting summary (final_metrics)",
+    "rounds_to_auroc_": "first round whose mean validation AUROC reaches the target in the name (targets.auroc; absent: never reached)",
+    "bytes_to_auroc_": "cumulative model + probe + metadata bytes at that round (targets.auroc; absent: never reached)",
 }
 
 

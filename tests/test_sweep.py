@@ -34,7 +34,9 @@ def test_canonical_json_and_config_hash_by_hand():
     with pytest.raises(ValueError):
         sw.canonical_json({"a": float("nan")})
     cfg = RunConfig(method="fedavg", rounds=3)
-    text = json.dumps({"cohort": "c0", "config": cfg.model_dump(mode="json")}, sort_keys=True, separators=(",", ":"))
+    # the measurement setting `targets` stays out of the hash (federation.core.config.config_hash)
+    text = json.dumps({"cohort": "c0", "config": cfg.model_dump(mode="json", exclude={"targets"})}, sort_keys=True,
+                      separators=(",", ":"))
     assert sw.config_hash(cfg, "c0") == hashlib.sha256(text.encode()).hexdigest()[:16]
     assert sw.config_hash(cfg, "c1") != sw.config_hash(cfg, "c0")
     assert sw.config_hash(RunConfig(method="fedavg", rounds=4), "c0") != sw.config_hash(cfg, "c0")
@@ -393,3 +395,16 @@ def test_table1_benchmark_reports_cell_seconds_by_row(cohort, capsys):
     assert doc["cell_s_total"] == pytest.approx(sum(doc["cell_s_mean_by_row"].values()))
     assert 0 < doc["cell_s_total"] <= doc["wall_s"] and doc["target_min"] == 30.0
     assert "REDUCED run, not the target workload" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, methods, seeds, rounds", [
+    ("era", ["fedavg", "feddyn", "abps-x", "abps"], [11, 22, 33, 44, 55], 100),
+    ("heterogeneity", ["fedavg", "fedavg-x", "abps-x", "local"], [11, 22, 33], 50)])
+def test_fidelity_sweep_files_expand_to_their_studies(name, methods, seeds, rounds):
+    from federation.core.config import load_yaml
+
+    spec = sw.SweepSpec.model_validate(load_yaml(CONFIGS / f"{name}.yaml"))
+    cells = sw.expand_cells(spec, CONFIGS, "c0")
+    assert len(cells) == len(methods) * len(seeds)
+    assert [c.config.method for c in cells[::len(seeds)]] == methods
+    assert {c.seed for c in cells} == set(seeds) and {c.config.max_rounds for c in cells} == {rounds}

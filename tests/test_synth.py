@@ -285,6 +285,80 @@ def _digests_of(out: Path, seed: int) -> dict[str, str]:
     return _digests(out)
 
 
+#: SHA-256 (16 hex digits) of the decompressed text files of the default output at 300 stays, seed 7,
+#: as written before the --heterogeneity option existed: the default stays byte-identical
+DEFAULT_TEXT_DIGESTS = {
+    "hosp/admissions.csv.gz": "01d47e0a283a05fb", "hosp/diagnoses_icd.csv.gz": "41ab91197bf5f1f3",
+    "hosp/patients.csv.gz": "14bd239ed7bfbf53", "icu/chartevents.csv.gz": "6415dd9040381ba4",
+    "icu/d_items.csv.gz": "c588c8a7c484d03c", "icu/icustays.csv.gz": "db3a8f892e995ffa",
+    "synth_manifest.json": "cb687efab5036b31",
+}
+
+
+def _text_digests(d: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file() and p.suffix in (".gz", ".json"):
+            data = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+            out[str(p.relative_to(d))] = hashlib.sha256(data).hexdigest()[:16]
+    return out
+
+
+def test_default_heterogeneity_leaves_the_output_unchanged(tmp_path: Path) -> None:
+    synth_mimic(tmp_path / "d", SynthConfig(stays=300, seed=7, chunk_stays=128))
+    assert _text_digests(tmp_path / "d") == DEFAULT_TEXT_DIGESTS
+    synth_mimic(tmp_path / "h", SynthConfig(stays=300, seed=7, chunk_stays=128, heterogeneity=2.0,
+                                            chartevents=False))
+    manifest = (tmp_path / "h" / MANIFEST).read_text()
+    assert '"heterogeneity": 2.0' in manifest and "heterogeneity" not in (tmp_path / "d" / MANIFEST).read_text()
+
+
+# ------------------------------------------------------------------------------------------
+# Heterogeneity of the care units (--heterogeneity)
+# ------------------------------------------------------------------------------------------
+def test_unit_model_scales_the_distance_from_the_mean_unit() -> None:
+    w1, m1 = S.unit_model(1.0)
+    assert np.array_equal(w1, S.unit_weights()) and np.array_equal(m1, S.UNIT_MORTALITY)  # exactly the default
+    w_bar = S.UNIT_SHARE @ S.unit_weights()
+    logit = np.log(S.UNIT_MORTALITY / (1 - S.UNIT_MORTALITY))
+    l_bar = S.UNIT_SHARE @ logit
+    w0, m0 = S.unit_model(0.0)
+    assert np.allclose(w0, w_bar[None, :], rtol=0, atol=1e-15) and np.allclose(m0, m0[0], rtol=0, atol=1e-15)
+    assert m0[0] == pytest.approx(1 / (1 + np.exp(-l_bar)), rel=1e-12)
+    w3, m3 = S.unit_model(3.0)
+    # three times as far from the mean unit, on the weights and on the logit of the base rates
+    assert np.allclose(w3 - w_bar, 3 * (S.unit_weights() - w_bar), rtol=0, atol=1e-12)
+    assert np.allclose(np.log(m3 / (1 - m3)) - l_bar, 3 * (logit - l_bar), rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="heterogeneity"):
+        S.unit_model(-0.5)
+
+
+def test_heterogeneity_widens_the_measured_differences_between_units() -> None:
+    """Per unit of the six partition units, measured on drawn cohorts: the observed mortality and the
+    coefficients of a logistic regression (scikit-learn) of death on age and the latent vitals."""
+    spread = {}
+    for h in (0.0, 1.0, 2.0, 4.0):
+        c = build_cohort(40_000, seed=11, heterogeneity=h)
+        y = c.label[c.stay_adm]
+        x = np.column_stack([c.stay_age(), c.vital_mu[:, [0, 3, 4, 5, 6]]]).astype(np.float64)
+        x = (x - x.mean(axis=0)) / x.std(axis=0)
+        rates, coefs = [], []
+        for u in range(6):
+            m = c.unit == u
+            rates.append(y[m].mean())
+            coefs.append(LogisticRegression(C=1e6, max_iter=2000).fit(x[m], y[m]).coef_[0])
+        rates = np.array(rates)
+        if h == 0.0:  # one shared base rate: every unit within 4 binomial standard errors of the pooled rate
+            pooled = y[c.unit < 6].mean()
+            se = np.sqrt(pooled * (1 - pooled) / np.bincount(c.unit, minlength=6)[:6])
+            assert np.all(np.abs(rates - pooled) < 4 * se), rates
+        spread[h] = (np.std(np.log(rates / (1 - rates))), np.std(np.array(coefs), axis=0).mean())
+    base = [spread[h][0] for h in (0.0, 1.0, 2.0, 4.0)]
+    coef = [spread[h][1] for h in (0.0, 1.0, 2.0, 4.0)]
+    assert base == sorted(base) and base[0] < 0.1 < 0.3 < base[1], base
+    assert coef == sorted(coef) and coef[3] > 1.5 * coef[1] > 1.5 * coef[0], coef
+
+
 # ------------------------------------------------------------------------------------------
 # Population shape
 # ------------------------------------------------------------------------------------------
@@ -334,6 +408,8 @@ def test_partition_gives_about_230_centers_at_quarter_scale(tmp_path: Path) -> N
     (SynthConfig(chart_hours_step=0.0), "--chart-hours-step"),
     (SynthConfig(chart_hours_step=0.01), "--chart-hours-step"),
     (SynthConfig(compresslevel=0), "--compress-level"),
+    (SynthConfig(heterogeneity=-1.0), "--heterogeneity"),
+    (SynthConfig(heterogeneity=float("nan")), "--heterogeneity"),
 ])
 def test_bad_options_raise_input_error(tmp_path: Path, config: SynthConfig, fragment: str) -> None:
     with pytest.raises(InputError, match=fragment):

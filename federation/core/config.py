@@ -273,6 +273,44 @@ class RealWorldConfig(_Strict):
         return self
 
 
+class TargetsConfig(_Strict):
+    """Bytes to target (ABPS paper Sec. 7, "scope of the accuracy claim"): the first round and the
+    cumulative bytes (model + probe + metadata) at which a seed's mean validation AUROC reaches each
+    target (federation/core/targets.py). A measurement setting: it changes no trained parameter and
+    stays out of the config hash.
+
+    Attributes:
+        auroc: absolute mean-validation-AUROC targets, each in (0, 1]; every run records them per
+            seed in results.json (``bytes_to_target``) and MLflow (``rounds_to_auroc_<t>``,
+            ``bytes_to_auroc_<t>``).
+        below_fedavg: targets this far below the experiment's FedAvg level (the best FedAvg label's
+            seed-mean final validation AUROC), each in [0, 1); ``abps report`` resolves them across
+            the experiment's runs from their per-round curves. The default is the paper's 0.750 /
+            0.770 / 0.785 placed relative to its FedAvg 0.813.
+    """
+
+    auroc: tuple[float, ...] = ()
+    below_fedavg: tuple[float, ...] = (0.063, 0.043, 0.028)
+
+    @field_validator("auroc")
+    @classmethod
+    def _in_unit(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [t for t in v if not 0.0 < t <= 1.0]
+        if bad:
+            raise ValueError(f"targets.auroc: each target must lie in (0, 1], got {bad[0]}")
+        if len({f"{t:.3f}" for t in v}) < len(set(v)):
+            raise ValueError("targets.auroc: two targets agree to three decimals (their MLflow names would clash)")
+        return tuple(sorted(set(v)))
+
+    @field_validator("below_fedavg")
+    @classmethod
+    def _offsets(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        bad = [d for d in v if not 0.0 <= d < 1.0]
+        if bad:
+            raise ValueError(f"targets.below_fedavg: each offset must lie in [0, 1), got {bad[0]}")
+        return tuple(sorted(set(v), reverse=True))
+
+
 #: method parameters whose +infinity means "off" (:class:`abps.privacy.MetadataDpParams`)
 INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
 
@@ -292,6 +330,7 @@ class RunConfig(_Strict):
     evaluation: EvaluationConfig = EvaluationConfig()
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.data.drift_scenario)")
     realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock")
+    targets: TargetsConfig = TargetsConfig()
 
     @field_validator("method")
     @classmethod
@@ -416,11 +455,13 @@ def canonical_json(obj: Any) -> str:
 
 
 def config_hash(cfg: RunConfig, cohort: str) -> str:
-    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``.
+    """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``, without the
+    measurement setting ``targets`` (it changes no trained parameter, so runs that differ only there
+    are the same configuration).
 
     Args:
         cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
         cohort: the cohort id (:func:`cohort_id`).
     """
-    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
+    doc = {"config": cfg.model_dump(mode="json", exclude={"targets"}), "cohort": cohort}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]

@@ -21,6 +21,8 @@ from federation.report.privacy_drift import privacy_drift_sections
 from federation.report.realworld import FILES as REALWORLD_FILES
 from federation.report.realworld import realworld_section
 from federation.report.sage_tables import sage_figure, sage_markdown, sage_tables
+from federation.report.targets import FILES as TARGET_FILES
+from federation.report.targets import targets_section
 from federation.report.vv_table import vv_table
 from federation.run.tracking import KIND_REPORT, KIND_TAG, Tracker, check_no_identifiers, finite
 
@@ -49,6 +51,7 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
         parts.append(clinical_md)
         iso_md, doc["sections"]["isolation"] = isolation_section(col.cells)  # per-seed isolation
         parts.append(iso_md)
+        parts.append(targets_section(client, col.cells, out, doc))  # bytes to target
         parts.append(privacy_drift_sections(client, col.cells, out, doc["sections"]))
     else:
         parts.append("## ABPS Table 1\n\nNo finished clinical runs in this experiment; section skipped.\n")
@@ -115,7 +118,7 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
 
 _ALL_REPORT_FILES = frozenset(
     {"report.md", "report.json", "table1.md", "table1.csv", "fig3.png", "sage_fig3.png", "vv_table1.md",
-     "vv_table1.csv", *CLINICAL_FILES, *CROSS_FILES, *REALWORLD_FILES, *PRIVACY_DRIFT_FILES}
+     "vv_table1.csv", *CLINICAL_FILES, *CROSS_FILES, *REALWORLD_FILES, *TARGET_FILES, *PRIVACY_DRIFT_FILES}
     | {f"sage_table{i}.{e}" for i in (1, 2, 3) for e in ("md", "csv")})
 
 
@@ -133,5 +136,7 @@ def _written(doc: dict[str, Any], out: Path) -> set[str]:
         names |= {"vv_table1.md", "vv_table1.csv"}
     if "realworld" in doc["sections"]:
         names |= set(REALWORLD_FILES)
+    if "bytes_to_target" in doc["sections"]:
+        names |= set(TARGET_FILES)
     names |= set(PRIVACY_DRIFT_FILES)  # those its sections wrote (existing files only, below)
     return {n for n in names if (out / n).is_file()}

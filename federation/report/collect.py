@@ -4,12 +4,13 @@ two cohorts pooled."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from federation.methods.registry import run_label
 from federation.run.tracking import (
     ARM_TAG,
     BENCHMARK_TAG,
@@ -56,6 +57,8 @@ class CellRun:
     n_scored: float = math.nan  # centers with a defined test AUROC; the mean needs min_scored of them
     min_scored: float = math.nan
     cohort_name: str = ""  # the cohort's folder name (empty for runs made before the tag)
+    final_val_auroc: float = math.nan  # mean validation AUROC of the reported round
+    targets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # the run's targets.* config (as logged)
 
 
 def _platform(tags: dict[str, str]) -> dict[str, str]:
@@ -101,7 +104,9 @@ class Collected:
 
 def _label(method: str, params: dict[str, str]) -> str:
     """Row label of an ``abps train`` run made before runs carried their label tag
-    (:func:`federation.methods.run_label` of its logged method parameters)."""
+    (:func:`federation.methods.run_label` of its logged method parameters; imports the methods)."""
+    from federation.methods.registry import run_label
+
     return run_label(method, {k[len("params."):]: v for k, v in params.items() if k.startswith("params.")})
 
 
@@ -122,7 +127,20 @@ def _cell_from_run(r: Any) -> CellRun | None:
         rest_share=float(m.get("rest_share_mean", math.nan)),
         partners_mean=float(m.get("partners_mean", math.nan)),
         acceptance_rate=float(m.get("run_acceptance_rate", math.nan)),
-        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)), platform=_platform(t))
+        centers_ever_rested=float(m.get("centers_ever_rested", math.nan)), platform=_platform(t),
+        final_val_auroc=float(m.get("final_val_auroc_mean", math.nan)), targets=_targets(r.data.params))
+
+
+def _targets(params: dict[str, str]) -> dict[str, tuple[float, ...]]:
+    """The run's logged ``targets.auroc`` / ``targets.below_fedavg`` (JSON lists, :func:`flatten`);
+    a run made before the setting existed has neither."""
+    out = {}
+    for key in ("auroc", "below_fedavg"):
+        text = params.get(f"targets.{key}")
+        if text is not None:
+            with contextlib.suppress(ValueError, TypeError):
+                out[key] = tuple(float(x) for x in json.loads(text))
+    return out
 
 
 def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
@@ -146,12 +164,17 @@ def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
     return kept, notes
 
 
-def collect_runs(tracker: Tracker) -> Collected:
-    """FINISHED runs of the tracker's experiment split into clinical cells, SAGE and
-    variance-correction runs."""
+def collect_runs(source: Tracker | Iterable[Any]) -> Collected:
+    """FINISHED runs split into clinical cells, SAGE and variance-correction runs.
+
+    Args:
+        source: a :class:`Tracker` (its experiment's FINISHED runs are searched), or the FINISHED
+            runs themselves (MLflow ``Run`` objects or :class:`federation.run.store_read.StoredRun`).
+    """
     out = Collected()
     cells = []
-    for r in tracker.search("attributes.status = 'FINISHED'"):
+    runs = source.search("attributes.status = 'FINISHED'") if isinstance(source, Tracker) else source
+    for r in runs:
         bench = r.data.tags.get(BENCHMARK_TAG)
         if bench == "sage" and SELECTOR_TAG in r.data.tags:
             out.sage.append(r)

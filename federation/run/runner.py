@@ -26,6 +26,7 @@ from federation.core.ledger import Ledger
 from federation.core.loop import EvalSchedule, drive
 from federation.core.metrics import summarize
 from federation.core.seeding import mix_seed
+from federation.core.targets import curve_of, reach_all
 from federation.core.variance import variance_correct
 from federation.data.drift_scenario import apply_drift, drifting_copy
 from federation.data.load import federation_id, load_federation
@@ -80,12 +81,16 @@ class RunResult:
     artifacts: dict[str, Any] = field(default_factory=dict)
     method_summary: dict[str, Any] = field(default_factory=dict)
     clinical: ClinicalEvaluation | None = None
+    curve: dict[str, list[float]] = field(default_factory=dict)
+    bytes_to_target: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The results.json entry of this seed (no history, per-center detail, parameters or
         method artifacts; ``method_summary`` holds the method's ``final_metrics``, e.g. ABPS's
         per-seed isolation figures and the DP budget spent by its metadata releases; ``clinical`` the
-        clinical figures' across-center summary, federation.core.evaluation)."""
+        clinical figures' across-center summary, federation.core.evaluation; ``curve`` the per-round
+        mean validation AUROC and cumulative bytes, ``bytes_to_target`` where it reaches each
+        ``targets.auroc``, federation.core.targets)."""
         skip = ("history", "per_center", "params", "artifacts", "clinical")
         out = {k: v for k, v in asdict(self).items() if k not in skip}
         if self.clinical is not None:
@@ -321,7 +326,7 @@ def finalize_run(
         params=keep() if keep is not None else None,
         artifacts=artifacts() if artifacts is not None else {},
         method_summary=method_summary() if method_summary is not None else {},
-        clinical=clin,
+        clinical=clin, curve=(curve := curve_of(history)), bytes_to_target=reach_all(curve, cfg.targets.auroc),
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from etl.errors import InputError
-from federation.core import provenance
+from federation.core.targets import target_name
 
 _FORBIDDEN_KEYS = {"stay_id", "subject_id", "hadm_id"}
 _T = TypeVar("_T")
@@ -110,6 +110,19 @@ def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
         v = final.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
             out[name] = float(v)
+    return out
+
+
+def target_metrics(reached: list[dict[str, Any]]) -> dict[str, float]:
+    """``rounds_to_auroc_<t>`` and ``bytes_to_auroc_<t>`` (``<t>`` with three decimals) of each
+    reached target of a run summary's ``bytes_to_target`` (federation.core.targets.reach_all); a
+    target never reached logs nothing (MLflow has no "not reached" value; never 0)."""
+    out: dict[str, float] = {}
+    for e in reached:
+        if e.get("round") is not None:
+            name = target_name(float(e["auroc"]))
+            out[f"rounds_to_auroc_{name}"] = float(e["round"])
+            out[f"bytes_to_auroc_{name}"] = float(e["bytes"])
     return out
 
 
@@ -338,6 +351,8 @@ class Tracker:
         Ray worker) overwrites them with its own."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+        from federation.core import provenance  # imports torch: only a writer needs it
+
         all_tags = {MLFLOW_RUN_NAME: name, **platform_tags(provenance.machine_info()), **(tags or {})}
         parent = parent_id or (self._stack[-1] if self._stack else None)
         if parent:
@@ -441,11 +456,13 @@ class Tracker:
 
     def log_final(self, summary: dict[str, Any]) -> None:
         """Log the :data:`FINAL_KEYS` of a run summary, the finite numbers of its
-        ``method_summary`` (a method's ``final_metrics``, e.g. ABPS's ``rest_share_mean``) and
-        the :data:`HEADLINE` metrics as final metrics at step = rounds run."""
+        ``method_summary`` (a method's ``final_metrics``, e.g. ABPS's ``rest_share_mean``), its
+        reached targets (:func:`target_metrics`) and the :data:`HEADLINE` metrics as final metrics
+        at step = rounds run."""
         final = {k: summary[k] for k in FINAL_KEYS if k in summary}
         final.update({k: float(v) for k, v in (summary.get("method_summary") or {}).items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))})
+        final.update(target_metrics(summary.get("bytes_to_target") or []))
         self.log_metrics({**headline_metrics(final), **final}, int(summary.get("rounds_run") or 0))
 
     def log_json(self, obj: Any, artifact_file: str) -> None:
@@ -469,12 +486,17 @@ class Tracker:
 
     def search(self, filter_string: str) -> list[Any]:
         """Every run of the experiment matching ``filter_string`` (all pages)."""
-        out: list[Any] = []
-        token = None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000,
-                                           page_token=token)
-            out.extend(page)
-            token = page.token
-            if not token:
-                return out
+        return search_all(self.client, self.experiment_id, filter_string)
+
+
+def search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
+    """Every active run of experiment ``experiment_id`` matching ``filter_string``, all pages of
+    ``client.search_runs`` (an ``MlflowClient``), newest first."""
+    out: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
