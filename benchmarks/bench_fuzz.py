@@ -2,7 +2,9 @@
 check that `abps etl` gives either the clean cohort or one ``error:`` line naming the mutated file,
 never a traceback and never a partial output.
 
-``python -m benchmarks.run fuzz [-- --examples N --seed S]`` runs N hypothesis examples (default 200);
+``python -m benchmarks.run fuzz [-- --examples N --seed S --source mimic|eicu|meds|config|all]`` runs N
+hypothesis examples per source (default 200, every source); the eICU, MEDS and config parts are
+described above :data:`EICU_TABLES`;
 ``tests/test_fuzz_inputs.py`` runs a seeded, derandomized handful in CI. Mutations: truncate the gzip
 stream, zero padding after it (harmless: gzip reads it), flip a compressed byte, drop / rename /
 retype a column, a duplicated header name, a value in Latin-1 (not UTF-8), a huge or negative
@@ -371,36 +373,57 @@ def check_config(kind: str, at: float, cohort: Path, work: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hyp_seed
     from hypothesis import strategies as st
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--examples", type=int, default=200)
+    ap.add_argument("--examples", type=int, default=200, help="examples per source")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", choices=("mimic", "eicu", "meds", "config", "all"), default="all")
     a = ap.parse_args(argv)
     os.environ.setdefault("ABPS_STATE", str(Path(tempfile.mkdtemp()) / "state.json"))
     root = Path(tempfile.mkdtemp(prefix="abps-fuzz-"))
-    clean = clean_cohort(root)
     outcomes: dict[str, int] = {}
+    floats = st.floats(0.0, 0.999)
+    sources = ("mimic", "eicu", "meds", "config") if a.source == "all" else (a.source,)
+    clean = clean_cohort(root) if "mimic" in sources else None
+    cohort = None
+    if "config" in sources:
+        from federation.data.synthetic import write_fedprox_cohort
+
+        cohort = write_fedprox_cohort(root / "cohort", n_centers=3, seed=2, mean_size=50.0)
+    draws = {
+        "mimic": (st.tuples(st.sampled_from(TABLES), st.sampled_from(KINDS), floats),
+                  lambda d, w: check(Mutation(*d), clean, w)),
+        "eicu": (st.tuples(st.sampled_from(EICU_TABLES), st.sampled_from(EICU_KINDS), floats),
+                 lambda d, w: check_eicu(*d, w)),
+        "meds": (st.tuples(st.sampled_from(MEDS_FILES), st.sampled_from(MEDS_KINDS), floats),
+                 lambda d, w: check_meds(*d, w)),
+        "config": (st.tuples(st.sampled_from(CONFIG_KINDS), floats), lambda d, w: check_config(*d, cohort, w)),
+    }
     t0 = time.perf_counter()
+    def fuzz(source: str) -> None:
+        strategy, run = draws[source]
 
-    @settings(max_examples=a.examples, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
-    @given(st.sampled_from(TABLES), st.sampled_from(KINDS), st.floats(0.0, 0.999))
-    def one(table: str, kind: str, at: float) -> None:
-        work = Path(tempfile.mkdtemp(dir=root))
-        try:
-            r = check(Mutation(table, kind, at), clean, work)
-            outcomes[f"{kind}:{r}"] = outcomes.get(f"{kind}:{r}", 0) + 1
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        @hyp_seed(a.seed)
+        @settings(max_examples=a.examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def one(drawn) -> None:
+            work = Path(tempfile.mkdtemp(dir=root))
+            try:
+                r = run(drawn, work)
+                key = f"{source}:{drawn[-2]}:{r}"
+                outcomes[key] = outcomes.get(key, 0) + 1
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
 
-    import random
+        one()
 
-    random.seed(a.seed)
-    one()
+    for source in sources:
+        fuzz(source)
     shutil.rmtree(root, ignore_errors=True)
-    print(f"fuzz: {a.examples} examples in {time.perf_counter() - t0:.0f} s, every one the clean cohort or one "
-          f"error line naming the file: {dict(sorted(outcomes.items()))}")
+    print(f"fuzz: {a.examples} examples per source ({', '.join(sources)}) in {time.perf_counter() - t0:.0f} s, "
+          f"every one a whole output or one error line naming the file: {dict(sorted(outcomes.items()))}")
 
 
 if __name__ == "__main__":

@@ -248,6 +248,10 @@ READERS = [
     ("eicu-wrong-type", lambda t: _eicu(t, "apacheApsVar", _text(_set_col(_HR, "abc"))), (f"'{_HR}'",)),
     ("eicu-fraction-in-key", lambda t: _eicu(t, "patient", _text(_set_col("hospitalid", "73.5"))),
      ("'hospitalid'", "whole numbers")),
+    ("eicu-age-nan", lambda t: _eicu(t, "patient", _text(_set_col("age", "nan"))), ("'age'",)),
+    ("eicu-age-text", lambda t: _eicu(t, "patient", _text(_set_col("age", "old"))), ("'age'",)),
+    ("eicu-negative-year", lambda t: _eicu(t, "patient", _text(_set_col("hospitaldischargeyear", "-2014"))),
+     ("'hospitaldischargeyear'",)),
     ("eicu-flag-not-0-1", lambda t: _eicu(t, "apachePredVar", _text(_set_col("aids", "-1"))), ("'aids'",)),
     ("meds-truncated-shard", lambda t: _meds(t, "data/tuning/0.parquet", _cut(0.6)), ("Parquet",)),
     ("meds-garbage-shard", lambda t: _meds(t, "data/held_out/0.parquet", b"PAR1" + b"\0" * 100), ("Parquet",)),
@@ -256,6 +260,8 @@ READERS = [
      ("'hadm_id'",)),
     ("meds-wrong-type", lambda t: _meds(t, "data/tuning/0.parquet", _Frame(
         lambda d: d.with_columns(d["time"].dt.strftime("%d/%m/%Y").alias("time")))), ("'time'",)),
+    ("meds-negative-id", lambda t: _meds(t, "data/held_out/0.parquet", _Frame(
+        lambda d: d.with_columns(-d["hadm_id"]))), ("'hadm_id'", "positive")),
     ("meds-truncated-codes", lambda t: _meds(t, "metadata/codes.parquet", _cut(0.5)), ()),
     ("meds-truncated-splits", lambda t: _meds(t, "metadata/subject_splits.parquet", _cut(0.5)), ()),
     ("meds-garbage-dataset-json", lambda t: _meds(t, "metadata/dataset.json", b"{\"meds_version\": "), ("JSON",)),
