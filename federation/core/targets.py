@@ -1,15 +1,5 @@
-"""Bytes to target (ABPS paper Sec. 7, "scope of the accuracy claim"): the first round, and the
-cumulative bytes then, at which a run's mean validation AUROC reaches a target.
-
-A run's curve is its per-round record: round ``tau`` (1-based, after the exchange of round ``tau``),
-the mean validation AUROC over centers, and the cumulative bytes (model + probe + metadata) sent up
-to and including round ``tau``. A target ``t`` is reached at the first round whose mean validation
-AUROC is ``>= t``; a round whose mean is undefined (NaN) reaches nothing. A target never reached
-has no round and no bytes (None), never 0.
-
-The paper's targets 0.750 / 0.770 / 0.785 sit 0.063 / 0.043 / 0.028 below its FedAvg's 0.813;
-:func:`relative_targets` places them the same way below the FedAvg level of an experiment
-(``targets.below_fedavg`` in the run config, resolved by ``abps report``).
+"""Bytes to target (ABPS paper Sec. 7): the first round, and the cumulative bytes then, at which a
+run's mean validation AUROC reaches a target. Details: docs/ledger.md, "Module notes".
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""`abps report` section "bytes to target" (ABPS paper Sec. 7, "scope of the accuracy claim": ABPS-X
-"reaches each intermediate AUROC target (0.750, 0.770, 0.785) with four to six times fewer bytes").
-
-Targets: the runs' ``targets.below_fedavg`` offsets placed below the experiment's FedAvg level (the
-best FedAvg label's seed-mean final validation AUROC; FedAvg labels are the runs of method
-``fedavg``), plus their absolute ``targets.auroc``. For every label and target: the seeds whose
-mean validation AUROC reached it (federation/core/targets.py, read from each run's per-round
-MLflow curves ``val_auroc_mean``, ``cum_bytes``, ``cum_probe_bytes``, ``cum_metadata_bytes``), the
-mean first round and mean cumulative bytes over those seeds, and the bytes as a multiple of the
-FedAvg label's (``x FedAvg``; FedAvg = 1). A target no seed reached reads "not reached", never 0.
-Only aggregates the runs logged are read; nothing row-level.
+"""``abps report`` section "bytes to target" (ABPS paper Sec. 7): per method label and target, the
+mean first round and bytes at which the seeds' mean validation AUROC reaches it, with the ratio to
+FedAvg's. Details: docs/ledger.md, "Module notes".
 """
 
 from __future__ import annotations
