@@ -272,6 +272,17 @@ class RealWorldConfig(_Strict):
 INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
 
 
+class CheckpointConfig(_Strict):
+    """Round checkpoints of ``abps train`` (``<output>.ckpt``, federation/run/checkpoint.py): one is
+    written after round r when ``every_rounds`` divides r, or when ``every_minutes`` have passed
+    since the last one (0 turns either trigger off; both 0: none). How a run is run, not what it
+    computes: left out of the config hash and of the checkpoint's config check. Defaults: at most
+    about 1 % of a run's time (docs/decisions.md, "Round checkpoints")."""
+
+    every_rounds: int = Field(10, ge=0, description="write a checkpoint every this many rounds (0: off)")
+    every_minutes: float = Field(10.0, ge=0, description="also write one when this many minutes passed since the last (0: off)")
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -287,6 +298,7 @@ class RunConfig(_Strict):
     evaluation: EvaluationConfig = EvaluationConfig()
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.data.drift_scenario)")
     realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock")
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("method")
     @classmethod
@@ -369,6 +381,8 @@ def config_hash(cfg: RunConfig, cohort: str) -> str:
     Args:
         cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
         cohort: the cohort id (:func:`cohort_id`).
+
+    The ``checkpoint`` section (how often a run saves itself) is left out.
     """
-    doc = {"config": cfg.model_dump(mode="json"), "cohort": cohort}
+    doc = {"config": cfg.model_dump(mode="json", exclude={"checkpoint"}), "cohort": cohort}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]

@@ -35,6 +35,7 @@ from federation.engine.mixing import apply_momentum, check_row_stochastic
 from federation.engine.mlp import AdamState, StackedParams
 from federation.methods import Context, Method, get_method
 from federation.methods.registry import run_label
+from federation.run.checkpoint import global_streams, restore_global_streams
 from federation.run.realworld import RealWorld
 from federation.run.results import write_results
 from federation.run.tracking import (
@@ -52,6 +53,9 @@ from federation.run.tracking import (
 )
 
 RoundCallback = Callable[[int, dict[str, float]], None]
+#: ``checkpoint(tau, snapshot)`` after round ``tau`` when the run goes on; ``snapshot()`` returns the
+#: round state for :mod:`federation.run.checkpoint` (called only when a checkpoint is written)
+CheckpointCallback = Callable[[int, Callable[[], dict[str, Any]]], None]
 
 
 @dataclass
@@ -109,7 +113,8 @@ def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, r
 
 
 def run_one(
-    cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None, keep_params: bool = False
+    cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None, keep_params: bool = False,
+    checkpoint: CheckpointCallback | None = None, resume: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run one method for one seed.
 
@@ -119,9 +124,13 @@ def run_one(
         seed: run seed (parameters, batch order, dropout, method draws).
         on_round: called after every round with (round number, metrics dict).
         keep_params: store the final stacked parameters ``[n, ...]`` in ``result.params``.
+        checkpoint: offered the round state after every round the run goes on from
+            (:data:`CheckpointCallback`).
+        resume: a round state ``checkpoint`` was offered (same cfg, data and seed): the run goes on
+            from that round; ``on_round`` sees only the rounds after it.
 
     Returns:
-        :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
+        :class:`RunResult`. Same cfg, data and seed -> identical result on CPU, resumed or not.
     """
     cls = get_method(cfg.method)
     if cfg.data.preprocessing == "pooled" and not cls.pooled:
@@ -214,6 +223,42 @@ def run_one(
         sv, st = summarize(last["val"]), summarize(last["test"])
         return {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
 
+    def snapshot(tau: int) -> dict[str, Any]:
+        """Everything round tau reads (federation/run/checkpoint.py); rounds' float records exact."""
+        return {"round": tau, "records": list(records), "params": train_params,
+                "adam": (state.m, state.v, state.t), "momentum": momentum, "best": best,
+                "ledger": list(ledger.rounds), "rng": ctx.rng, "method": method.state_dict(),
+                "engine": train_engine.state_dict(), "realworld": rw.state_dict() if rw is not None else None,
+                "global": global_streams()}
+
+    def restore(snap: dict[str, Any]) -> int:
+        """Set the run to ``snap`` (after :meth:`Method.setup`); returns the round to go on from."""
+        nonlocal state, momentum, best
+        start = int(snap["round"])
+        for r in range(start):  # the drift scenario's label flips so far, on this run's copy of the data
+            apply_drift(data, cfg.drift, r)
+        for k, v in snap["params"].items():
+            train_params[k].copy_(v)
+        state = AdamState(*snap["adam"])
+        momentum, best = snap["momentum"], snap["best"]
+        ledger.rounds[:] = snap["ledger"]
+        ctx.rng = snap["rng"]
+        method.load_state_dict(snap["method"])
+        train_engine.load_state_dict(snap["engine"], state)
+        if rw is not None:
+            rw.load_state_dict(snap["realworld"])
+        restore_global_streams(snap["global"])
+        ctx.params = eval_params()
+        records[:] = snap["records"]
+        return start
+
+    records: list[tuple[int, dict[str, float]]] = []
+
+    def record(tau: int, metrics: dict[str, float]) -> None:
+        records.append((tau, metrics))
+        if on_round is not None:
+            on_round(tau, metrics)
+
     def stop(tau: int, metrics: dict[str, float]) -> bool:
         """Early stopping on the mean val AUROC (cfg.early_stopping)."""
         nonlocal best
@@ -225,7 +270,10 @@ def run_one(
             return False
         return r - best[1] >= es.patience
 
-    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), on_record=on_round, stop=stop)
+    start = restore(resume) if resume is not None else 0
+    after = (lambda tau: checkpoint(tau, lambda: snapshot(tau))) if checkpoint is not None else None
+    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), on_record=record, stop=stop,
+                    start=start, records=list(records), after=after)
     history = [{"round": float(tau), **m} for tau, m in outcome.records]
     rounds_run = outcome.steps_run
     last_val, last_test = last.get("val"), last.get("test")
