@@ -93,8 +93,9 @@ def mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 def save(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` (with :data:`FORMAT`) to ``path`` atomically: a temporary file in the same
-    folder, flushed to disk, then renamed over ``path``."""
+    folder (created if missing), flushed to disk, then renamed over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(tmp, "wb") as fh:
             torch.save({"format": FORMAT, **payload}, fh)
@@ -145,6 +146,11 @@ class Cadence:
     def __init__(self, cfg: CheckpointConfig, clock: Any = time.monotonic) -> None:
         self.every, self.seconds, self.clock = cfg.every_rounds, cfg.every_minutes * 60.0, clock
         self.last = clock()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any trigger is on."""
+        return self.every > 0 or self.seconds > 0
 
     def due(self, tau: int) -> bool:
         """Whether to write after time point ``tau`` (> 0); a True answer restarts the timer."""
