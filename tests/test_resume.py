@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from etl.errors import InputError
+from etl.images import FASHION_MNIST_DIR
 from federation.core.config import build_config
 from federation.core.loop import EvalSchedule, drive
 from federation.data.tensors import FederatedData
@@ -127,6 +128,21 @@ def test_resume_carries_drift_clock_momentum_and_early_stopping(name, extra, dat
     if "realworld" in extra:  # the clock went on from the checkpoint's virtual time
         assert [h["virtual_hours"] for h in resumed.history] == [h["virtual_hours"] for h in full.history]
         assert full.history[-1]["virtual_hours"] > full.history[0]["virtual_hours"]
+
+
+@pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
+                    reason="Fashion-MNIST not installed")
+@pytest.mark.parametrize("name", ["fedavg", "sage"])
+def test_an_image_federation_resumes_exactly(name: str, tmp_path: Path):
+    """The image engine keeps its clients' Adam moments itself (ImageEngine.state_dict)."""
+    from federation.data.load import load_federation
+
+    torch.set_num_threads(1)
+    (tmp_path / "images.yaml").write_text("dataset: fmnist\nn_clients: 3\nalpha_dir: 0.5\ntrain_samples: 240\n")
+    images = load_federation(tmp_path)
+    cfg = build_config(name, all_methods()[name].default_config, None, rounds=3)
+    full, resumed, _ = _round_trip(cfg, images)
+    assert resumed.history == full.history and resumed.summary() == full.summary()
 
 
 # ------------------------------------------------------------------- stamps, refusals, atomic writes

@@ -93,14 +93,13 @@ def mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 def save(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` (with :data:`FORMAT`) to ``path`` atomically: a temporary file in the same
-    folder (created if missing), flushed to disk, then renamed over ``path``."""
+    folder (created if missing), then renamed over ``path``. A killed process leaves the old file or
+    the new one; no ``fsync`` (it doubled the write's time; docs/decisions.md, "Round checkpoints")."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(tmp, "wb") as fh:
             torch.save({"format": FORMAT, **payload}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
