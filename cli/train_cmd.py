@@ -69,6 +69,9 @@ def train(
     output: Path | None = typer.Option(
         None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
+    resume: bool = typer.Option(
+        False, "--resume", help="go on from the last checkpointed round of a stopped run (same options; its "
+        "<output>.ckpt; without --output the newest checkpoint of this method under runs/<experiment>/)"),
     tracking_uri: str | None = project.tracking_uri_option(),
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the cohort's folder name)"),
@@ -96,6 +99,9 @@ def train(
 
         name = str(file_cfg["benchmark"]).lower()
         bench = get_benchmark(name, config)
+        if resume:
+            raise InputError(f"--resume: a {name} benchmark config ({config}) has no round checkpoints; "
+                             "run it again without --resume")
         _refuse_unused(ctx, _BENCHMARK_OPTIONS, f"a {name} benchmark config ({config})")
         # only what the user set overrides the benchmark config's own seeds / experiment; the
         # results file defaults to the config's `output`, else results.json as for clinical runs
@@ -152,13 +158,15 @@ def train(
         file_cfg["params"] = {**(file_cfg.get("params") or {}), **_parse_params(param)}
     cfg = build_config(method, cls.default_config, file_cfg, rounds)
     label = run_label(cfg.method, cfg.params)
+    if resume and output is None:
+        output = project.latest_checkpointed_output(experiment, label)
     output = output or project.run_output(experiment, label)
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
-                       progress=not no_progress, overwrite=force)
+                       progress=not no_progress, overwrite=force, resume=resume)
     from federation.run.runner import dropped_message
 
     note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])

@@ -315,6 +315,17 @@ class TargetsConfig(_Strict):
 INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
 
 
+class CheckpointConfig(_Strict):
+    """Round checkpoints of ``abps train`` (``<output>.ckpt``, federation/run/checkpoint.py): one is
+    written after round r when ``every_rounds`` divides r, or when ``every_minutes`` have passed
+    since the last one (0 turns either trigger off; both 0: none). How a run is run, not what it
+    computes: left out of the config hash and of the checkpoint's config check. Defaults: at most
+    at most 2 % of a run's time (docs/decisions.md, "Round checkpoints")."""
+
+    every_rounds: int = Field(25, ge=0, description="write a checkpoint every this many rounds (0: off)")
+    every_minutes: float = Field(10.0, ge=0, description="also write one when this many minutes passed since the last (0: off)")
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -331,6 +342,7 @@ class RunConfig(_Strict):
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.data.drift_scenario)")
     realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock")
     targets: TargetsConfig = TargetsConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("method")
     @classmethod
@@ -456,12 +468,12 @@ def canonical_json(obj: Any) -> str:
 
 def config_hash(cfg: RunConfig, cohort: str) -> str:
     """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``, without the
-    measurement setting ``targets`` (it changes no trained parameter, so runs that differ only there
-    are the same configuration).
+    measurement setting ``targets`` and the ``checkpoint`` section (how often a run saves itself):
+    neither changes a trained parameter, so runs that differ only there are the same configuration.
 
     Args:
         cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
         cohort: the cohort id (:func:`cohort_id`).
     """
-    doc = {"config": cfg.model_dump(mode="json", exclude={"targets"}), "cohort": cohort}
+    doc = {"config": cfg.model_dump(mode="json", exclude={"targets", "checkpoint"}), "cohort": cohort}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]
