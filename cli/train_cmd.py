@@ -99,9 +99,6 @@ def train(
 
         name = str(file_cfg["benchmark"]).lower()
         bench = get_benchmark(name, config)
-        if resume:
-            raise InputError(f"--resume: a {name} benchmark config ({config}) has no round checkpoints; "
-                             "run it again without --resume")
         _refuse_unused(ctx, _BENCHMARK_OPTIONS, f"a {name} benchmark config ({config})")
         # only what the user set overrides the benchmark config's own seeds / experiment; the
         # results file defaults to the config's `output`, else results.json as for clinical runs
