@@ -42,6 +42,12 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line[:limit]
 
 
+def _warning_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
+    """``warnings.formatwarning`` while a command runs: ``warning: <first line>``, without
+    Python's file, line number and source line."""
+    return f"warning: {_first_line(message)}\n"
+
+
 #: The signal that ended the command, if any (set by the handlers below). A signal that arrives
 #: while DuckDB runs a query does not surface as the handler's exception: DuckDB interrupts the
 #: query and raises its own error (``RuntimeError: Query interrupted``). Whatever exception
@@ -71,10 +77,10 @@ def _exit_interrupted() -> None:
 def _watch_signals(fd: int) -> None:
     """Thread body: each byte on ``fd`` (the signal wakeup pipe) is a signal that just arrived;
     interrupt the running DuckDB queries, which a signal alone does not stop while several
-    threads execute them. The Python handler then runs when the query returns. Ends at EOF."""
+    threads execute them. The Python handler then runs when the query returns. Ends at EOF.
+    A command that never imported the ETL's DuckDB module has no query to interrupt (and does
+    not pay for importing DuckDB)."""
     import signal
-
-    from etl.sources import interrupt_all
 
     while True:
         try:
@@ -83,8 +89,9 @@ def _watch_signals(fd: int) -> None:
             return
         if not data:
             return
-        if {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
-            interrupt_all()
+        sources = sys.modules.get("etl.sources")
+        if sources is not None and {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
+            sources.interrupt_all()
 
 
 @contextlib.contextmanager
@@ -121,9 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     temporary paths, so an interrupted command leaves earlier outputs intact.
     """
     import signal
+    import warnings
 
     _register()
     _received["signal"] = None
+    formatwarning, warnings.formatwarning = warnings.formatwarning, _warning_line
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, _on_sigterm)
     if previous[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT stays ignored
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             _report(exc)
         raise
     finally:
+        warnings.formatwarning = formatwarning
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if _received["signal"] is not None or rv == 130:  # click turns an interrupt into the return value 130

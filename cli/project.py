@@ -94,22 +94,42 @@ def default_cohort() -> Path:
                      "(this project then uses it by default)")
 
 
+def _safe(s: str) -> str:
+    """``s`` as a folder name (runs of :func:`run_output`)."""
+    return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"
+
+
 def run_output(experiment: str, method: str) -> Path:
     """``runs/<experiment>/<method>-<UTC yyyymmdd-HHMMSS>/results.json`` (folder names made safe).
 
     A second run of the same label within the same second gets the first free folder among
     ``...-HHMMSS-2``, ``-3``, ... so a default output never collides with an earlier run's.
     """
-    def safe(s: str) -> str:
-        return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"
-
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = Path("runs") / safe(experiment) / f"{safe(method)}-{stamp}"
+    base = Path("runs") / _safe(experiment) / f"{_safe(method)}-{stamp}"
     folder, n = base, 1
     while folder.exists():
         n += 1
         folder = base.with_name(f"{base.name}-{n}")
     return folder / "results.json"
+
+
+def latest_checkpointed_output(experiment: str, method: str) -> Path:
+    """The results.json path of the newest run folder of ``method`` under ``runs/<experiment>/``
+    (:func:`run_output`'s names) that holds a round checkpoint (``results.json.ckpt``).
+
+    Raises:
+        InputError: none has one (naming the folder searched and --output).
+    """
+    from federation.run.checkpoint import SUFFIX
+
+    folder = Path("runs") / _safe(experiment)
+    own = re.compile(re.escape(_safe(method)) + r"-\d{8}-\d{6}(-\d+)?")  # not abps-hom-... for abps
+    found = [p for p in folder.glob(f"*/results.json{SUFFIX}") if own.fullmatch(p.parent.name) and p.is_file()]
+    if not found:
+        raise InputError(f"--resume: no checkpoint of {method!r} under {folder}/ (give the stopped run's --output)")
+    newest = max(found, key=lambda p: (p.stat().st_mtime, str(p)))
+    return newest.with_name("results.json")
 
 
 def check_output(path: Path, force: bool) -> None:

@@ -12,12 +12,16 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 import typer
 
 from cli import project
 from cli.app import app
 from etl.errors import InputError
+
+if TYPE_CHECKING:
+    from federation.run.store_read import RunStore
 
 
 @app.command("ui")
@@ -120,16 +124,17 @@ def compare_url(base: str, uri: str, experiment: str | None) -> str:
     import urllib.parse
 
     from federation.report import collect_runs
-    from federation.run.tracking import Tracker
+    from federation.run.store_read import open_store
 
     ml = "workflowType=machine_learning"
     try:
-        name = default_experiment(experiment, uri)
-        tracker = Tracker(uri, name, create=False)
-    except InputError:
+        with open_store(uri) as store:
+            exp = store.experiment_id(default_experiment(experiment, uri, store))
+            cells = [] if exp is None else collect_runs(store.finished_runs(exp)).cells
+    except InputError:  # a store the UI shows but this process cannot read: the home page
+        exp = None
+    if exp is None:
         return f"{base}/#/experiments?{ml}"
-    cells = collect_runs(tracker).cells
-    exp = tracker.experiment_id
     if not cells:
         return f"{base}/#/experiments/{exp}/runs?{ml}"
     runs = json.dumps([c.run_id for c in sorted(cells, key=lambda c: (c.label, c.seed))], separators=(",", ":"))
@@ -157,11 +162,11 @@ def runs(
 
     from federation.report import collect_runs, table1
     from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell
-    from federation.run.tracking import Tracker
+    from federation.run.store_read import experiment_or_error, open_store
 
-    experiment = default_experiment(experiment, tracking_uri)
-    tracker = Tracker(tracking_uri, experiment, create=False)  # InputError naming a missing experiment
-    col = collect_runs(tracker)
+    with open_store(tracking_uri) as store:
+        experiment = default_experiment(experiment, tracking_uri, store)
+        col = collect_runs(store.finished_runs(experiment_or_error(store, experiment)))
     if not col.cells:
         typer.echo(f"experiment {experiment}: no finished training runs yet (abps train --goal diversity)")
         return
@@ -178,20 +183,21 @@ def runs(
         typer.echo(f"note: {note}")
 
 
-def default_experiment(given: str | None, tracking_uri: str | None) -> str:
+def default_experiment(given: str | None, tracking_uri: str | None, store: RunStore | None = None) -> str:
     """The experiment ``abps runs`` / ``abps report`` / ``abps ui`` show: ``given``, else
     ``MLFLOW_EXPERIMENT_NAME``, else the folder name of this project's cohort (``abps train``'s
     default experiment) when the store has it, else the store's most recently created
-    experiment that holds runs, else ``abps``."""
-    from federation.run.tracking import EXPERIMENT_ENV, default_tracking_uri, open_client
+    experiment that holds runs, else ``abps``. ``store``: the store already open on
+    ``tracking_uri`` (opened here, read-only, when None)."""
+    from federation.run.store_read import open_store
+    from federation.run.tracking import EXPERIMENT_ENV
 
     if given or os.environ.get(EXPERIMENT_ENV, "").strip():
         return given or os.environ[EXPERIMENT_ENV].strip()
-    client = open_client(tracking_uri or default_tracking_uri(), write=False)  # a reader: no lock, no schema change
+    if store is None:
+        with open_store(tracking_uri) as opened:
+            return default_experiment(None, tracking_uri, opened)
     cohort = project.recorded_cohort()
-    if cohort is not None and client.get_experiment_by_name(cohort.name) is not None:
+    if cohort is not None and store.experiment_id(cohort.name) is not None:
         return cohort.name
-    for exp in client.search_experiments(order_by=["creation_time DESC"], max_results=50):
-        if client.search_runs([exp.experiment_id], max_results=1):
-            return exp.name
-    return "abps"
+    return store.latest_experiment_with_runs() or "abps"

@@ -9,15 +9,14 @@ benchmark runners instead (``federation.images.cli_run`` / ``federation.gossip.c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
-from typer.core import TyperCommand
 
 from cli import project
 from cli.app import app
 from etl.errors import InputError
 from etl.io import check_writable
+from federation.method_catalog import METHOD_NAMES
 
 
 def _parse_params(items: list[str]) -> dict[str, object]:
@@ -33,19 +32,6 @@ def _parse_params(items: list[str]) -> dict[str, object]:
         except yaml.YAMLError:
             raise InputError(f"--param {name.strip()}: value is not valid YAML") from None
     return out
-
-
-class _TrainCommand(TyperCommand):
-    """``abps train`` whose ``--method`` help lists the registered methods (read when help is
-    shown, so other commands do not pay for importing every method)."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        from federation.methods import method_names
-
-        for p in self.params:
-            if p.name == "method":
-                p.help = f"registered method, in the ABPS paper's Table 1 order: {', '.join(method_names())}"
-        super().format_help(ctx, formatter)
 
 
 #: the ``abps train`` options a benchmark config (``benchmark: sage | vv``) applies; --no-progress
@@ -68,12 +54,12 @@ def _refuse_unused(ctx: typer.Context, applies: frozenset[str], what: str) -> No
 
 @app.command(
     "train",
-    cls=_TrainCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
 )
 def train(
     ctx: typer.Context,
-    method: str | None = typer.Option(None, "--method", help="registered method (listed in `abps train --help`)"),
+    method: str | None = typer.Option(
+        None, "--method", help=f"registered method, in the ABPS paper's Table 1 order: {', '.join(METHOD_NAMES)}"),
     cohort: Path | None = typer.Option(
         None, "--cohort", help="directory with cohort.parquet + centers.parquet (default: the cohort of this "
         "project's most recent `abps etl`, recorded in .abps/state.json, else ./cohort)"),
@@ -83,6 +69,9 @@ def train(
     output: Path | None = typer.Option(
         None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
+    resume: bool = typer.Option(
+        False, "--resume", help="go on from the last checkpointed round of a stopped run (same options; its "
+        "<output>.ckpt; without --output the newest checkpoint of this method under runs/<experiment>/)"),
     tracking_uri: str | None = project.tracking_uri_option(),
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the cohort's folder name)"),
@@ -101,7 +90,7 @@ def train(
 
     `abps train --goal diversity` alone trains the goal-aware ABPS preset on this project's cohort.
     """
-    from federation.core.config import build_config, load_yaml
+    from federation.core.config import build_config, check_config_file, load_yaml
 
     seed_list = project.parse_seeds(seeds, list(ctx.args))
     file_cfg = load_yaml(config) if config is not None else None
@@ -110,6 +99,9 @@ def train(
 
         name = str(file_cfg["benchmark"]).lower()
         bench = get_benchmark(name, config)
+        if resume:
+            raise InputError(f"--resume: a {name} benchmark config ({config}) has no round checkpoints; "
+                             "run it again without --resume")
         _refuse_unused(ctx, _BENCHMARK_OPTIONS, f"a {name} benchmark config ({config})")
         # only what the user set overrides the benchmark config's own seeds / experiment; the
         # results file defaults to the config's `output`, else results.json as for clinical runs
@@ -126,6 +118,10 @@ def train(
         check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
             file_cfg = {**file_cfg, bench.threads_key: threads}
+        try:  # a bad option of the file is refused before anything runs, naming the file
+            bench.check(file_cfg, rounds, seed_list or None)
+        except InputError as exc:
+            raise InputError(f"{config}: {exc}") from None
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
         bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
@@ -155,18 +151,22 @@ def train(
         if "goal" not in getattr(cls.Params, "model_fields", {}):
             raise InputError(f"--goal applies to the ABPS methods only, not {method!r}")
         param = [*(param or []), f"goal={goal.strip().lower()}"]
+    if file_cfg is not None:  # the file alone first: a bad key is reported with the file's name
+        check_config_file(config, lambda: build_config(method, cls.default_config, file_cfg))
     if param:
         file_cfg = dict(file_cfg or {"method": method})
         file_cfg["params"] = {**(file_cfg.get("params") or {}), **_parse_params(param)}
     cfg = build_config(method, cls.default_config, file_cfg, rounds)
     label = run_label(cfg.method, cfg.params)
+    if resume and output is None:
+        output = project.latest_checkpointed_output(experiment, label)
     output = output or project.run_output(experiment, label)
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     doc = run_training(cfg, cohort, seed_list, output=output, tracking_uri=tracking_uri, experiment=experiment,
-                       progress=not no_progress, overwrite=force)
+                       progress=not no_progress, overwrite=force, resume=resume)
     from federation.run.runner import dropped_message
 
     note = dropped_message(doc.get("dropped_centers", {}), doc["n_centers"])

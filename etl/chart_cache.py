@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 
-from etl.io import atomic_write_text, user_cache_dir
+from etl.io import atomic_write_text, file_digest, user_cache_dir
 from etl.sources import Table, sql_path
 
 #: Bump when the cached layout changes: every older entry is then rebuilt (2: a derived
@@ -102,6 +102,8 @@ def _mismatch(manifest: dict, want: dict, con: duckdb.DuckDBPyConnection, parque
         return "cache file missing"
     if _parquet_rows(con, parquet) != manifest.get("rows"):
         return "cache file row count differs from its manifest"
+    if file_digest(parquet) != manifest.get("sha256"):  # damage inside the file (zeroed or flipped bytes)
+        return "cache file content differs from its manifest (SHA-256)"
     return ""
 
 
@@ -181,7 +183,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         if fingerprint(table.path) != want["source"]:  # the source changed while it was read
             parquet.unlink(missing_ok=True)
             return CacheResult(None, "unwritable", None, time.perf_counter() - t0, "source changed while copied")
-        atomic_write_text(manifest_path, json.dumps({**want, "rows": int(rows),
+        atomic_write_text(manifest_path, json.dumps({**want, "rows": int(rows), "sha256": file_digest(parquet),
                                                      "source_name": table.path.name}, indent=1))
     except OSError as exc:
         return CacheResult(None, "unwritable", None, time.perf_counter() - t0,

@@ -21,15 +21,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from etl.sources import Table
+from etl.sources import TIMESTAMP_FORMAT, Table
 from etl.sql import concept_sql
 
 #: Arrow types of the four chartevents columns the ETL reads (DuckDB's BIGINT, TIMESTAMP,
-#: INTEGER and DOUBLE of etl.mimic.TYPES).
-ARROW_TYPES = {"stay_id": pa.int64(), "charttime": pa.timestamp("us"), "itemid": pa.int32(),
-               "valuenum": pa.float64()}
-#: The only timestamp text the DuckDB scan accepts (etl/sources.py ``timestampformat``).
-TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
+#: INTEGER and DOUBLE of etl.mimic.TYPES); charttime is read as text and converted by
+#: :func:`charttime_us`.
+ARROW_TYPES = {"stay_id": pa.int64(), "charttime": pa.string(), "itemid": pa.int32(), "valuenum": pa.float64()}
+#: Length of a ``TIMESTAMP_FORMAT`` value with zero-padded fields ('2150-01-01 10:00:00').
+_TIMESTAMP_CHARS = 19
 #: Bytes of CSV text per Arrow batch.
 BLOCK_BYTES = 8 << 20
 #: stay_id ranges the vital rows are split into (sorted and reduced one at a time).
@@ -79,6 +79,30 @@ def vital_items(text: str | None = None) -> VitalItems:
     return VitalItems(np.array([int(r[0]) for r in rows], np.int32), np.array([vitals.index(r[1]) for r in rows], np.uint8),
                       np.array([float(r[2]) for r in rows]), np.array([float(r[3]) for r in rows]),
                       np.array([r[4] == "true" for r in rows]), np.array([r[5] == "true" for r in rows]), vitals)
+
+
+def charttime_us(text: pa.Array) -> pa.Array:
+    """Timestamps (microseconds) of charttime text, accepting exactly what the DuckDB scan's
+    ``TIMESTAMP_FORMAT`` accepts in the zero-padded form MIMIC-IV writes ('2150-01-01 10:00:00').
+
+    Arrow's ISO 8601 parser also reads '2150-01-01', '2150-01-01T10:00:00', '2150-01-01 10:00'
+    and fractions of a second, which the DuckDB scan refuses; a value that is not 19 characters
+    with a space at position 10 is therefore left to DuckDB. Within that shape the ISO parser
+    and the format agree (both refuse '2150-02-30 10:00:00' and '24:00:00'); a value the ISO parser
+    refuses is left to DuckDB too, which reads or refuses it by its own rules (it reads
+    '2150-1-1 1:00:00' and a leading blank, for instance).
+
+    Raises:
+        StreamUnreadable: some non-empty value is not in that form.
+    """
+    ok = pc.and_(pc.equal(pc.utf8_length(text), _TIMESTAMP_CHARS),
+                 pc.equal(pc.utf8_slice_codeunits(text, 10, 11), " "))
+    if pc.any(pc.invert(ok)).as_py():
+        raise StreamUnreadable(f"charttime not written as {TIMESTAMP_FORMAT} with zero-padded fields")
+    try:
+        return pc.cast(text, pa.timestamp("us"))
+    except pa.ArrowInvalid as exc:
+        raise StreamUnreadable(f"charttime: {str(exc)[:160]}") from None
 
 
 def streamable(table: Table) -> bool:
@@ -343,9 +367,7 @@ class VitalPass:
                                      block_size=BLOCK_BYTES, use_threads=True)
             parse = pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
                                        newlines_in_values=False, ignore_empty_lines=False)
-            # Arrow's ISO 8601 parser (a third of the parse time of a strptime format) reads
-            # 'YYYY-MM-DD HH:MM:SS' as the DuckDB scan's format does; a fraction of a second,
-            # which that format refuses, stops the stream (_vital_rows)
+            # charttime stays text here; charttime_us converts it (_vital_rows)
             convert = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
                                            null_values=[""], quoted_strings_can_be_null=True)
             try:
@@ -364,6 +386,7 @@ class VitalPass:
 
     def _vital_rows(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...] | None:
         it = self.items
+        charttime = charttime_us(batch.column("charttime"))  # every row: DuckDB's scan converts them all
         idx = pc.index_in(batch.column("itemid"), value_set=pa.array(it.itemid))
         ix = idx.fill_null(-1).to_numpy(zero_copy_only=False)
         val = batch.column("valuenum").fill_null(np.nan).to_numpy(zero_copy_only=False)
@@ -374,12 +397,10 @@ class VitalPass:
         if not ok.any():
             return None
         sel = np.flatnonzero(ok)
-        stay_col, t_col = batch.column("stay_id").take(pa.array(sel)), batch.column("charttime").take(pa.array(sel))
+        stay_col, t_col = batch.column("stay_id").take(pa.array(sel)), charttime.take(pa.array(sel))
         if stay_col.null_count or t_col.null_count:
             raise StreamUnreadable("a vital row without stay_id or charttime")
         t = t_col.cast(pa.int64()).to_numpy()
-        if np.any(t % 1_000_000):
-            raise StreamUnreadable(f"charttime with a fraction of a second (format {TIMESTAMP_FORMAT})")
         code = (it.vital[j[sel]] << 4) | j[sel].astype(np.uint8)
         stay, val = stay_col.to_numpy(), val[sel]
         if self.window is not None:

@@ -16,7 +16,7 @@ from etl.errors import InputError
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.report import rate_table
-from etl.sources import Table, check_flags, duckdb_errors, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 REQUIRED = {
@@ -48,6 +48,33 @@ KEYS: dict[str, tuple[str, ...]] = {
     "diagnosis": ("diagnosisid",), "pastHistory": ("pasthistoryid",),
 }
 DEFAULT_MIN_CENTER_STAYS = 10
+_ID = (1, 2**62)
+#: Bounds of numeric columns whose out-of-range values would drop or move stays silently (a
+#: negative identifier or year); checked before any concept runs.
+RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "patient": {"patientunitstayid": _ID, "patienthealthsystemstayid": _ID, "hospitalid": _ID,
+                "hospitaldischargeyear": (1, 9999)},
+    "hospital": {"hospitalid": _ID},
+}
+#: eICU's age column: a number of years, "> 89", or empty (unknown).
+AGE_RANGE = (0, 89)
+
+
+def _check_age(con, table: Table) -> None:
+    """Refuse ``age`` text that is neither empty, "> 89" nor a number of years in :data:`AGE_RANGE`
+    (``nan``, ``-3``, ``abc`` would otherwise drop the stay at the age filter without a word).
+
+    Raises:
+        InputError: naming the file, the column and how many rows hold other values.
+    """
+    v = "trim(CAST(age AS VARCHAR))"
+    lo, hi = AGE_RANGE
+    n = con.execute(f"SELECT count(*) FILTER (WHERE age IS NOT NULL AND {v} <> '' AND {v} <> '> 89' AND "
+                    f"coalesce(TRY_CAST({v} AS DOUBLE) BETWEEN {lo} AND {hi}, false) = false) "
+                    f"FROM {table.varchar_scan()}").fetchall()[0][0]
+    if n:
+        raise InputError(f"{table.path}: column 'age' must be a number of years in [{lo}, {hi}], '> 89' or empty "
+                         f"({n} rows are not)")
 
 
 def _comorbidity_sql(s: dict[str, str], source: str) -> str:
@@ -94,8 +121,9 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     MIMIC; options that do not apply to eICU (partition, windows, care units) are refused.
 
     Raises:
-        InputError: a missing, ambiguous or unreadable table, a missing / mistyped column,
-            conflicting duplicate keys, an option that does not apply, or an empty cohort.
+        InputError: a missing, ambiguous or unreadable table, a missing / mistyped column, an
+            identifier, year or age out of range, conflicting duplicate keys, an option that does
+            not apply, or an empty cohort.
     """
     opts = opts or EtlOptions(min_center_stays=DEFAULT_MIN_CENTER_STAYS)
     opts.validate("eicu")
@@ -112,6 +140,9 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
         con = connect(opts.threads, opts.memory_limit, tmp)
         with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
             check_flags(con, tables["apachePredVar"], REQUIRED["apachePredVar"][1:])
+            for name, bounds in RANGES.items():
+                check_range(con, tables[name], bounds)
+            _check_age(con, tables["patient"])
             require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")
             tables = check_keys(con, tables, KEYS, types, att, root)
             s = {k: v.scan_sql(types) for k, v in tables.items()}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -194,3 +196,55 @@ def user_cache_dir(kind: str) -> Path:
         return Path(os.environ["ABPS_CACHE_DIR"]) / kind
     base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "abps" / kind
+
+
+#: The files of a cohort folder whose SHA-256 the folder's manifest records (``files``).
+COHORT_FILES = ("cohort.parquet", "centers.parquet")
+#: The manifests that record them: the ETL's report, or ``abps synth fedprox``'s manifest.
+MANIFESTS = ("cohort_report.json", "fedprox_manifest.json")
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """SHA-256 (hex) of the bytes of ``path``, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cohort_digests(folder: str | os.PathLike[str]) -> dict[str, str]:
+    """``{name: SHA-256}`` of the :data:`COHORT_FILES` just written to ``folder``, for its manifest
+    (``files``); :func:`check_cohort_files` compares a folder against it."""
+    return {name: file_digest(Path(folder) / name) for name in COHORT_FILES}
+
+
+def check_cohort_files(folder: str | os.PathLike[str]) -> None:
+    """Refuse a cohort folder whose ``cohort.parquet`` and ``centers.parquet`` are not the files its
+    manifest (:data:`MANIFESTS`, written last by the run that wrote them) records: files copied in
+    from another run, or a folder mixed by hand. A folder without a manifest, or whose manifest
+    records no ``files``, is accepted (nothing to compare).
+
+    Raises:
+        InputError: one line naming the folder, the manifest and each file that differs; or a
+            manifest that is not readable JSON.
+    """
+    folder = Path(folder)
+    for name in MANIFESTS:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{path}: not readable JSON ({exc.__class__.__name__})") from None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict):
+            continue
+        differ = [f for f in COHORT_FILES if f in files and (not (folder / f).is_file()
+                                                             or file_digest(folder / f) != files[f])]
+        if differ:
+            one = len(differ) == 1
+            raise InputError(f"{' and '.join(str(folder / f) for f in differ)} {'is' if one else 'are'} not the "
+                             f"file{'' if one else 's'} {name} records (SHA-256 differs): the folder mixes files of "
+                             "different runs, or a file changed since; write the folder again with one run")

@@ -92,6 +92,19 @@ def _shards(root: Path, splits: tuple[str, ...] | None) -> tuple[dict[str, int],
     return listed, shards, sum(listed.values())
 
 
+#: Identifier columns of the shards: positive integers (a negative or zero identifier would merge
+#: or split stays silently), checked per shard so the error names the file.
+_IDS = ("subject_id", "hadm_id", "icustay_id")
+
+
+def _check_ids(con, t: Table) -> None:
+    """Refuse a shard whose identifier column holds a value below 1 (naming the file and column)."""
+    lows = con.execute(f"SELECT {', '.join(f'min({c})' for c in _IDS)} FROM {t.scan_sql(_SCAN_TYPES)}").fetchall()[0]
+    for c, low in zip(_IDS, lows):
+        if low is not None and low < 1:
+            raise InputError(f"{t.path}: column '{c}' must hold positive identifiers (a value below 1 is stored)")
+
+
 def _events_sql(shards: list[Table]) -> str:
     parts = []
     for t in shards:
@@ -120,7 +133,8 @@ def build_meds_cohort(data_dir: str | Path, opts: EtlOptions, scratch: Path,
         :func:`etl.pipeline.finish` expects.
 
     Raises:
-        InputError: missing metadata or shard, a missing or mistyped column, conflicting events,
+        InputError: missing metadata or shard, a missing or mistyped column, an identifier below
+            1, conflicting events,
             no ICU events, or an empty cohort after a filter (the message names the file).
     """
     root = Path(data_dir)
@@ -144,6 +158,8 @@ def build_meds_cohort(data_dir: str | Path, opts: EtlOptions, scratch: Path,
     con = connect(opts.threads, opts.memory_limit, scratch)
     with contextlib.closing(con), duckdb_errors(tables, TYPES):
         t0 = time.perf_counter()
+        for t in tables:
+            _check_ids(con, t)
         con.execute(f"CREATE TEMP VIEW meds_events AS SELECT * FROM {_events_sql(tables)}")
         for name in ("icustays", "admissions", "patients", "diagnoses_icd"):
             con.execute(f"CREATE TEMP TABLE meds_{name} AS " + concept_sql("meds", name, events="meds_events"))

@@ -20,7 +20,7 @@ import polars as pl
 
 from etl import charlson
 from etl.errors import InputError, check_fractions, check_number
-from etl.io import atomic_write_text
+from etl.io import atomic_write_text, cohort_digests
 from etl.partition import PARTITIONS, assign_centers, grouped_stratified_split
 from etl.report import cohort_report, report_markdown
 from etl.schema import CARE_UNITS, COHORT_COLUMNS, DEFAULT_CARE_UNITS
@@ -293,6 +293,7 @@ def finish(
     report["options"]["partition"] = partition
     report["inputs"] = inputs
     report["chartevents_cache"] = {"status": "off"}  # MIMIC's hook says what its cache did
+    report["files"] = cohort_digests(tmp)  # the report is written last: train checks the pair against it
     md = report_markdown(report)
     if extend_report is not None:
         md += extend_report(report, cohort, centers)

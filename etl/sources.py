@@ -31,6 +31,9 @@ import duckdb
 from etl.errors import InputError
 
 SUFFIXES = (".parquet", ".csv.gz", ".csv")
+#: The one timestamp format of CSV tables (MIMIC-IV writes '2150-01-01 10:00:00'); a date alone,
+#: a 'T' separator or a fraction of a second is refused, naming the file and the column.
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class Table:
         )
         scan = (
             f"read_csv('{path}', header=true, delim=',', quote='\"', escape='\"', "
-            f"columns={{{cols}}}, timestampformat='%Y-%m-%d %H:%M:%S', nullstr='')"
+            f"columns={{{cols}}}, timestampformat='{TIMESTAMP_FORMAT}', nullstr='')"
         )
         if not ints:
             return scan
@@ -370,7 +373,7 @@ def diagnose(tables: list[Table], types: dict[str, str]) -> tuple[Table, str] | 
                     if c in types and kind.startswith("VARCHAR")]
             if not cols:
                 continue
-            checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND TRY_CAST({c} AS {w}) IS NULL)"
+            checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND {_try_convert(t, c, w)} IS NULL)"
                                for c, w in cols)
             try:
                 bad = con.execute(f"SELECT {checks} FROM {t.varchar_scan()}").fetchall()[0]
@@ -380,6 +383,14 @@ def diagnose(tables: list[Table], types: dict[str, str]) -> tuple[Table, str] | 
                 if n:
                     return t, c
     return None
+
+
+def _try_convert(t: Table, col: str, kind: str) -> str:
+    """SQL converting the text column ``col`` of ``t`` to ``kind`` as its scan does, NULL where it
+    cannot: a CSV timestamp by :data:`TIMESTAMP_FORMAT` (a plain cast would also read a date alone)."""
+    if kind == "TIMESTAMP" and not t.is_parquet:
+        return f"TRY_STRPTIME({col}, '{TIMESTAMP_FORMAT}')"
+    return f"TRY_CAST({col} AS {kind})"
 
 
 @contextlib.contextmanager

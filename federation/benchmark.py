@@ -9,21 +9,28 @@ from typing import Any
 
 from etl.errors import InputError
 from federation.gossip.runner import cli_run as _vv_run
+from federation.gossip.runner import expand_runs as _vv_check
 from federation.images.run import cli_run as _sage_run
+from federation.methods.selectors import parse_config as _sage_check
 
 __all__ = ["Benchmark", "BENCHMARKS", "get_benchmark"]
 
 
 @dataclass
 class Benchmark:
-    """One benchmark: ``run(config, rounds, seeds, output, tracking_uri, experiment)`` and the config
-    key that sets its torch thread count."""
+    """One benchmark: ``run(config, rounds, seeds, output, tracking_uri, experiment)``, the config
+    key that sets its torch thread count, and ``check(config, rounds, seeds)``, which validates the
+    config as ``run`` will (InputError naming the option) before anything runs."""
 
     run: Callable[..., Any]
     threads_key: str
+    check: Callable[[dict, int | None, list[int] | None], Any]
 
 
-BENCHMARKS: dict[str, Benchmark] = {"sage": Benchmark(_sage_run, "num_threads"), "vv": Benchmark(_vv_run, "threads")}
+BENCHMARKS: dict[str, Benchmark] = {
+    "sage": Benchmark(_sage_run, "num_threads", lambda cfg, rounds, seeds: _sage_check(cfg, rounds, seeds)),
+    "vv": Benchmark(_vv_run, "threads", lambda cfg, rounds, seeds: _vv_check(cfg, rounds)),
+}
 
 
 def get_benchmark(name: str, source: Any) -> Benchmark:

@@ -102,10 +102,12 @@ def test_train_rejects_bad_cohort_values(tiny_cohort, tmp_path):
         d = tmp_path / name
         shutil.copytree(tiny_cohort, d)
         edit(pl.read_parquet(d / "cohort.parquet")).write_parquet(d / "cohort.parquet")
+        (d / "fedprox_manifest.json").unlink()  # a cohort written by hand: no manifest to hold it to
         one_line_error(run("train", *common, "--cohort", str(d), "--output", str(tmp_path / "r.json")), needle)
     broken = tmp_path / "broken"
     shutil.copytree(tiny_cohort, broken)
     (broken / "cohort.parquet").write_text("not parquet")
+    (broken / "fedprox_manifest.json").unlink()
     one_line_error(run("train", *common, "--cohort", str(broken)), "cohort.parquet", "Parquet")
     before = (tiny_cohort / "cohort.parquet").read_bytes()
     one_line_error(run("train", *common, "--cohort", str(tiny_cohort), "--output",

@@ -148,6 +148,9 @@ def test_ui_serves_the_project_store(tmp_path: Path) -> None:
             text = (tmp_path / "ui.log").read_text(errors="replace")
         assert f"MLflow UI: http://127.0.0.1:{port}/#/experiments?workflowType=machine_learning" in text, text[-2000:]
         assert "sqlite:///mlflow/mlflow.db" in text
+        # its own two lines only: the server's log (INFO lines, library warnings) stays off the console
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        assert len(lines) == 2 and lines[0].startswith("starting the MLflow UI on "), text[-2000:]
         # the URL is printed once the server answers: it serves at once (one try, well within 10 s)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
             page = r.read()

@@ -214,6 +214,11 @@ def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
     parquet.write_bytes(b"not parquet")
     res, rows = _use(src, cache)
     assert res.status == "rebuilt" and len(rows) == 3
+    raw = parquet.read_bytes()  # bytes zeroed inside the file: same size, same footer row count
+    parquet.write_bytes(raw[:8] + b"\0" * 16 + raw[24:])  # inside the first column chunk
+    res, rows = _use(src, cache)
+    assert (res.status, res.reason) == ("rebuilt", "cache file content differs from its manifest (SHA-256)")
+    assert [r[3] for r in rows] == [81.0, 90.0, 17.0] and parquet.read_bytes() == raw
     manifest = next(cache.glob("*.json"))
     doc = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**doc, "format": 0}))

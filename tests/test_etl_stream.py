@@ -6,6 +6,7 @@ the way DuckDB does goes to DuckDB's scan (same cohort, same errors)."""
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pytest
 
 from etl import chart_stream
 from etl.mimic import REQUIRED, TYPES, EtlOptions, run_etl
@@ -143,3 +145,64 @@ def test_text_the_stream_does_not_read_goes_to_duckdb(mimic_demo_dir, tmp_path):
 
 def test_no_progress_line_under_tests():
     assert not chart_stream.progress_wanted()
+
+
+# charttime text -> (read by DuckDB's scan format, the value it reads); Arrow's ISO 8601 parser
+# alone would read the first four as well
+ODD_TIMES = {"2180-07-23": None, "2180-07-23T14:00:00": None, "2180-07-23 14:00": None,
+             "2180-07-23 14:00:00.5": None, "2180-02-30 14:00:00": None,
+             "2180-7-23 14:00:00": datetime(2180, 7, 23, 14), " 2180-07-23 14:00:00": datetime(2180, 7, 23, 14)}
+
+
+def test_the_stream_converts_only_the_scans_timestamp_form():
+    got = chart_stream.charttime_us(pa.array(["2180-07-23 14:00:00", None, "2152-02-29 23:59:59"]))
+    assert got.to_pylist() == [datetime(2180, 7, 23, 14), None, datetime(2152, 2, 29, 23, 59, 59)]
+    for text in ODD_TIMES:
+        with pytest.raises(chart_stream.StreamUnreadable):
+            chart_stream.charttime_us(pa.array(["2180-07-23 14:00:00", text]))
+
+
+def _with_charttime(src: Path, dst: Path, text: str) -> Path:
+    """A copy of the demo whose first heart-rate row of chartevents is charted at ``text``."""
+    for sub in ("hosp", "icu"):
+        shutil.copytree(src / sub, dst / sub, symlinks=True)
+    ce = dst / "icu/chartevents.csv.gz"
+    lines = gzip.decompress(ce.read_bytes()).decode().split("\n")
+    head = lines[0].split(",")
+    t, item = head.index("charttime"), head.index("itemid")
+    i = next(i for i, ln in enumerate(lines[1:], 1) if ln.split(",")[item] == "220045")
+    cells = lines[i].split(",")
+    cells[t] = text
+    lines[i] = ",".join(cells)
+    ce.unlink()
+    ce.write_bytes(gzip.compress("\n".join(lines).encode(), compresslevel=1))
+    return dst
+
+
+@pytest.mark.parametrize("text", ["2180-07-23", "2180-07-23T14:00:00", "2180-7-23 14:00:00"])
+def test_stream_and_duckdb_scan_read_the_same_timestamps(text, mimic_demo_dir, tmp_path, monkeypatch, capsys):
+    """The same odd charttime given to the streamed pass and to DuckDB's scan: both refuse it
+    with the same one line naming the file and the column, or both read it into the same cohort."""
+    from cli_helpers import run_main
+
+    src = _with_charttime(mimic_demo_dir, tmp_path / "src", text)
+    args = ["etl", "--mimic-dir", str(src), "--window-years", "20", "--min-center-stays", "1", "--threads", "1",
+            "--chart-cache", "off"]
+    outcomes = []
+    for path, streamable in (("s", chart_stream.streamable), ("d", lambda table: False)):
+        monkeypatch.setattr(chart_stream, "streamable", streamable)
+        code = run_main([*args, "--out", str(tmp_path / path)])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+        outcomes.append((code, err))
+    assert outcomes[0] == outcomes[1]
+    code, err = outcomes[0]
+    if ODD_TIMES[text] is None:
+        assert code == 2 and err == [f"error: {src / 'icu/chartevents.csv.gz'}: column 'charttime' holds values "
+                                     "that are not TIMESTAMP (ConversionException)"]
+        assert not (tmp_path / "s").exists() and not (tmp_path / "d").exists()
+    else:
+        assert code == 0, err
+        for f in ("cohort.parquet", "centers.parquet"):
+            assert (tmp_path / "s" / f).read_bytes() == (tmp_path / "d" / f).read_bytes()
+        rep = json.loads((tmp_path / "s" / "cohort_report.json").read_text())
+        assert rep["chartevents_cache"]["read_by"] == "duckdb"  # the stream leaves it to the scan

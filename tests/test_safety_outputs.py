@@ -254,6 +254,49 @@ def test_two_etl_runs_at_once_leave_one_whole_output(mimic_demo_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_train_refuses_a_cohort_folder_mixing_two_etl_runs(mimic_demo_dir, tmp_path, capsys):
+    """cohort.parquet of one `abps etl` run beside centers.parquet of another (copied in by hand,
+    or left by a writer that replaced files one by one), or the other way round: the SHA-256 the
+    report records differs, and train refuses the folder with one line naming it and the file."""
+    from etl.io import check_cohort_files, cohort_digests
+    from etl.mimic import EtlOptions, run_etl
+
+    runs = {}
+    for seed in (1, 2):
+        runs[seed] = tmp_path / f"s{seed}"
+        rep = run_etl(mimic_demo_dir, runs[seed], EtlOptions(window_years=20, min_center_stays=1, seed=seed,
+                                                              chart_cache="off"))
+        assert rep["files"] == cohort_digests(runs[seed])  # the report records the pair it was written with
+        check_cohort_files(runs[seed])
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    for swapped in ("centers.parquet", "cohort.parquet"):
+        assert (runs[1] / swapped).read_bytes() != (runs[2] / swapped).read_bytes()
+        mixed = tmp_path / f"mixed-{swapped}"
+        mixed.mkdir()
+        for name in ("cohort.parquet", "centers.parquet", "cohort_report.json"):
+            (mixed / name).write_bytes((runs[2 if name == swapped else 1] / name).read_bytes())
+        code, _, err = cli(capsys, *_train(mixed, uri, "--output", str(tmp_path / "r.json")))
+        line = one_line_error(code, err, str(mixed), swapped, "cohort_report.json", "different runs")
+        assert line.startswith(f"error: {mixed / swapped} is not the file cohort_report.json records"), line
+        assert not (tmp_path / "r.json").exists()
+
+
+def test_train_refuses_a_synthetic_cohort_folder_mixing_two_runs(cohort, tmp_path, capsys):
+    from federation.data.synthetic import write_fedprox_cohort
+
+    other = write_fedprox_cohort(tmp_path / "other", n_centers=6, seed=4, mean_size=120.0)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for name in ("cohort.parquet", "fedprox_manifest.json"):
+        (mixed / name).write_bytes((cohort / name).read_bytes())
+    (mixed / "centers.parquet").write_bytes((other / "centers.parquet").read_bytes())
+    code, _, err = cli(capsys, *_train(mixed, f"sqlite:///{tmp_path / 'm.db'}"))
+    one_line_error(code, err, str(mixed), "centers.parquet", "fedprox_manifest.json")
+    (mixed / "fedprox_manifest.json").write_text("{not json")
+    code, _, err = cli(capsys, *_train(mixed, f"sqlite:///{tmp_path / 'm.db'}"))
+    one_line_error(code, err, "fedprox_manifest.json", "not readable JSON")
+
+
 # ---------------------------------------------------------------------------------- privacy
 
 

@@ -34,12 +34,15 @@ def test_canonical_json_and_config_hash_by_hand():
     with pytest.raises(ValueError):
         sw.canonical_json({"a": float("nan")})
     cfg = RunConfig(method="fedavg", rounds=3)
-    # the measurement setting `targets` stays out of the hash (federation.core.config.config_hash)
-    text = json.dumps({"cohort": "c0", "config": cfg.model_dump(mode="json", exclude={"targets"})}, sort_keys=True,
-                      separators=(",", ":"))
+    # the measurement settings `targets` and `checkpoint` stay out of the hash (federation.core.config.config_hash)
+    text = json.dumps({"cohort": "c0", "config": cfg.model_dump(mode="json", exclude={"targets", "checkpoint"})},
+                      sort_keys=True, separators=(",", ":"))
     assert sw.config_hash(cfg, "c0") == hashlib.sha256(text.encode()).hexdigest()[:16]
     assert sw.config_hash(cfg, "c1") != sw.config_hash(cfg, "c0")
     assert sw.config_hash(RunConfig(method="fedavg", rounds=4), "c0") != sw.config_hash(cfg, "c0")
+    # how often a run checkpoints itself is not what it computes
+    assert sw.config_hash(RunConfig(method="fedavg", rounds=3, checkpoint={"every_rounds": 1}), "c0") == \
+        sw.config_hash(cfg, "c0")
 
 
 def test_cohort_id_is_content_based(cohort, tmp_path):

@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from etl.errors import InputError
 from federation.core.checks import count_non_finite
@@ -24,6 +25,10 @@ from federation.core.checks import count_non_finite
 class _Strict(BaseModel):
     # allow_inf_nan=False: a NaN or infinite number in a config (lr: .inf) is refused up front
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+_Width = Annotated[int, Field(ge=1)]
+_Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class EngineConfig(_Strict):
@@ -42,11 +47,11 @@ class EngineConfig(_Strict):
             workload) instead of one kept across rounds.
     """
 
-    hidden: tuple[int, int] = (128, 64)
+    hidden: tuple[_Width, _Width] = (128, 64)
     dropout: float = Field(0.2, ge=0.0, lt=1.0)
     lr: float = Field(1e-3, gt=0.0)
     weight_decay: float = Field(1e-5, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[_Beta, _Beta] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0.0)
     batch_size: int = Field(128, ge=1)
     local_epochs: int = Field(2, ge=1)
@@ -310,6 +315,17 @@ class TargetsConfig(_Strict):
 INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
 
 
+class CheckpointConfig(_Strict):
+    """Round checkpoints of ``abps train`` (``<output>.ckpt``, federation/run/checkpoint.py): one is
+    written after round r when ``every_rounds`` divides r, or when ``every_minutes`` have passed
+    since the last one (0 turns either trigger off; both 0: none). How a run is run, not what it
+    computes: left out of the config hash and of the checkpoint's config check. Defaults: at most
+    at most 2 % of a run's time (docs/decisions.md, "Round checkpoints")."""
+
+    every_rounds: int = Field(25, ge=0, description="write a checkpoint every this many rounds (0: off)")
+    every_minutes: float = Field(10.0, ge=0, description="also write one when this many minutes passed since the last (0: off)")
+
+
 class RunConfig(_Strict):
     """Everything one ``abps train`` run needs besides the cohort and the seed."""
 
@@ -326,6 +342,7 @@ class RunConfig(_Strict):
     drift: LabelFlipDrift | None = Field(None, description="label-flip drift scenario (federation.data.drift_scenario)")
     realworld: RealWorldConfig | None = Field(None, description="availability, profiles, virtual clock")
     targets: TargetsConfig = TargetsConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("method")
     @classmethod
@@ -359,20 +376,67 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _DuplicateKey(Exception):
+    """``args``: (key, 1-based line of its second occurrence)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key repeated in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):  # the safe loader's own error says so
+                break
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping. Raises InputError for a missing file or a non-mapping document."""
+    """Read a YAML mapping.
+
+    Raises:
+        InputError: one line naming the file: missing, not UTF-8, not valid YAML, a key repeated
+            in one mapping, empty (no document: a file cut to nothing is not read as "all
+            defaults"), or not a mapping.
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: config file not found")
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as exc:
+        raise InputError(f"{p}: key '{exc.args[0]}' appears twice in one mapping (line {exc.args[1]}); "
+                         "keep one") from None
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a UTF-8 text file") from None
     except yaml.YAMLError as exc:
         raise InputError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+    if doc is None:
+        raise InputError(f"{p}: empty file (a config holds a YAML mapping)")
     if not isinstance(doc, dict):
         raise InputError(f"{p}: top level must be a mapping")
     return doc
+
+
+def check_config_file(path: str | Path, build: Callable[[], Any]) -> Any:
+    """``build()`` (a validation of the config read from ``path``), with its errors as one line
+    naming the file and the key: ``<path>: key 'lr': Input should be a valid number``.
+
+    Raises:
+        InputError: ``build`` raised a pydantic ValidationError or an InputError.
+    """
+    try:
+        return build()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
+        raise InputError(f"{path}: key '{loc}': {first.get('msg')}") from None
+    except InputError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[str, Any] | None,
@@ -404,12 +468,12 @@ def canonical_json(obj: Any) -> str:
 
 def config_hash(cfg: RunConfig, cohort: str) -> str:
     """SHA-256 (16 hex digits) of ``canonical_json({"config": cfg, "cohort": cohort})``, without the
-    measurement setting ``targets`` (it changes no trained parameter, so runs that differ only there
-    are the same configuration).
+    measurement setting ``targets`` and the ``checkpoint`` section (how often a run saves itself):
+    neither changes a trained parameter, so runs that differ only there are the same configuration.
 
     Args:
         cfg: fully resolved run config (defaults, method defaults, file, overrides, rounds).
         cohort: the cohort id (:func:`cohort_id`).
     """
-    doc = {"config": cfg.model_dump(mode="json", exclude={"targets"}), "cohort": cohort}
+    doc = {"config": cfg.model_dump(mode="json", exclude={"targets", "checkpoint"}), "cohort": cohort}
     return hashlib.sha256(canonical_json(doc).encode()).hexdigest()[:16]

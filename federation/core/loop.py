@@ -13,6 +13,7 @@ StepHook = Callable[[int], "Row | None"]
 EvalHook = Callable[[int], Row]
 RecordHook = Callable[[int, Row], None]
 StopHook = Callable[[int, Row], bool]
+AfterHook = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class LoopOutcome:
 
 
 def drive(n_steps: int, step: StepHook, evaluate: EvalHook, schedule: EvalSchedule = EvalSchedule(),
-          on_record: RecordHook | None = None, stop: StopHook | None = None) -> LoopOutcome:
+          on_record: RecordHook | None = None, stop: StopHook | None = None, start: int = 0,
+          records: list[tuple[int, Row]] | None = None, after: AfterHook | None = None) -> LoopOutcome:
     """Run ``n_steps`` steps with evaluations, records and an optional stop rule (module docstring).
 
     Args:
@@ -69,26 +71,38 @@ def drive(n_steps: int, step: StepHook, evaluate: EvalHook, schedule: EvalSchedu
         on_record: ``on_record(tau, row)`` for every recorded row (MLflow, progress bars); it may
             add entries to ``row`` (e.g. wall time), which the outcome then holds too.
         stop: ``stop(tau, row) -> bool`` after each recorded row; True ends the run there.
+        start: resume at time point ``start`` (0 <= start <= n_steps): the state is the one after
+            steps ``0 .. start - 1`` and time point ``start`` was evaluated, recorded and not
+            stopped at in the earlier run, so the driver goes on with ``step(start)``.
+        records: the earlier run's records up to ``start`` (the outcome's records begin with them).
+        after: ``after(tau)`` once the run goes on past time point ``tau`` (after its record and
+            stop rule, before ``step(tau)``; not at a resumed ``start``): where a round
+            checkpoint is written (federation/run/checkpoint.py).
 
     Returns:
         :class:`LoopOutcome`.
 
     Raises:
-        ValueError: ``n_steps < 0``.
+        ValueError: ``n_steps < 0``, or ``start`` outside ``0 .. n_steps``.
     """
     if n_steps < 0:
         raise ValueError(f"n_steps must be >= 0, got {n_steps}")
-    out = LoopOutcome(steps_run=0)
+    if not 0 <= start <= n_steps:
+        raise ValueError(f"start must be in 0 .. {n_steps}, got {start}")
+    out = LoopOutcome(steps_run=start, records=list(records or []))
     row: Row = {}
-    for tau in range(n_steps + 1):
-        if schedule.due(tau, n_steps):
-            row.update(evaluate(tau))
-        if row:
-            out.records.append((tau, row))
-            if on_record is not None:
-                on_record(tau, row)
-            if stop is not None and stop(tau, row):
-                break
+    for tau in range(start, n_steps + 1):
+        if tau > start or start == 0:
+            if schedule.due(tau, n_steps):
+                row.update(evaluate(tau))
+            if row:
+                out.records.append((tau, row))
+                if on_record is not None:
+                    on_record(tau, row)
+                if stop is not None and stop(tau, row):
+                    break
+            if tau < n_steps and after is not None:
+                after(tau)
         if tau == n_steps:
             break
         row = dict(step(tau) or {})

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from etl.errors import InputError
-from etl.io import atomic_output_dir
+from etl.io import atomic_output_dir, cohort_digests
 from etl.schema import (
     CATEGORICAL_FEATURES,
     CCI_COLUMNS,
@@ -214,5 +214,6 @@ def write_fedprox_cohort(out: str | Path, **kwargs: object) -> Path:
         cohort.write_parquet(tmp / "cohort.parquet")
         centers.write_parquet(tmp / "centers.parquet")
         (tmp / marker).write_text(json.dumps({"generator": "abps synth fedprox",
-                                              "options": {k: str(v) for k, v in kwargs.items()}}, indent=2))
+                                              "options": {k: str(v) for k, v in kwargs.items()},
+                                              "files": cohort_digests(tmp)}, indent=2))
     return outp

@@ -17,6 +17,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
+from etl.io import check_cohort_files
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -353,7 +354,8 @@ class FederatedData:
 
         Raises:
             InputError: a file or a required column is missing, a split value is unknown,
-                no center is left, or a ``per-center`` encoding meets a center smaller than
+                the two files are not the ones the folder's manifest records
+                (:func:`etl.io.check_cohort_files`), no center is left, or a ``per-center`` encoding meets a center smaller than
                 ``min_center_rows`` with ``small_center: refuse``.
         """
         cohort_dir = Path(cohort_dir)
@@ -361,6 +363,7 @@ class FederatedData:
         for name, p in paths.items():
             if not p.is_file():
                 raise InputError(f"{p}: file not found (expected {name}.parquet from `abps etl`)")
+        check_cohort_files(cohort_dir)
         frames = {}
         for name, p in paths.items():
             try:

@@ -84,6 +84,24 @@ class ImageEngine:
             self.model.local_epoch(sh.x_train, sh.y_train, sh.train_index, sh.n_train, s.batch_size, g)
         return params
 
+    def state_dict(self) -> dict[str, Any]:
+        """The clients' Adam moments and step counts (they live here, not in the runner's
+        ``AdamState``), for a round checkpoint (federation/run/checkpoint.py); ``{}`` before the
+        first round."""
+        if self._state is None:
+            return {}
+        opt = self.model.opt
+        return {"m": opt.m, "v": opt.v, "steps": opt.steps}
+
+    def load_state_dict(self, state: dict[str, Any], optimizer: Any) -> None:
+        """Restore :meth:`state_dict`'s moments as the Adam of the runner's restored ``optimizer``
+        (the next :meth:`train_round` with that state continues them)."""
+        if not state:
+            return
+        self.model.opt = StackedAdam(self.model.params, lr=self.data.spec.lr)
+        self.model.opt.m, self.model.opt.v, self.model.opt.steps = state["m"], state["v"], state["steps"]
+        self._state = optimizer
+
     def _classify(self, params: StackedParams, rows: torch.Tensor, chunk: int = 64) -> torch.Tensor:
         """Logits ``[G, M, n_classes]`` of G stacked predictors, predictor g on images ``rows[g]``
         (``rows`` long ``[G, M]`` into the pool)."""

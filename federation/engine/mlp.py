@@ -318,6 +318,14 @@ class StackedEngine:
         """Initial stacked parameters (same draw for every center; see :func:`init_params`)."""
         return init_params(self.data.d, self.hidden, self.n, self.seed)
 
+    def state_dict(self) -> dict[str, Any]:
+        """``{}``: the runner's :class:`AdamState` and counter-based streams hold all state (a
+        round checkpoint, federation/run/checkpoint.py)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], optimizer: Any) -> None:
+        """Nothing to restore (see :meth:`state_dict`)."""
+
     def steps_per_epoch(self) -> int:
         """ceil(max_i n_train_i / batch): local steps of the largest center per epoch."""
         return int(math.ceil(int(self.data.n_train.max()) / self.cfg.batch_size))

@@ -54,3 +54,13 @@ class Engine(Protocol):
     def probe_bytes_per_anchor(self) -> int:
         """Bytes one (receiver, candidate, anchor) probe moves."""
         ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's own state that carries from one round to the next (a round checkpoint,
+        federation/run/checkpoint.py); ``{}`` when the runner's optimizer state holds it all."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any], optimizer: Any) -> None:
+        """Restore :meth:`state_dict`'s output; ``optimizer`` is the runner's restored optimizer
+        state that the next :meth:`train_round` receives."""
+        ...

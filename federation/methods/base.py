@@ -138,6 +138,9 @@ class Method(ABC, Generic[P]):
     payloads_per_link: ClassVar[int] = 1
     #: what :meth:`scores` returns: ``"logit"`` or ``"probability"`` (calibration figures, federation/core/evaluation.py)
     score_kind: ClassVar[str] = "logit"
+    #: attributes :meth:`state_dict` leaves out: the method's parameters and anything rebuilt the same
+    #: by :meth:`setup` from the config and data (a subclass adds its own static attributes)
+    static_state: ClassVar[tuple[str, ...]] = ("p",)
     #: expected seconds per round at n = 230 centers, 1 torch thread (docs/benchmarks.md "Table 1"); only
     #: the ratios matter: a sweep hands out its cells longest first (federation/sweep/schedule.py)
     seconds_per_round: ClassVar[float] = 0.55
@@ -191,6 +194,18 @@ class Method(ABC, Generic[P]):
         """``{file name: JSON-able object}`` logged as MLflow artifacts of the seed's run, called once
         after the last round (default: none)."""
         return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next round reads that a round changes (Beta beliefs, drift windows,
+        Shapley credit, trust, random generators...), for a round checkpoint
+        (federation/run/checkpoint.py). Default: every instance attribute but
+        :attr:`static_state`, as it stands (the checkpoint pickles it whole, generators included);
+        a method whose state lives elsewhere overrides this and :meth:`load_state_dict`."""
+        return {k: v for k, v in vars(self).items() if k not in self.static_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output after :meth:`setup` (the run resumes at the next round)."""
+        vars(self).update(state)
 
     @classmethod
     def has_local_loss(cls) -> bool:

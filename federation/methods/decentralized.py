@@ -390,6 +390,8 @@ class WPFed(Method[WpfedParams]):
     name = "wpfed"
     seconds_per_round = 0.75
     Params = WpfedParams
+    #: drawn by setup from the seed (the LSH planes are ~8 MB): rebuilt, not checkpointed
+    static_state = ("p", "theta0", "probe", "planes")
 
     def setup(self, ctx: Context) -> None:
         p = self.p

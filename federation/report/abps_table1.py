@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from federation.methods import display_names, families, paper_order
+from federation import method_catalog as catalog
 from federation.report.collect import CellRun
 from federation.report.common import fmt, md_table, mean_std, pareto_front
 
@@ -15,10 +15,11 @@ __all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "PAPER_TABLE1", "BANDWIDTH_NOTE",
 
 #: ABPS paper Table 1 row order, Table 1 row names and Figure 3 colour families (paper caption: blue
 #: star FL, green decentralized, orange ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only):
-#: read from the registered method classes (``@register`` in federation/methods/registry.py).
-PAPER_ORDER: tuple[str, ...] = paper_order()
-DISPLAY: dict[str, str] = display_names()
-FAMILY: dict[str, str] = families()
+#: the registered method classes' (``@register`` in federation/methods/registry.py), read from
+#: their copy in :mod:`federation.method_catalog` so that reading runs never imports a method.
+PAPER_ORDER: tuple[str, ...] = catalog.PAPER_ORDER
+DISPLAY: dict[str, str] = catalog.DISPLAY
+FAMILY: dict[str, str] = catalog.FAMILY
 #: ABPS paper Table 1 (Sec. 6.4; real MIMIC-IV, n = 230 centers, 50 rounds, 5 seeds): row label ->
 #: (AUROC mean, across-seed std, bandwidth relative to FedAvg). The Centralized reference is given in
 #: the caption without a bandwidth (NaN). Shown beside the measured rows by :func:`table1_markdown`.

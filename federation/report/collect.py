@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from federation.methods.registry import run_label
 from federation.run.tracking import (
     ARM_TAG,
     BENCHMARK_TAG,
@@ -105,7 +104,9 @@ class Collected:
 
 def _label(method: str, params: dict[str, str]) -> str:
     """Row label of an ``abps train`` run made before runs carried their label tag
-    (:func:`federation.methods.run_label` of its logged method parameters)."""
+    (:func:`federation.methods.run_label` of its logged method parameters; imports the methods)."""
+    from federation.methods.registry import run_label
+
     return run_label(method, {k[len("params."):]: v for k, v in params.items() if k.startswith("params.")})
 
 
@@ -163,12 +164,17 @@ def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
     return kept, notes
 
 
-def collect_runs(tracker: Tracker) -> Collected:
-    """FINISHED runs of the tracker's experiment split into clinical cells, SAGE and
-    variance-correction runs."""
+def collect_runs(source: Tracker | Iterable[Any]) -> Collected:
+    """FINISHED runs split into clinical cells, SAGE and variance-correction runs.
+
+    Args:
+        source: a :class:`Tracker` (its experiment's FINISHED runs are searched), or the FINISHED
+            runs themselves (MLflow ``Run`` objects or :class:`federation.run.store_read.StoredRun`).
+    """
     out = Collected()
     cells = []
-    for r in tracker.search("attributes.status = 'FINISHED'"):
+    runs = source.search("attributes.status = 'FINISHED'") if isinstance(source, Tracker) else source
+    for r in runs:
         bench = r.data.tags.get(BENCHMARK_TAG)
         if bench == "sage" and SELECTOR_TAG in r.data.tags:
             out.sage.append(r)

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from federation.methods.registry import selector_displays
 from federation.report.common import csv_text, fmt, md_table, mean_std
 from federation.run.tracking import SELECTOR_TAG
 
@@ -63,6 +62,8 @@ def sage_tables(client: Any, runs: Sequence[Any]) -> dict[str, Any]:
         meta[cfg] = (p.get("dataset", ""), p.get("graph", ""), alpha[cfg])
     configs = sorted(meta, key=lambda c: meta[c])
     present = {s for _, s in vals}
+    from federation.methods.registry import selector_displays  # imports the methods: the report only
+
     order = selector_displays()  # the SAGE paper's table order
     selectors = [s for s in order if s in present] + sorted(present - set(order))
     cells = {k: {m: (*mean_std(v), sum(1 for x in v if math.isfinite(x))) for m, v in d.items()}

@@ -67,6 +67,15 @@ class RealWorld:
         self._held: tuple | None = None
         self._m: dict[str, float] = {}
 
+    def state_dict(self) -> dict[str, float]:
+        """The virtual clock (seconds at the next round's start), all that carries between rounds
+        (availability is a function of round and hour): a round checkpoint's part."""
+        return {"seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Set the clock :meth:`state_dict` captured."""
+        self.seconds = float(state["seconds"])
+
     @property
     def all_up(self) -> bool:
         """True when every center is available this round."""

@@ -36,6 +36,8 @@ from federation.engine.mixing import apply_momentum, check_row_stochastic
 from federation.engine.mlp import AdamState, StackedParams
 from federation.methods import Context, Method, get_method
 from federation.methods.registry import run_label
+from federation.run import checkpoint
+from federation.run.checkpoint import global_streams, restore_global_streams
 from federation.run.realworld import RealWorld
 from federation.run.results import write_results
 from federation.run.tracking import (
@@ -53,6 +55,9 @@ from federation.run.tracking import (
 )
 
 RoundCallback = Callable[[int, dict[str, float]], None]
+#: ``checkpoint(tau, snapshot)`` after round ``tau`` when the run goes on; ``snapshot()`` returns the
+#: round state for :mod:`federation.run.checkpoint` (called only when a checkpoint is written)
+CheckpointCallback = Callable[[int, Callable[[], dict[str, Any]]], None]
 
 
 @dataclass
@@ -114,7 +119,8 @@ def _evaluate(method: Method, ctx: Context, params: StackedParams, split: str, r
 
 
 def run_one(
-    cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None, keep_params: bool = False
+    cfg: RunConfig, data: FederatedData, seed: int, on_round: RoundCallback | None = None, keep_params: bool = False,
+    checkpoint: CheckpointCallback | None = None, resume: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run one method for one seed.
 
@@ -124,9 +130,13 @@ def run_one(
         seed: run seed (parameters, batch order, dropout, method draws).
         on_round: called after every round with (round number, metrics dict).
         keep_params: store the final stacked parameters ``[n, ...]`` in ``result.params``.
+        checkpoint: offered the round state after every round the run goes on from
+            (:data:`CheckpointCallback`).
+        resume: a round state ``checkpoint`` was offered (same cfg, data and seed): the run goes on
+            from that round; ``on_round`` sees only the rounds after it.
 
     Returns:
-        :class:`RunResult`. Same cfg, data and seed -> identical result on CPU.
+        :class:`RunResult`. Same cfg, data and seed -> identical result on CPU, resumed or not.
     """
     cls = get_method(cfg.method)
     if cfg.data.preprocessing == "pooled" and not cls.pooled:
@@ -219,6 +229,42 @@ def run_one(
         sv, st = summarize(last["val"]), summarize(last["test"])
         return {**round_metrics(sv, st, rb, ledger), **{k: float(v) for k, v in extras.items()}}
 
+    def snapshot(tau: int) -> dict[str, Any]:
+        """Everything round tau reads (federation/run/checkpoint.py); rounds' float records exact."""
+        return {"round": tau, "records": list(records), "params": train_params,
+                "adam": (state.m, state.v, state.t), "momentum": momentum, "best": best,
+                "ledger": list(ledger.rounds), "rng": ctx.rng, "method": method.state_dict(),
+                "engine": train_engine.state_dict(), "realworld": rw.state_dict() if rw is not None else None,
+                "global": global_streams()}
+
+    def restore(snap: dict[str, Any]) -> int:
+        """Set the run to ``snap`` (after :meth:`Method.setup`); returns the round to go on from."""
+        nonlocal state, momentum, best
+        start = int(snap["round"])
+        for r in range(start):  # the drift scenario's label flips so far, on this run's copy of the data
+            apply_drift(data, cfg.drift, r)
+        for k, v in snap["params"].items():
+            train_params[k].copy_(v)
+        state = AdamState(*snap["adam"])
+        momentum, best = snap["momentum"], snap["best"]
+        ledger.rounds[:] = snap["ledger"]
+        ctx.rng = snap["rng"]
+        method.load_state_dict(snap["method"])
+        train_engine.load_state_dict(snap["engine"], state)
+        if rw is not None:
+            rw.load_state_dict(snap["realworld"])
+        restore_global_streams(snap["global"])
+        ctx.params = eval_params()
+        records[:] = snap["records"]
+        return start
+
+    records: list[tuple[int, dict[str, float]]] = []
+
+    def record(tau: int, metrics: dict[str, float]) -> None:
+        records.append((tau, metrics))
+        if on_round is not None:
+            on_round(tau, metrics)
+
     def stop(tau: int, metrics: dict[str, float]) -> bool:
         """Early stopping on the mean val AUROC (cfg.early_stopping)."""
         nonlocal best
@@ -230,7 +276,10 @@ def run_one(
             return False
         return r - best[1] >= es.patience
 
-    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), on_record=on_round, stop=stop)
+    start = restore(resume) if resume is not None else 0
+    after = (lambda tau: checkpoint(tau, lambda: snapshot(tau))) if checkpoint is not None else None
+    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), on_record=record, stop=stop,
+                    start=start, records=list(records), after=after)
     history = [{"round": float(tau), **m} for tau, m in outcome.records]
     rounds_run = outcome.steps_run
     last_val, last_test = last.get("val"), last.get("test")
@@ -367,6 +416,7 @@ def run_training(
     progress: bool = True,
     track: bool = True,
     overwrite: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run ``cfg`` for every seed on the cohort, log to MLflow, write ``output`` (results.json).
 
@@ -377,9 +427,17 @@ def run_training(
 
     ``overwrite=False`` refuses an ``output`` that exists (``abps train`` without ``--force``).
 
+    With an ``output``, round checkpoints go to ``<output>.ckpt`` (``cfg.checkpoint`` cadence,
+    :mod:`federation.run.checkpoint`; removed once results.json is written). ``resume=True`` goes on
+    from that checkpoint: finished seeds are kept, the current seed goes on after its last
+    checkpointed round, in the same MLflow runs (same run ids; rounds MLflow already holds are not
+    logged again).
+
     Raises:
         InputError: bad cohort directory, unknown method, or ``output`` is a directory, one of the
-            cohort's files, or (with ``overwrite=False``) an existing file.
+            cohort's files, or (with ``overwrite=False``) an existing file; with ``resume``: no
+            output, no checkpoint, or one of another run (config, cohort, seeds, code version,
+            MLflow store or experiment).
     """
     cls = get_method(cfg.method)
     try:  # bad method parameters fail before any MLflow run starts
@@ -403,7 +461,17 @@ def run_training(
     cid = federation_id(cohort_dir)
     chash = config_hash(cfg, cid)  # runs of one method with different configs are told apart (abps runs)
     results: list[RunResult] = []
+    ck_path = checkpoint.checkpoint_path(output) if output is not None else None
+    ck_stamp = checkpoint.stamp(cfg, cid, seeds)
+    saved = _resume_from(ck_path, ck_stamp) if resume else None  # before any MLflow run starts
     tracker = Tracker(tracking_uri, experiment) if track else None
+    mlflow_ids = _check_resume_store(saved, tracker) if saved is not None else {}
+    cadence = checkpoint.Cadence(cfg.checkpoint)
+    writes = ck_path is not None and cadence.enabled
+
+    def write_checkpoint(current: dict[str, Any] | None) -> None:
+        if writes:
+            checkpoint.save(ck_path, {"stamp": ck_stamp, "mlflow": mlflow_ids, "done": results, "current": current})
     label = run_label(cfg.method, cfg.params)
     bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=label,
                     metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
@@ -411,23 +479,45 @@ def run_training(
                      "d_features": data.d, "torch_threads": torch.get_num_threads()}  # (abps train --threads)
     common = {METHOD_TAG: cfg.method, LABEL_TAG: label, COHORT_TAG: cid,
               COHORT_NAME_TAG: Path(cohort_dir).resolve().name}
-    with bar, (tracker.parent(f"{label} seeds {' '.join(map(str, seeds))}", parent_params,
+    done = {r.seed: r for r in saved["done"]} if saved is not None else {}
+    current = saved["current"] if saved is not None else None
+    with bar, (tracker.resume(mlflow_ids["parent"]) if tracker and "parent" in mlflow_ids else
+               tracker.parent(f"{label} seeds {' '.join(map(str, seeds))}", parent_params,
                               {KIND_TAG: KIND_TRAIN, **common})
-               if tracker else _null()):
+               if tracker else _null()) as parent_id:
+        if tracker:
+            mlflow_ids["parent"] = parent_id
         for seed in seeds:
             bar.start_seed(seed)
-            with (tracker.child(f"{label} seed {seed}", {"seed": seed, "cohort_id": cid},
+            if seed in done:  # finished before the resume: its MLflow run is complete
+                results.append(done[seed])
+                bar.end_seed()
+                continue
+            going_on = current if current is not None and current["seed"] == seed else None
+            with (tracker.resume(going_on["child"]) if tracker and going_on is not None else
+                  tracker.child(f"{label} seed {seed}", {"seed": seed, "cohort_id": cid},
                                 {KIND_TAG: KIND_RUN, SEED_TAG: str(seed), HASH_TAG: chash, **common})
-                  if tracker else _null()):
-                if tracker:
+                  if tracker else _null()) as child_id:
+                logged = -1
+                if tracker and going_on is None:
                     tracker.log_dict_params(cfg.model_dump(mode="json"))
+                elif tracker:  # rounds after the checkpoint the stopped run had logged already
+                    logged = max((m.step for m in tracker.client.get_metric_history(child_id, "cum_bytes")),
+                                 default=-1)
+                    bar.resume_at(int(going_on["state"]["round"]))
 
                 def on_round(step: int, m: dict[str, float]) -> None:
-                    if tracker:
+                    if tracker and step > logged:
                         tracker.log_metrics(m, step)
                     bar.advance(m)
 
-                res = run_one(cfg, data, seed, on_round)
+                def on_checkpoint(tau: int, snap: Callable[[], dict[str, Any]], seed: int = seed,
+                                  child: str | None = child_id) -> None:
+                    if writes and cadence.due(tau):
+                        write_checkpoint({"seed": seed, "child": child, "state": snap()})
+
+                res = run_one(cfg, data, seed, on_round, checkpoint=on_checkpoint,
+                              resume=going_on["state"] if going_on is not None else None)
                 results.append(res)
                 if tracker:
                     tracker.log_final(res.summary())
@@ -438,6 +528,7 @@ def run_training(
                         tracker.log_json(obj, name)
                     tracker.log_json(cfg.model_dump(mode="json"), "config.json")
             bar.end_seed()
+            write_checkpoint(None)  # the seed is done: a resume keeps its result
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
         doc["metric"] = data.metric_name  # "final_auroc_*" hold accuracy on an image federation
@@ -447,7 +538,47 @@ def run_training(
     if output is not None:
         # without overwrite: created only if absent at commit time (another run may have written it meanwhile)
         write_results(output, doc, exclusive=not overwrite)
+    if ck_path is not None:
+        ck_path.unlink(missing_ok=True)  # the run is complete
     return doc
+
+
+def _resume_from(path: Path | None, stamp: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint ``--resume`` goes on from, checked against this run's stamp.
+
+    Raises:
+        InputError: no output (nowhere to look), no checkpoint there, or one of another run.
+    """
+    if path is None:
+        raise InputError("--resume: give the --output of the run to resume (its checkpoint lies beside it)")
+    if not path.is_file():
+        raise InputError(f"--resume: no checkpoint {path} (the run finished, never reached its first checkpoint, "
+                         "or wrote another --output)")
+    return checkpoint.load(path, stamp)
+
+
+def _check_resume_store(saved: dict[str, Any], tracker: Tracker | None) -> dict[str, Any]:
+    """The checkpoint's MLflow run ids, after checking this run logs to the store and experiment
+    that hold them (or logs nowhere, as the checkpointed run did).
+
+    Raises:
+        InputError: the checkpointed run logged to MLflow and this one would not, or to another
+            store / experiment (naming --tracking-uri / --experiment).
+    """
+    ids = dict(saved.get("mlflow") or {})
+    if not ids:
+        return ids
+    if tracker is None:
+        raise InputError("--resume: the checkpointed run logs to MLflow; resume it with tracking on")
+    try:
+        exp = tracker.client.get_run(ids["parent"]).info.experiment_id
+    except Exception:  # noqa: BLE001 - a store without that run
+        raise InputError(f"--resume: the checkpoint's MLflow run {ids['parent']} is not in {tracker.uri} "
+                         "(give the --tracking-uri of the stopped run)") from None
+    if exp != tracker.experiment_id:
+        raise InputError("--resume: the checkpoint's MLflow run is in another experiment (give the --experiment "
+                         "of the stopped run)")
+    return ids
 
 
 def dropped_message(dropped: dict[str, int], n_kept: int) -> str | None:
@@ -504,6 +635,11 @@ class _Progress:
         if self._p is not None:
             info = f"val {self.metric} {m['val_auroc_mean']:.3f}  bw {m['rel_bandwidth']:.2f}x"
             self._p.update(self._rounds, advance=1, info=info)
+
+    def resume_at(self, rounds: int) -> None:
+        """Show ``rounds`` rounds of the current seed done (a resumed run)."""
+        if self._p is not None:
+            self._p.update(self._rounds, completed=rounds)
 
     def end_seed(self) -> None:
         if self._p is not None:

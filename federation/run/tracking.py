@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from etl.errors import InputError
-from federation.core import provenance
 from federation.core.targets import target_name
 
 _FORBIDDEN_KEYS = {"stay_id", "subject_id", "hadm_id"}
@@ -352,6 +351,8 @@ class Tracker:
         Ray worker) overwrites them with its own."""
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+        from federation.core import provenance  # imports torch: only a writer needs it
+
         all_tags = {MLFLOW_RUN_NAME: name, **platform_tags(provenance.machine_info()), **(tags or {})}
         parent = parent_id or (self._stack[-1] if self._stack else None)
         if parent:
@@ -485,12 +486,17 @@ class Tracker:
 
     def search(self, filter_string: str) -> list[Any]:
         """Every run of the experiment matching ``filter_string`` (all pages)."""
-        out: list[Any] = []
-        token = None
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000,
-                                           page_token=token)
-            out.extend(page)
-            token = page.token
-            if not token:
-                return out
+        return search_all(self.client, self.experiment_id, filter_string)
+
+
+def search_all(client: Any, experiment_id: str, filter_string: str) -> list[Any]:
+    """Every active run of experiment ``experiment_id`` matching ``filter_string``, all pages of
+    ``client.search_runs`` (an ``MlflowClient``), newest first."""
+    out: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out

@@ -16,7 +16,15 @@ import torch
 from pydantic import ValidationError
 
 from etl.errors import InputError
-from federation.core.config import RunConfig, build_config, canonical_json, config_hash, deep_merge, load_yaml
+from federation.core.config import (
+    RunConfig,
+    build_config,
+    canonical_json,
+    check_config_file,
+    config_hash,
+    deep_merge,
+    load_yaml,
+)
 from federation.data.load import load_federation
 from federation.engine import kernels
 from federation.methods import get_method
@@ -99,8 +107,11 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
         file_cfg: dict[str, Any] = {"method": entry.method}
         if entry.config:
             p = Path(entry.config)
-            file_cfg = load_yaml(p if p.is_absolute() else Path(base_dir) / p)
+            path = p if p.is_absolute() else Path(base_dir) / p
+            file_cfg = load_yaml(path)
             file_cfg.setdefault("method", entry.method)
+            # the file alone first: a bad key is reported with the file's name
+            check_config_file(path, lambda c=cls, f=file_cfg: build_config(entry.method, c.default_config, f))
         if entry.overrides:
             file_cfg = deep_merge(file_cfg, entry.overrides)
         if entry.params:

@@ -1,0 +1,207 @@
+"""The commands that must answer at once import no heavy library: every ``--help`` imports none of
+torch, MLflow, Polars, DuckDB; ``abps runs`` (and the URL ``abps ui`` prints) reads the project's
+sqlite store without torch or MLflow, and finds the same runs MLflow's own client finds.
+
+Asserted on the modules a fresh interpreter holds after the command (``sys.modules``), never on a
+clock: what the command imports is what makes it slow (torch 1.5 s, MLflow's client 2-3 s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from federation import method_catalog
+
+HEAVY = ("torch", "mlflow", "polars", "duckdb")
+
+#: runs the abps commands given as JSON argv lists (argv 1) in one fresh interpreter; prints, per
+#: command, its exit code, its output and which modules of argv 2 are loaded after it
+_PROBE = """
+import contextlib, io, json, sys
+from cli.app import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+    out.append({"argv": argv, "code": code, "stdout": buf.getvalue(),
+                "heavy": sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)})
+print(json.dumps(out))
+"""
+
+
+def _probe(argvs: list[list[str]], cwd: Path) -> list[dict]:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs), json.dumps(HEAVY)], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # no library noise either (MLflow INFO lines, deprecation warnings)
+    assert proc.stderr == "", proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _help_argvs() -> list[list[str]]:
+    """``--help`` of abps and of every command and sub-command (walked from the typer app)."""
+    import typer.main
+
+    from cli.app import _register, app
+
+    _register()
+    out: list[list[str]] = [["--help"]]
+
+    def walk(cmd, path: list[str]) -> None:
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            out.append([*path, name, "--help"])
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def test_the_catalog_is_the_registry() -> None:
+    # the names --help lists and the report's row names and order are the registry's
+    from federation.methods import all_methods, display_names, families, method_names, paper_order
+
+    c = all_methods()
+    rows = tuple((n, c[n].display_name, c[n].family, c[n].paper_order) for n in method_names())
+    assert method_catalog.CATALOG == rows, "federation/method_catalog.py CATALOG should read:\n" + "\n".join(
+        f"    {r!r}," for r in rows)
+
+    assert list(method_catalog.METHOD_NAMES) == method_names()
+    assert method_catalog.PAPER_ORDER == paper_order()
+    assert method_catalog.DISPLAY == display_names() and method_catalog.FAMILY == families()
+
+
+def test_every_help_imports_no_heavy_library(tmp_path: Path) -> None:
+    argvs = _help_argvs()
+    assert ["train", "--help"] in argvs and ["synth", "mimic", "--help"] in argvs and len(argvs) >= 12
+    results = _probe(argvs, tmp_path)
+    for r in results:
+        assert r["code"] == 0, r
+        assert r["heavy"] == [], f"abps {' '.join(r['argv'])} imported {r['heavy']}"
+    train = next(r for r in results if r["argv"] == ["train", "--help"])
+    # the method list of --method is there, in Table 1 order, without importing a method
+    flat = " ".join(train["stdout"].replace("│", " ").split())
+    assert "local, fedavg, fedprox" in flat and "centralized" in flat and "random-partners" in flat
+
+
+def _log_runs(uri: str) -> dict[str, list[str]]:
+    """A store written by the installed MLflow: experiment ``cohort`` with a parent run, two
+    finished train children (one with a NaN metric), a running, a failed and a deleted run, and
+    an older experiment ``other``. Returns experiment name -> run ids."""
+    from mlflow.tracking import MlflowClient
+
+    from federation.run.tracking import KIND_TAG, KIND_TRAIN, LABEL_TAG, METHOD_TAG, SEED_TAG
+
+    client = MlflowClient(uri)
+    ids: dict[str, list[str]] = {}
+    other = client.create_experiment("other")
+    r = client.create_run(other, start_time=1_000, tags={METHOD_TAG: "local", SEED_TAG: "1"}, run_name="local-1")
+    client.log_metric(r.info.run_id, "final_auroc_mean", 0.6, timestamp=1, step=0)
+    client.set_terminated(r.info.run_id, "FINISHED")
+    ids["other"] = [r.info.run_id]
+    exp = client.create_experiment("cohort")
+    parent = client.create_run(exp, start_time=2_000, tags={KIND_TAG: KIND_TRAIN}, run_name="fedavg")
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    ids["cohort"] = [parent.info.run_id]
+    for seed, start, auroc in ((11, 3_000, 0.71), (22, 3_000, math.nan)):
+        r = client.create_run(exp, start_time=start, run_name=f"fedavg-seed{seed}",
+                              tags={METHOD_TAG: "fedavg", SEED_TAG: str(seed), LABEL_TAG: "fedavg"})
+        client.log_param(r.info.run_id, "params.lr", "0.01")
+        for step, value in enumerate((0.5, auroc)):  # the latest step is the run's metric
+            client.log_metric(r.info.run_id, "final_auroc_mean", value, timestamp=10 + step, step=step)
+        client.log_metric(r.info.run_id, "rel_bandwidth", 1.0, timestamp=10, step=0)
+        client.set_terminated(r.info.run_id, "FINISHED", end_time=start + 500)
+        ids["cohort"].append(r.info.run_id)
+    running = client.create_run(exp, start_time=4_000, tags={METHOD_TAG: "abps", SEED_TAG: "11"})
+    failed = client.create_run(exp, start_time=4_000, tags={METHOD_TAG: "abps", SEED_TAG: "22"})
+    client.set_terminated(failed.info.run_id, "FAILED")
+    deleted = client.create_run(exp, start_time=5_000, tags={METHOD_TAG: "moon", SEED_TAG: "11"})
+    client.set_terminated(deleted.info.run_id, "FINISHED")
+    client.delete_run(deleted.info.run_id)
+    ids["cohort"] += [running.info.run_id, failed.info.run_id, deleted.info.run_id]
+    return ids
+
+
+def _as_plain(run) -> tuple:
+    m = {k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in run.data.metrics.items()}
+    return (run.info.run_id, run.info.run_name, str(run.info.experiment_id), run.info.status, run.info.start_time,
+            run.info.end_time, m, dict(run.data.params), dict(run.data.tags))
+
+
+def test_the_sqlite_reader_finds_what_mlflow_finds(tmp_path: Path) -> None:
+    from federation.run import store_read
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ids = _log_runs(uri)
+    with store_read.open_store(uri) as fast:
+        assert isinstance(fast, store_read._SqliteStore)
+        slow = store_read._ClientStore(uri)
+        for name in ("cohort", "other", "missing"):
+            assert fast.experiment_id(name) == slow.experiment_id(name)
+        exp = fast.experiment_id("cohort")
+        got = [_as_plain(r) for r in fast.finished_runs(exp)]
+        assert got == [_as_plain(r) for r in slow.finished_runs(exp)]
+        assert fast.latest_experiment_with_runs() == slow.latest_experiment_with_runs() == "cohort"
+    # active FINISHED runs only, newest first, ties by run id; the NaN and the latest step kept
+    parent, s11, s22 = ids["cohort"][:3]
+    assert [g[0] for g in got] == [*sorted([s11, s22]), parent]
+    by_id = {g[0]: g for g in got}
+    assert by_id[s11][6] == {"final_auroc_mean": 0.71, "rel_bandwidth": 1.0}
+    assert by_id[s22][6]["final_auroc_mean"] == "nan" and by_id[s22][7] == {"params.lr": "0.01"}
+
+
+def test_a_store_without_a_column_read_here_goes_through_mlflow(tmp_path: Path) -> None:
+    from federation.run import store_read
+
+    db = tmp_path / "m.db"
+    _log_runs(f"sqlite:///{db}")
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE latest_metrics RENAME COLUMN is_nan TO nan_flag")  # a future schema
+    con.commit()
+    con.close()
+    assert store_read._open_sqlite(db) is None
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE latest_metrics RENAME COLUMN nan_flag TO is_nan")
+    con.execute("UPDATE experiments SET workspace = 'team-a' WHERE name = 'other'")  # a multi-tenant store
+    con.commit()
+    con.close()
+    assert store_read._open_sqlite(db) is None
+
+
+def test_runs_reads_the_store_without_torch_or_mlflow(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log_runs(uri)
+    (r,) = _probe([["runs", "--tracking-uri", uri]], tmp_path)
+    assert r["code"] == 0 and r["heavy"] == [], r
+    # the one finished clinical row: fedavg, seeds 11 and 22; seed 22's mean is undefined
+    assert "experiment cohort: finished runs (2)" in r["stdout"]
+    row = next(ln for ln in r["stdout"].splitlines() if "fedavg" in ln)
+    assert "11 22" in row and "undefined (1 of 2 seeds)" in row and "1.00x" in row
+
+
+@pytest.mark.parametrize("env_experiment", [None, "other"])
+def test_runs_default_experiment_as_mlflow_lists_it(tmp_path: Path, monkeypatch, env_experiment) -> None:
+    from cli.runs_cmd import default_experiment
+    from federation.run import store_read
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log_runs(uri)
+    monkeypatch.chdir(tmp_path)  # no recorded cohort here
+    if env_experiment:
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", env_experiment)
+    else:
+        monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    want = env_experiment or "cohort"  # the newest experiment holding a run
+    assert default_experiment(None, uri) == want
+    assert default_experiment(None, uri, store_read._ClientStore(uri)) == want
