@@ -18,7 +18,7 @@ The file is a pickle (``torch.save``): load only checkpoints this tool wrote.
 from __future__ import annotations
 
 import hashlib
-import os
+import io
 import random
 import time
 from functools import lru_cache
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from etl.errors import InputError
+from etl.io import atomic_write_bytes
 from federation.core.config import CheckpointConfig, RunConfig
 
 #: layout of the checkpoint dict; a file of another layout is refused
@@ -92,17 +93,16 @@ def mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 
 def save(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` (with :data:`FORMAT`) to ``path`` atomically: a temporary file in the same
-    folder (created if missing), then renamed over ``path``. A killed process leaves the old file or
-    the new one; no ``fsync`` (it doubled the write's time; docs/decisions.md, "Round checkpoints")."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save({"format": FORMAT, **payload}, fh)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write ``payload`` (with :data:`FORMAT`) to ``path`` atomically (:func:`etl.io.atomic_write_bytes`:
+    a temporary file in the same folder, created if missing, then renamed over ``path``). A killed
+    process leaves the old file or the new one; no ``fsync`` (docs/decisions.md, "Round checkpoints").
+
+    Raises:
+        InputError: the write fails (a full disk, a read-only folder): one line naming ``path``.
+    """
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **payload}, buf)
+    atomic_write_bytes(path, buf.getbuffer())
 
 
 def load(path: Path, now: dict[str, Any]) -> dict[str, Any]:
