@@ -19,7 +19,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -236,21 +235,42 @@ def test_cadence_every_n_rounds_or_t_minutes():
 # ------------------------------------------------------------------------ a real kill, then --resume
 
 
+# The child is the real `abps train` in a fresh interpreter; right after the checkpoint that holds
+# round `ABPS_KILL_AFTER` (rounds done across seeds) is on disk it sends itself SIGKILL: a hard stop at
+# a chosen round, with no race between a polling test and a fast run.
+_KILLED_CHILD = """
+import os, signal, sys
+from federation.run import checkpoint
+from cli.app import main
+
+_save, _after = checkpoint.save, int(os.environ["ABPS_KILL_AFTER"])
+
+def save(path, payload):
+    _save(path, payload)
+    cur = payload["current"]
+    if sum(r.rounds_run for r in payload["done"]) + (int(cur["state"]["round"]) if cur else 0) >= _after:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+checkpoint.save = save
+sys.argv = ["abps", *sys.argv[1:]]
+main()
+"""
+
+
 def _abps(args: list[str], cwd: Path) -> list[str]:
     return [str(Path(sys.executable).parent / "abps"), *args]
 
 
-def _progress(ck: Path) -> int | None:
-    """Rounds done across seeds in the checkpoint (None while there is none)."""
-    try:
-        doc = torch.load(ck, weights_only=False)
-    except (FileNotFoundError, EOFError, RuntimeError):
-        return None
+def _progress(ck: Path) -> int:
+    """Rounds done across seeds in the checkpoint."""
+    doc = torch.load(ck, weights_only=False)
     cur = doc["current"]
     return sum(r.rounds_run for r in doc["done"]) + (int(cur["state"]["round"]) if cur else 0)
 
 
-def test_sigkill_at_a_random_round_then_resume_equals_the_uninterrupted_run(cohort: Path, tmp_path: Path):
+@pytest.mark.parametrize("kill_after", [random.Random(35).randint(1, 20)])
+def test_sigkill_at_a_random_round_then_resume_equals_the_uninterrupted_run(cohort: Path, tmp_path: Path,
+                                                                            kill_after: int):
     rounds = 12
     (tmp_path / "cfg.yaml").write_text("method: abps\ncheckpoint: {every_rounds: 1}\n")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -264,25 +284,16 @@ def test_sigkill_at_a_random_round_then_resume_equals_the_uninterrupted_run(coho
     full = subprocess.run(argv("full"), cwd=tmp_path, env=env, capture_output=True, text=True)
     assert full.returncode == 0, full.stderr[-800:]
 
-    kill_at = random.Random().randint(1, 2 * rounds - 4)  # rounds done across both seeds
     ck = tmp_path / "part" / "results.json.ckpt"
-    proc = subprocess.Popen(argv("part"), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    done = None
-    while proc.poll() is None:
-        done = _progress(ck)
-        if done is not None and done >= kill_at:
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before round {kill_at} was reached: " \
-        f"{proc.stderr.read().decode()[-500:] if proc.stderr else ''}"
-    proc.stderr.close()
+    killed = subprocess.run([sys.executable, "-c", _KILLED_CHILD, *argv("part")[1:]], cwd=tmp_path,
+                            env={**env, "ABPS_KILL_AFTER": str(kill_after)}, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
+    done = _progress(ck)
+    assert done == kill_after  # a checkpoint every round: the last one on disk is the kill round's
     at_kill = torch.load(ck, weights_only=False)  # the checkpoint the resume goes on from
     assert not (tmp_path / "part" / "results.json").exists()
     resumed = subprocess.run([*argv("part"), "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-800:]
-    print(f"killed after {done} of {2 * rounds} rounds (target {kill_at})")  # shown by pytest -rP
 
     # results.json identical, byte for byte; the checkpoint is gone
     assert (tmp_path / "part" / "results.json").read_bytes() == (tmp_path / "full" / "results.json").read_bytes()
