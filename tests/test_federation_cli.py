@@ -104,9 +104,9 @@ def test_benchmark_config_dispatches(tmp_path, monkeypatch):
     monkeypatch.setattr(BENCHMARKS["vv"], "run", lambda config, rounds, seeds, output, uri, exp:
                         seen.update(config=config, seeds=seeds, rounds=rounds))
     cfg = tmp_path / "vv.yaml"
-    cfg.write_text("benchmark: vv\nnodes: 4\n")
+    cfg.write_text("benchmark: vv\nsimulation: {n_nodes: 10, degree: 4}\n")
     main(["train", "--config", str(cfg), "--seeds", "1", "2", "--rounds", "5"])
-    assert seen == {"config": {"benchmark": "vv", "nodes": 4}, "seeds": [1, 2], "rounds": 5}
+    assert seen == {"config": {"benchmark": "vv", "simulation": {"n_nodes": 10, "degree": 4}}, "seeds": [1, 2], "rounds": 5}
 
 
 def test_param_option_reaches_the_method_config(cohort, tmp_path, ml_uri):
