@@ -1,16 +1,7 @@
-"""Seconds to write one round checkpoint against seconds per round, at n = 230 centers.
-
-Usage::
+"""Seconds to write one round checkpoint against seconds per round, at n = 230 centers, and the
+share of a run that the default cadence costs (target <= 2 %).
 
     .venv/bin/python -m benchmarks.bench_checkpoint [--centers 230] [--rounds 4] [--threads 1] [--methods fedavg,abps,wpfed]
-
-For each method, runs ``--rounds`` rounds with the runtime's loop (:func:`federation.run.runner.run_one`)
-on the synthetic default cohort (FedProx-Synthetic(1, 1), seed 0), writing a checkpoint
-(:func:`federation.run.checkpoint.save`, the file ``abps train`` writes) after every round into a
-temporary folder; the write is timed apart from the round (the runner's per-round callback stamps
-the round's end, the checkpoint hook the write). Prints, per method, seconds per round (first round
-excluded), seconds per checkpoint, the checkpoint's size, and the share of a run's time that one
-checkpoint every ``every_rounds`` rounds (the config default) costs, against the 2 % target.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""How far the care units of a cohort differ: base rates and risk models (docs/fidelity.md,
-"FedAvg-X against ABPS-X across heterogeneity").
+"""How far the care units (or centers) of a cohort differ in base rate and risk model, each figure beside
+its shuffled-unit noise floor; cohort-level aggregates only (method: docs/fidelity.md, "FedAvg-X
+against ABPS-X across heterogeneity").
 
     .venv/bin/python scripts/unit_heterogeneity.py COHORT_DIR [COHORT_DIR ...] [--by care_unit|center_id]
         [--min-stays 100] [--min-deaths 10]
-
-Per cohort (``cohort.parquet`` of ``abps etl``), over the groups (``--by``: care units, or centers such as
-eICU's hospitals) with at least ``--min-stays`` stays and ``--min-deaths`` deaths: the standard deviation across units of the logit of the unit's mortality, and
-the mean over features of the across-unit standard deviation of the coefficients of a per-unit
-logistic regression (scikit-learn, L2 with C = 1) of death on standardized age and first-day vital
-means (those present for at least half the stays; missing values take the median). Both carry sampling noise, so each is shown beside its noise floor: the same figure with the
-unit labels shuffled across stays (mean over 20 shuffles, fixed seed). Only cohort-level aggregates
-are printed.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Round checkpoints: ``abps train --resume`` goes on from the last completed round of a stopped run.
+"""Round checkpoints: what ``abps train --resume`` goes on from, written atomically beside results.json,
+stamped with the config, cohort, seeds and code version so that a foreign checkpoint is refused.
 
-A checkpoint (``<output>.ckpt`` beside the run's results.json) holds everything the next round
-reads: the stacked parameters, optimizer moments, the method's state
-(:meth:`federation.methods.base.Method.state_dict`), the engine's (:meth:`Engine.state_dict`), the
-ledger, the availability clock, every random stream (the run's torch generators inside that state,
-and the process-wide python / NumPy / torch streams), the per-round metrics so far, the finished
-seeds' results and the MLflow run ids. It is written whole under a temporary name and renamed
-(:func:`save`), so a kill leaves the previous checkpoint or the new one, never a torn file.
-
-A checkpoint is tied to what computed it (:func:`stamp`): the run config (its ``checkpoint``
-cadence section aside), the cohort, the seeds and the code version (:func:`code_version`); one
-that differs is refused with one line naming the difference (:func:`mismatch`).
-
-The file is a pickle (``torch.save``): load only checkpoints this tool wrote.
+Design notes: docs/runtime.md, "Module notes", round checkpoints.
 """
 
 from __future__ import annotations
