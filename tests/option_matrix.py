@@ -7,10 +7,8 @@ The commands and options are read from the typer app, so a new option or command
 without anyone listing it: an option of a type with a generic probe (int, float, flag) is probed
 as is; any other fails here until it has a probe, and a command fails until it has a kind.
 
-The run kinds: ``abps etl`` on each source (mimic, eicu, meds), ``abps train`` on a clinical cohort,
-on an image federation and with each benchmark config (``federation.benchmark.BENCHMARKS``), ``abps
-sweep`` on a sweep file, ``abps runs`` / ``report`` / ``ui`` on a store, the ``synth`` writers.
-The test files ``test_option_matrix_*.py`` split the kinds between the two CI workers.
+The run kinds (etl per source, train per run kind and benchmark config, sweep, runs / report / ui,
+synth) are split between the two CI workers by the files ``test_option_matrix_*.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Conformance checks run on every registered method (in the spirit of
-scikit-learn's common estimator checks).
+"""Conformance checks run on every registered method (as scikit-learn's common estimator checks).
 
 Each method trains two rounds on a tiny real cohort (the MIMIC-IV demo, IID partition into 4
 centers, built once per session) through the one round loop, and must:
@@ -9,11 +8,8 @@ centers, built once per session) through the one round loop, and must:
 * give the identical result (history, per-center AUROC, final parameters) for the same seed,
   and different parameters for another seed;
 * ship ``configs/<name>.yaml`` that equals its ``default_config`` (after filling defaults);
-* appear in ``configs/table1.yaml`` (in the ABPS paper's Table 1 order; the non-rows in
-  ``configs/table1-extras.yaml``) and in the report's
-  Table 1 names and Figure 3 colour families.
-
-Plus the registry's own rules (:func:`federation.methods.registry.register`).
+* appear in ``configs/table1.yaml`` (Table 1 order; the non-rows in ``configs/table1-extras.yaml``)
+  and in the report's Table 1 names and Figure 3 colour families; plus the registry's own rules.
 """
 
 from __future__ import annotations
