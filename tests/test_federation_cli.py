@@ -104,9 +104,14 @@ def test_benchmark_config_dispatches(tmp_path, monkeypatch):
     monkeypatch.setattr(BENCHMARKS["vv"], "run", lambda config, rounds, seeds, output, uri, exp:
                         seen.update(config=config, seeds=seeds, rounds=rounds))
     cfg = tmp_path / "vv.yaml"
-    cfg.write_text("benchmark: vv\nsimulation: {n_nodes: 10, degree: 4}\n")
+    cfg.write_text("benchmark: vv\nsimulation: {ticks: 4}\n")
     main(["train", "--config", str(cfg), "--seeds", "1", "2", "--rounds", "5"])
-    assert seen == {"config": {"benchmark": "vv", "simulation": {"n_nodes": 10, "degree": 4}}, "seeds": [1, 2], "rounds": 5}
+    assert seen == {"config": {"benchmark": "vv", "simulation": {"ticks": 4}}, "seeds": [1, 2], "rounds": 5}
+    cfg.write_text("benchmark: vv\nnodes: 4\n")  # checked before it runs: one line naming the file
+    seen.clear()
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--config", str(cfg), "--rounds", "5"])
+    assert exc.value.code == 2 and seen == {}
 
 
 def test_param_option_reaches_the_method_config(cohort, tmp_path, ml_uri):
