@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -248,3 +249,9 @@ def check_cohort_files(folder: str | os.PathLike[str]) -> None:
             raise InputError(f"{' and '.join(str(folder / f) for f in differ)} {'is' if one else 'are'} not the "
                              f"file{'' if one else 's'} {name} records (SHA-256 differs): the folder mixes files of "
                              "different runs, or a file changed since; write the folder again with one run")
+
+
+def folder_name(s: str) -> str:
+    """``s`` as one folder name (runs under ``runs/<experiment>/``): runs of characters other than
+    letters, digits and ``+._-`` become ``-``."""
+    return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"

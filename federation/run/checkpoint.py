@@ -116,23 +116,23 @@ def save(path: Path, payload: dict[str, Any]) -> None:
     atomic_write_bytes(path, buf.getbuffer())
 
 
-def load(path: Path, now: dict[str, Any]) -> dict[str, Any]:
+def load(path: Path, now: dict[str, Any], who: str = "--resume") -> dict[str, Any]:
     """Read a checkpoint and check it against this run's :func:`stamp`.
 
     Raises:
         InputError: unreadable file, another layout, or a stamp that differs (one line naming
-            the difference).
+            the difference, beginning with ``who``).
     """
     try:
         with open(path, "rb") as fh:
             doc = torch.load(fh, weights_only=False)  # our own pickle (module docstring)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
-        raise InputError(f"--resume: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
+        raise InputError(f"{who}: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise InputError(f"--resume: {path} is not a checkpoint of layout {FORMAT}")
+        raise InputError(f"{who}: {path} is not a checkpoint of layout {FORMAT}")
     why = mismatch(doc.get("stamp", {}), now)
     if why is not None:
-        raise InputError(f"--resume: {path} belongs to another run: {why}")
+        raise InputError(f"{who}: {path} belongs to another run: {why}")
     return doc
 
 
