@@ -95,6 +95,9 @@ def charttime_us(text: pa.Array) -> pa.Array:
     Raises:
         StreamUnreadable: some non-empty value is not in that form.
     """
+    fast = _charttime_fixed(text)
+    if fast is not None:
+        return fast
     ok = pc.and_(pc.equal(pc.utf8_length(text), _TIMESTAMP_CHARS),
                  pc.equal(pc.utf8_slice_codeunits(text, 10, 11), " "))
     if pc.any(pc.invert(ok)).as_py():
@@ -103,6 +106,55 @@ def charttime_us(text: pa.Array) -> pa.Array:
         return pc.cast(text, pa.timestamp("us"))
     except pa.ArrowInvalid as exc:
         raise StreamUnreadable(f"charttime: {str(exc)[:160]}") from None
+
+
+#: 'YYYY-MM-DD hh:mm:ss': its separators (position, byte) and its fields (first and end position).
+_SEPARATORS = ((4, ord("-")), (7, ord("-")), (10, ord(" ")), (13, ord(":")), (16, ord(":")))
+_FIELDS = ((0, 4), (5, 7), (8, 10), (11, 13), (14, 16), (17, 19))
+
+
+def _charttime_fixed(text: pa.Array) -> pa.Array | None:
+    """:func:`charttime_us` of a column without nulls whose every value is a valid
+    'YYYY-MM-DD hh:mm:ss' (years 0001 to 9999), read as a (rows, 19) byte matrix with NumPy: about
+    half the CPU of Arrow's length checks and cast. None for anything else (a null, another
+    length, a character out of place, a field out of range, 2150-02-30), which Arrow's cast then
+    reads or refuses as before. Days of the month starts: NumPy's datetime64 (proleptic Gregorian,
+    as Arrow and DuckDB)."""
+    n = len(text)
+    if n == 0 or text.null_count or not pa.types.is_string(text.type):
+        return None
+    offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4)
+    if offsets[-1] - offsets[0] != n * _TIMESTAMP_CHARS or np.any(np.diff(offsets) != _TIMESTAMP_CHARS):
+        return None
+    m = np.frombuffer(text.buffers()[2], np.uint8, n * _TIMESTAMP_CHARS, int(offsets[0])).reshape(n, _TIMESTAMP_CHARS)
+    for pos, ch in _SEPARATORS:
+        if not np.all(m[:, pos] == ch):
+            return None
+    d = m - np.uint8(48)  # a digit -> 0..9, any other byte above 9
+    top = d[:, 0].copy()
+    fields = []
+    for a, b in _FIELDS:
+        v = d[:, a].astype(np.int32)
+        for k in range(a, b):
+            np.maximum(top, d[:, k], out=top)
+            if k > a:
+                v = v * 10 + d[:, k]
+        fields.append(v)
+    if top.max() > 9:
+        return None
+    year, month, day, hour, minute, second = fields
+    y0, y1 = int(year.min()), int(year.max())
+    if y0 < 1 or month.min() < 1 or month.max() > 12 or day.min() < 1 or hour.max() > 23 \
+            or minute.max() > 59 or second.max() > 59:
+        return None
+    # day number of the first of each month from January y0 to January y1 + 1
+    starts = np.arange(np.datetime64(f"{y0:04d}-01", "M"), np.datetime64(f"{y1 + 1:04d}-02", "M")) \
+        .astype("datetime64[D]").astype(np.int64)
+    ym = (year - y0) * 12 + month - 1
+    if np.any(day > np.diff(starts)[ym]):
+        return None
+    us = ((starts[ym] + (day - 1)) * 86400 + (hour * 3600 + minute * 60 + second)) * 1_000_000
+    return pa.array(us, pa.timestamp("us"))
 
 
 def streamable(table: Table) -> bool:

@@ -162,6 +162,32 @@ def test_the_stream_converts_only_the_scans_timestamp_form():
             chart_stream.charttime_us(pa.array(["2180-07-23 14:00:00", text]))
 
 
+def test_the_byte_matrix_reading_equals_arrows_cast():
+    """The NumPy reading of zero-padded charttimes gives Arrow's timestamps to the microsecond
+    (leap days, century years, the first and last second of a day, year 0001), also on a slice;
+    a value it does not take (None) is left to Arrow's cast, which reads or refuses it."""
+    rng = np.random.default_rng(3)
+    sec = np.r_[rng.integers(-62_135_596_800, 253_402_300_799, 5000), rng.integers(4_102_444_800, 7_258_118_400, 5000),
+                0, 951_782_400, 951_868_799, 4_107_542_399, -62_135_596_800, 253_402_300_799]
+    text = pa.array([str(np.datetime64(int(x), "s")).replace("T", " ") for x in sec])
+    assert text[-6:].to_pylist() == ["1970-01-01 00:00:00", "2000-02-29 00:00:00", "2000-02-29 23:59:59",
+                                     "2100-02-28 23:59:59", "0001-01-01 00:00:00", "9999-12-31 23:59:59"]
+    want = pa.array(sec * 1_000_000, pa.timestamp("us"))
+    assert chart_stream._charttime_fixed(text).equals(want)
+    assert chart_stream.charttime_us(text).equals(want)
+    assert chart_stream._charttime_fixed(text.slice(7, 100)).equals(want.slice(7, 100))
+    for odd in ("2100-02-29 00:00:00", "2150-04-31 00:00:00", "2150-13-01 00:00:00", "2150-00-01 00:00:00",
+                "2150-01-00 00:00:00", "2150-01-01 24:00:00", "2150-01-01 00:60:00", "2150-01-01 00:00:60",
+                "2150-01-01T00:00:00", "2150-0a-01 00:00:00", "2150-01-01 0:00:00 "):
+        assert chart_stream._charttime_fixed(pa.array(["2150-01-01 00:00:00", odd])) is None, odd
+        with pytest.raises(chart_stream.StreamUnreadable):
+            chart_stream.charttime_us(pa.array(["2150-01-01 00:00:00", odd]))
+    assert chart_stream._charttime_fixed(pa.array(["2150-01-01 00:00:00", None])) is None
+    year0 = pa.array(["0000-01-01 00:00:00"])  # left to Arrow, which reads the proleptic year 0
+    assert chart_stream._charttime_fixed(year0) is None
+    assert chart_stream.charttime_us(year0).cast(pa.int64()).to_pylist() == [-719_528 * 86_400_000_000]
+
+
 def _with_charttime(src: Path, dst: Path, text: str) -> Path:
     """A copy of the demo whose first heart-rate row of chartevents is charted at ``text``."""
     for sub in ("hosp", "icu"):
