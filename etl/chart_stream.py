@@ -386,8 +386,9 @@ class VitalPass:
         progress: show the rich progress line.
         items: the vital items (default :func:`vital_items`).
         window: ``(stay_ids, start_us, end_us)``, stay_ids sorted and unique: keep only rows of
-            these stays charted in [start, end] (the caller still applies the exact window in
-            SQL; this only drops rows early). None: every stay, the whole file (the cache).
+            these stays charted in [start, end], bounds included (the cache entry's exact window,
+            or the kept stays' within a second, which SQL then applies exactly). None: every
+            stay, the whole file.
 
     Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
     kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
