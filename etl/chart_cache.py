@@ -21,7 +21,7 @@ from etl.sources import Table, sql_path
 #: Bump when the cached layout changes: every older entry is then rebuilt (2: a derived
 #: relation, the query's hash in the manifest, rows sorted by stay and charttime; 3: written by
 #: the streamed pass, ``n_rows`` as BIGINT; 4: only the rows of the stays' widest vital windows,
-#: their digest in the manifest).
+#: their digest in the manifest, LZ4).
 FORMAT = 4
 #: The source's table expression inside the query hashed into the manifest (the query's text
 #: without the path, so moving nothing but the cache folder keeps the key).
@@ -179,7 +179,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
                 rows = build(tmp)
             else:
                 rows = con.execute(f"COPY ({select}) TO '{q}' "
-                                   "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
+                                   "(FORMAT parquet, COMPRESSION lz4_raw, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
             os.replace(tmp, parquet)
         finally:
             tmp.unlink(missing_ok=True)

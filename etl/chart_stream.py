@@ -223,7 +223,13 @@ class _Buffer:
 
     def add(self, stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.ndarray) -> None:
         part = np.searchsorted(self.bounds, stay, side="right")
-        if len(self.bounds):
+        if len(self.bounds) and np.all(part[1:] >= part[:-1]):  # stays in order: slices, no sort
+            cuts = np.searchsorted(part, np.arange(len(self.parts) + 1))
+            for k in range(len(self.parts)):
+                if cuts[k + 1] > cuts[k]:
+                    sl = slice(cuts[k], cuts[k + 1])
+                    self.parts[k].append((stay[sl], t[sl], code[sl], val[sl]))
+        elif len(self.bounds):
             order = np.argsort(part, kind="stable")
             cuts = np.searchsorted(part[order], np.arange(1, len(self.parts)))
             for k, idx in enumerate(np.split(order, cuts)):
@@ -305,14 +311,26 @@ def _ahead(batches, depth: int = 2) -> Iterator[pa.RecordBatch]:
         th.join()
 
 
-def in_window(part: pa.Table, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
-    """The rows of ``part`` (stay_id, charttime columns) of the stays in ``window`` =
-    ``(stay_ids sorted and unique, start_us, end_us)`` charted in [start, end]."""
+def window_mask(stay: np.ndarray, t: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """True where a row of stay ``stay`` (int64) charted at ``t`` (microseconds) lies in
+    ``window`` = ``(stay_ids sorted and unique, start_us, end_us)``, in [start, end]. The stays
+    are looked up once per run of equal stay_ids (chartevents lists a stay's rows together)."""
     ids, start, end = window
+    if not len(ids) or not len(stay):
+        return np.zeros(len(stay), bool)
+    first = np.flatnonzero(np.r_[True, stay[1:] != stay[:-1]])
+    pos = np.minimum(np.searchsorted(ids, stay[first]), len(ids) - 1)
+    known = ids[pos] == stay[first]
+    runs = np.diff(np.r_[first, len(stay)])
+    pos, known = np.repeat(pos, runs), np.repeat(known, runs)
+    return known & (t >= start[pos]) & (t <= end[pos])
+
+
+def in_window(part: pa.Table, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+    """The rows of ``part`` (stay_id, charttime columns) inside ``window`` (:func:`window_mask`)."""
     stay = part.column("stay_id").to_numpy()
     t = part.column("charttime").cast(pa.int64()).to_numpy()
-    pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
-    return part.filter(pa.array((ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])))
+    return part.filter(pa.array(window_mask(stay, t, window)))
 
 
 def _bits(n: int) -> int:
@@ -457,11 +475,7 @@ class VitalPass:
         code = (it.vital[j[sel]] << 4) | j[sel].astype(np.uint8)
         stay, val = stay_col.to_numpy(), val[sel]
         if self.window is not None:
-            ids, start, end = self.window
-            if not len(ids):
-                return None
-            pos = np.minimum(np.searchsorted(ids, stay), len(ids) - 1)
-            inside = (ids[pos] == stay) & (t >= start[pos]) & (t <= end[pos])
+            inside = window_mask(stay, t, self.window)
             stay, t, code, val = stay[inside], t[inside], code[inside], val[inside]
             if not len(stay):
                 return None

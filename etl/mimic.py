@@ -33,7 +33,7 @@ from etl.pipeline import (
     scalar,
 )
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, check_range, duckdb_errors, load, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, load_checked, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -72,6 +72,18 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "icustays": {"subject_id": _ID, "hadm_id": _ID, "stay_id": _ID, "los": (0, 1e5)},
     "diagnoses_icd": {"subject_id": _ID, "hadm_id": _ID, "seq_num": (0, 1e4)},
 }
+
+def _checks(con: duckdb.DuckDBPyConnection, table: Table):
+    """The value checks of a keyed table (the 0/1 outcome flag of admissions, :data:`RANGES`)
+    on a relation of its rows as read."""
+
+    def run(scan: str) -> None:
+        if table.name == "admissions":
+            check_flags(con, table, ("hospital_expire_flag",), scan=scan)
+        check_range(con, table, RANGES[table.name], scan=scan)
+
+    return run
+
 
 def _locate_all(mimic_dir: Path, task: str, types: dict[str, str]) -> dict[str, Table]:
     if not mimic_dir.is_dir():
@@ -231,7 +243,10 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
                                 window=window if parquet is None else cache_window)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
     con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
-    writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="zstd", use_dictionary=["vital"])
+    # LZ4 and dictionaries on the repetitive columns: a third less CPU to write and to read back
+    # than zstd, at 1.5x the size (docs/benchmarks.md, ETL)
+    writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="lz4",
+                               use_dictionary=["stay_id", "vital", "n_rows", "n_distinct"])
               if parquet is not None else None)
     # the cache file is written on its own thread (Arrow releases the GIL; one thread keeps the
     # partitions in order) while DuckDB aggregates the same partition's window
@@ -330,14 +345,13 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
         t0 = time.perf_counter()
         progress.step("checking the input tables", 0)
-        check_flags(con, tables["admissions"], ("hospital_expire_flag",))
-        for name, bounds in RANGES.items():
-            check_range(con, tables[name], bounds)
+        # each keyed table is read once: checked as read, then converted (load_checked)
+        for name in KEYS:
+            tables[name] = load_checked(con, tables[name], types, f"src_{name}", _checks(con, tables[name]))
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
-        if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].varchar_scan()} LIMIT 1").fetchall():
+        if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].loaded_as} LIMIT 1").fetchall():
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
                                        "of the cohort is 0"), stacklevel=1)
-        tables.update({name: load(con, tables[name], types, f"src_{name}") for name in KEYS})
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         timings["checks_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -84,6 +84,9 @@ def test_partitions_and_spilling_change_nothing(tmp_path):
     spilled = _pass(src, bounds=(30000010, 30000020, 30000030), budget=1)  # every batch spilled
     assert whole.height > 100 and whole["n_rows"].sum() > whole["n_distinct"].sum()
     assert split.equals(whole) and spilled.equals(whole)
+    # rows listed stay by stay, as chartevents lists them (partitions cut as slices): the same
+    by_stay = _csv(tmp_path / "s/icu/chartevents.csv.gz", sorted(rows, key=lambda r: r[0]))
+    assert _pass(by_stay, bounds=(30000010, 30000020, 30000030)).equals(whole)
     # an independent computation (Polars): valid rows, identical rows collapsed, mean per charttime
     it = chart_stream.vital_items()
     ref = pl.DataFrame({"itemid": it.itemid, "vital": [it.vitals[v] for v in it.vital], "lo": it.lo, "hi": it.hi,
@@ -186,6 +189,24 @@ def test_the_byte_matrix_reading_equals_arrows_cast():
     year0 = pa.array(["0000-01-01 00:00:00"])  # left to Arrow, which reads the proleptic year 0
     assert chart_stream._charttime_fixed(year0) is None
     assert chart_stream.charttime_us(year0).cast(pa.int64()).to_pylist() == [-719_528 * 86_400_000_000]
+
+
+def test_window_mask_equals_a_row_by_row_lookup():
+    """Rows grouped by stay (as chartevents lists them) and shuffled: the run-wise lookup keeps
+    exactly the rows a per-row lookup of the stay's [start, end] keeps (bounds included)."""
+    rng = np.random.default_rng(5)
+    ids = np.unique(rng.integers(30_000_000, 30_005_000, 400))
+    start = rng.integers(0, 50, len(ids))
+    end = start + rng.integers(0, 50, len(ids))
+    bounds = dict(zip(ids.tolist(), zip(start.tolist(), end.tolist())))
+    grouped = np.repeat(rng.choice(np.r_[ids, ids + 1], 60), rng.integers(1, 40, 60))
+    for stay in (grouped, rng.permutation(grouped)):
+        t = rng.integers(-5, 105, len(stay))
+        want = [s in bounds and bounds[s][0] <= x <= bounds[s][1] for s, x in zip(stay.tolist(), t.tolist())]
+        got = chart_stream.window_mask(stay, t, (ids, start, end))
+        assert got.tolist() == want and 0 < got.sum() < len(stay)
+    empty = np.array([], np.int64)
+    assert chart_stream.window_mask(grouped, grouped, (empty, empty, empty)).sum() == 0
 
 
 def _with_charttime(src: Path, dst: Path, text: str) -> Path:
