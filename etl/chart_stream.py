@@ -384,13 +384,17 @@ def reduce_partition(stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.
     vital = code[d] >> 4
     sd, td = stay[d], t[d]
     new_group = np.r_[True, (sd[1:] != sd[:-1]) | (td[1:] != td[:-1]) | (vital[1:] != vital[:-1])]
-    g = np.flatnonzero(new_group)
-    n_distinct = np.diff(np.r_[g, len(d)])
-    mean = np.add.reduceat(vd, g) / n_distinct
+    if new_group.all():  # one distinct row per group (the common case): its value and count
+        g, n_distinct, mean, n_rows = slice(None), np.ones(len(d), np.int64), vd, n_rows_d
+    else:
+        g = np.flatnonzero(new_group)
+        n_distinct = np.diff(np.r_[g, len(d)])
+        mean = np.add.reduceat(vd, g) / n_distinct
+        n_rows = np.add.reduceat(n_rows_d, g)
     names = pa.array(items.vitals, pa.string())
     return pa.table([pa.array(sd[g]), names.take(pa.array(vital[g])), pa.array(td[g], pa.timestamp("us")),
-                     pa.array(mean), pa.array(np.add.reduceat(n_rows_d, g).astype(np.int64)),
-                     pa.array(n_distinct.astype(np.int64))], schema=SCHEMA)
+                     pa.array(mean), pa.array(n_rows.astype(np.int64)), pa.array(n_distinct.astype(np.int64))],
+                    schema=SCHEMA)
 
 
 class VitalPass:

@@ -69,6 +69,11 @@ def test_hand_computed_vitals_per_charttime(tmp_path):
     ]
     assert got.columns == ["stay_id", "vital", "charttime", "v", "n_rows", "n_distinct"]
     assert got.rows() == want
+    # one distinct row per (stay, vital, charttime), one of them listed twice: the value itself
+    single = [ROWS[0], ROWS[0], ROWS[6], ROWS[7], ROWS[12]]
+    got = _pass(_csv(tmp_path / "s/icu/chartevents.csv.gz", single))
+    assert got.rows() == [(30000001, "heart_rate", t0, 80.0, 2, 1), (30000001, "spo2", t1, 100.0, 1, 1),
+                          (30000001, "temperature", t1, (98.6 - 32) / 1.8, 1, 1), (30000002, "heart_rate", t0, 70.0, 1, 1)]
 
 
 def test_partitions_and_spilling_change_nothing(tmp_path):
