@@ -77,3 +77,12 @@ def test_eicu_tuning_grid_is_the_documented_protocol():
     points = {(c.config.engine.lr, c.config.engine.local_epochs, c.config.engine.batch_size) for c in cells}
     assert points == {(lr, e, b) for lr in (0.001, 0.003, 0.01, 0.03) for e in (2, 5, 10) for b in (128, 16)}
     assert {c.method for c in cells} == {"fedavg"} and spec.seeds == [11, 22, 33] and spec.rounds == 30
+
+
+def test_choice_on_the_held_out_split_of_a_tuning_cohort():
+    recs = [TuningRecord("defta tolerance=0.02", "defta", 11, 0.79, 0.74),  # best val (trust read it)
+            TuningRecord("defta tolerance=0.1", "defta", 11, 0.77, 0.76)]   # best on held-out train rows
+    assert [r.chosen for r in tuning_rows(recs)] == [True, False]
+    assert [r.chosen for r in tuning_rows(recs, choose_on="test")] == [False, True]
+    with pytest.raises(ValueError, match="choose_on 'train'"):
+        tuning_rows(recs, choose_on="train")

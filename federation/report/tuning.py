@@ -43,8 +43,10 @@ class TuningRow:
     chosen: bool
 
 
-def tuning_rows(records: Iterable[TuningRecord]) -> list[TuningRow]:
-    """Group runs by grid point and pick, per method, the point of highest mean val AUROC.
+def tuning_rows(records: Iterable[TuningRecord], choose_on: str = "val") -> list[TuningRow]:
+    """Group runs by grid point and pick, per method, the point of highest mean val AUROC
+    (``choose_on="test"``: highest mean test AUROC, only for a tuning cohort of
+    :mod:`federation.data.holdout`, whose test split is held-out train rows).
 
     Points are kept in first-seen order; ties go to the first. Runs whose val AUROC is NaN are
     left out of the mean (a point without any finite value has mean NaN and is never chosen).
@@ -65,12 +67,15 @@ def tuning_rows(records: Iterable[TuningRecord]) -> list[TuningRow]:
             val_mean=statistics.fmean(vals) if vals else math.nan,
             val_std=statistics.pstdev(vals) if len(vals) > 1 else 0.0,
             test_mean=statistics.fmean(tests) if tests else math.nan, chosen=False))
+    if choose_on not in ("val", "test"):
+        raise ValueError(f"choose_on {choose_on!r}: must be 'val' or 'test'")
+    key = (lambda r: r.val_mean) if choose_on == "val" else (lambda r: r.test_mean)
     best: dict[str, int] = {}
     for i, row in enumerate(rows):
-        if not math.isfinite(row.val_mean):
+        if not math.isfinite(key(row)):
             continue
         j = best.get(row.method)
-        if j is None or row.val_mean > rows[j].val_mean:
+        if j is None or key(row) > key(rows[j]):
             best[row.method] = i
     return [TuningRow(**{**r.__dict__, "chosen": i in best.values()}) for i, r in enumerate(rows)]
 
@@ -128,14 +133,15 @@ def collect_records(client: Any, exp_id: str) -> list[TuningRecord]:
             return out
 
 
-def tuning_section(client: Any, exp_id: str, blind: bool = False) -> tuple[str, str, list[TuningRow]]:
+def tuning_section(client: Any, exp_id: str, blind: bool = False,
+                   choose_on: str = "val") -> tuple[str, str, list[TuningRow]]:
     """(markdown, csv, rows) of the tuning table of an experiment (for ``abps report``)."""
-    rows = tuning_rows(collect_records(client, exp_id))
+    rows = tuning_rows(collect_records(client, exp_id), choose_on)
     return tuning_markdown(rows, blind), tuning_csv(rows, blind), rows
 
 
 def write_tuning_report(experiment: str, out_dir: str | Path, tracking_uri: str | None = None,
-                        blind: bool = False) -> list[TuningRow]:
+                        blind: bool = False, choose_on: str = "val") -> list[TuningRow]:
     """Write ``tuning.md`` and ``tuning.csv`` for an experiment into ``out_dir`` (``blind``: without
     the test column).
 
@@ -149,7 +155,9 @@ def write_tuning_report(experiment: str, out_dir: str | Path, tracking_uri: str 
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise InputError(f"experiment {experiment!r} not found in the tracking store")
-    md, csv_text, rows = tuning_section(client, exp.experiment_id, blind)
+    if blind and choose_on == "test":
+        raise InputError("--blind with --choose-on test: the choice would read the column the report hides")
+    md, csv_text, rows = tuning_section(client, exp.experiment_id, blind, choose_on)
     if not rows:
         raise InputError(f"experiment {experiment!r}: no finished run with a validation AUROC")
     out = Path(out_dir)
@@ -160,14 +168,18 @@ def write_tuning_report(experiment: str, out_dir: str | Path, tracking_uri: str 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m federation.report.tuning --experiment tuning --out report/ [--tracking-uri URI] [--blind]``."""
+    """``python -m federation.report.tuning --experiment tuning --out report/ [--tracking-uri URI] [--blind]
+    [--choose-on val|test]``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", default="tuning")
     ap.add_argument("--out", default="report")
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--blind", action="store_true", help="leave the test column out (choose without reading test)")
+    ap.add_argument("--choose-on", choices=("val", "test"), default="val",
+                    help="split the choice reads; test only on a tuning cohort (federation.data.holdout) whose "
+                         "test split is held-out train rows")
     a = ap.parse_args(argv)
-    rows = write_tuning_report(a.experiment, a.out, a.tracking_uri, a.blind)
+    rows = write_tuning_report(a.experiment, a.out, a.tracking_uri, a.blind, a.choose_on)
     print(tuning_markdown(rows, a.blind), end="")
 
 
