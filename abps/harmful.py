@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir
@@ -21,7 +22,7 @@ from federation.core.config import build_config
 from federation.methods import get_method
 
 __all__ = ["STUDY_CONFIG", "choose_harmful", "flip_centers", "write_harmful_cohort", "read_harmful", "study_config",
-           "study_rows", "window_summary", "mean_finite", "main"]
+           "study_rows", "window_summary", "mean_finite", "belief_trace", "main"]
 
 MANIFEST = "harmful.json"
 
@@ -167,6 +168,56 @@ def window_summary(rows: list[dict[str, float]], start: int, stop: int) -> dict[
     out = {k: mean_finite([r[k] for r in sel]) for k in ("harmful_share", "mixed_share", "rest_share")}
     out["healthy_auroc"] = mean_finite([r["healthy_auroc"] for r in sel])
     return out
+
+
+def belief_trace(phi_bar: torch.Tensor, observed: torch.Tensor, pulls_before: torch.Tensor, ucb_next: torch.Tensor,
+                 untried_next: float, flipped: torch.Tensor, tau_acc: float = 0.5) -> dict[str, float]:
+    """Diagnostic figures of one ABPS belief update in a harmful-center federation (docs/fidelity.md).
+
+    Args:
+        phi_bar: ``[n, n]`` clipped Shapley utilities of the round (``[i, j]``: what i saw of j).
+        observed: ``[n, n]`` bool, the ordered pairs observed this round.
+        pulls_before: ``[n, n]`` pull counts before the update (0 = first contact).
+        ucb_next: ``[n, n]`` UCB scores of the next round after the update (eq. 7).
+        untried_next: the UCB of an untried peer in the next round (prior mean + full bonus).
+        flipped: ``[n]`` bool, the flipped centers.
+        tau_acc: acceptance threshold.
+
+    Returns:
+        ``first_contact_mixed`` (share of mixed observed pairs seen for the first time),
+        ``phi_hh`` / ``phi_hf`` (mean phi_bar a healthy center saw of a healthy / flipped partner),
+        ``hh_below_untried`` (share of healthy-healthy observations whose receiver now scores the
+        partner at or below an untried peer), ``protected`` (share of healthy centers holding a met
+        healthy peer scored above an untried peer), ``blocked_hf`` (share of met (healthy, flipped)
+        pairs whose healthy side scores the flipped peer below tau_acc), ``untried_left`` (mean
+        number of healthy peers a flipped center has not met). NaN where a share has no denominator.
+    """
+    n = flipped.numel()
+    off = ~torch.eye(n, dtype=torch.bool)
+    obs = observed.to(torch.bool) & off
+    f_i, f_j = flipped.unsqueeze(1), flipped.unsqueeze(0)
+    mixed = obs & (f_i != f_j)
+    hh, hf = obs & ~f_i & ~f_j, obs & ~f_i & f_j
+    met = (pulls_before + obs.double()) > 0
+
+    def share(num: torch.Tensor, den: torch.Tensor) -> float:
+        d = int(den.sum())
+        return float(num.sum()) / d if d else math.nan
+
+    def mean_of(x: torch.Tensor, m: torch.Tensor) -> float:
+        return float(x[m].double().mean()) if bool(m.any()) else math.nan
+
+    met_hh = met & off & ~f_i & ~f_j
+    best_known = torch.where(met_hh, ucb_next, torch.full_like(ucb_next, -math.inf)).max(1).values
+    healthy = ~flipped
+    met_hf = met & ~f_i & f_j
+    return {"first_contact_mixed": share(mixed & (pulls_before == 0), mixed),
+            "phi_hh": mean_of(phi_bar, hh), "phi_hf": mean_of(phi_bar, hf),
+            "hh_below_untried": share(hh & (ucb_next <= untried_next), hh),
+            "protected": share(healthy & (best_known > untried_next), healthy),
+            "blocked_hf": share(met_hf & (ucb_next < tau_acc), met_hf),
+            "untried_left": float((~met & off & f_i & ~f_j).sum(1)[flipped].double().mean())
+            if bool(flipped.any()) else math.nan}
 
 
 def mean_finite(values: Sequence[float]) -> float:
