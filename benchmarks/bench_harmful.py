@@ -48,26 +48,30 @@ def main() -> None:
     gamma = float(os.environ.get("ABPS_HARMFUL_GAMMA", "0.02"))
     acceptance = os.environ.get("ABPS_HARMFUL_ACCEPTANCE", "deferred")
     trace_on = os.environ.get("ABPS_HARMFUL_TRACE", "0") == "1"
+    goal = os.environ.get("ABPS_HARMFUL_GOAL") or None
+    metadata = os.environ.get("ABPS_HARMFUL_METADATA", "flipped")
     src = os.environ.get("ABPS_HARMFUL_COHORT")
     if not src:
         src = str(out / "source")
         if not (Path(src) / "centers.parquet").is_file():
             write_fedprox_cohort(src, n_centers=40, seed=3, mean_size=300.0, alpha=0.0, beta=0.1, shared=1.0)
     flipped_dir = out / "cohort"
-    write_harmful_cohort(src, flipped_dir, share, seed=0)
+    write_harmful_cohort(src, flipped_dir, share, seed=0, metadata=metadata)
     harmful = read_harmful(flipped_dir)
     data = FederatedData.from_cohort(flipped_dir)
     print(f"{data.n_centers} centers, {len(harmful)} flipped; {rounds} rounds; seeds {seeds}; ABPS gamma {gamma}, "
-          f"acceptance {acceptance}", flush=True)
+          f"acceptance {acceptance}; goal {goal}, flipped centers' metadata {metadata}", flush=True)
     doc: dict = {"share": share, "rounds": rounds, "seeds": seeds, "n_centers": data.n_centers,
-                 "n_harmful": len(harmful), "gamma": gamma, "acceptance": acceptance, "runs": []}
+                 "n_harmful": len(harmful), "gamma": gamma, "acceptance": acceptance, "goal": goal,
+                 "metadata": metadata, "runs": []}
     # random-partners ignores gamma and acceptance: reuse its rows from an earlier harmful.json of the
     # same federation and length instead of training it again
     reuse: dict[int, list[dict[str, float]]] = {}
     prev = out / "harmful.json"
     if prev.is_file():
         old = json.loads(prev.read_text())
-        if (old.get("rounds"), old.get("n_centers"), old.get("n_harmful")) == (rounds, data.n_centers, len(harmful)):
+        if (old.get("rounds"), old.get("n_centers"), old.get("n_harmful"), old.get("goal"), old.get("metadata")) == (
+                rounds, data.n_centers, len(harmful), goal, metadata):
             reuse = {r["seed"]: r["rows"] for r in old["runs"] if r["method"] == "random-partners"}
     windows = {"last 10": (max(1, rounds - 9), rounds), "second half": (rounds // 2 + 1, rounds)}
     verdict = []
@@ -77,7 +81,7 @@ def main() -> None:
             if name == "random-partners" and seed in reuse:
                 per[name] = reuse[seed]
             else:
-                cfg = study_config(name, harmful, rounds, gamma, acceptance)
+                cfg = study_config(name, harmful, rounds, gamma, acceptance, goal)
                 trace: list = []
                 if trace_on and name == "abps":
                     from unittest import mock

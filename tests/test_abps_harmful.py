@@ -52,6 +52,10 @@ def test_flip_by_hand():
     assert ce2["meta_pos_rate"].to_list() == pytest.approx([0.5, 0.75]) and ce2["n_train"].to_list() == [2, 3]
     with pytest.raises(InputError, match="unknown center_id 'z'"):
         flip_centers(cohort, centers, ["z"])
+    c3, ce3 = flip_centers(cohort, centers, ["b"], metadata="kept")  # labels flipped, published rates not
+    assert c3["label"].to_list() == [1, 0, 1, 1, 0] and ce3.equals(centers)
+    with pytest.raises(InputError, match="--metadata 'x'"):
+        flip_centers(cohort, centers, ["b"], metadata="x")
     # round(0.25 * 10) = 2 ids, same seed -> same ids, never all centers, at least one for a positive share
     ids = [f"c{i}" for i in range(10)]
     two = choose_harmful(ids, 0.25, 7)
