@@ -151,3 +151,78 @@ def test_launch_gives_the_simulators_result_and_the_ledgers_bytes(method: str, c
         for v in ids[col].to_list():
             assert str(v).encode() not in sent, col
             assert int(v).to_bytes(8, "little") not in sent, col
+
+
+def test_a_process_without_a_valid_certificate_is_refused_and_nothing_it_sends_is_used(tmp_path: Path):
+    from federation.p2p.certs import make_federation_certs
+    from federation.p2p.transport import Node, PeerUnavailable
+
+    ours = make_federation_certs(tmp_path / "ours", {0: "127.0.0.1", 1: "127.0.0.1"})
+    theirs = make_federation_certs(tmp_path / "theirs", {0: "127.0.0.1", 1: "127.0.0.1"})
+    server = Node(0, "127.0.0.1:0", {}, ours[0])
+    addr = {0: f"127.0.0.1:{server.port}"}
+    clients = [Node(1, "127.0.0.1:0", addr, ours[1]),    # a member of the federation
+               Node(1, "127.0.0.1:0", addr, theirs[1]),  # a certificate another CA signed
+               Node(1, "127.0.0.1:0", addr, None)]       # no certificate at all
+    try:
+        msg = Message("eval", 0, 1, arrays={"v": torch.tensor([0.5, 0.5], dtype=torch.float64)})
+        for bad in clients[1:]:
+            with pytest.raises(PeerUnavailable):
+                bad.send(0, msg, timeout=5)
+        assert server.wait("eval", 0, [1], timeout=0.2) == {}  # nothing arrived
+        # a member's certificate cannot speak for another center: refused, counted, not used
+        with pytest.raises(PeerUnavailable, match="PERMISSION_DENIED"):
+            clients[0].send(0, Message("eval", 0, 2, arrays={"v": torch.zeros(2, dtype=torch.float64)}), timeout=5)
+        assert server.refused == 1 and server.wait("eval", 0, [2], timeout=0.2) == {}
+        clients[0].send(0, msg, timeout=5)
+        got = server.wait("eval", 0, [1], timeout=5)
+        assert torch.equal(got[1].arrays["v"], msg.arrays["v"])
+    finally:
+        for node in (server, *clients):
+            node.close()
+
+
+def _launch_cli(cohort: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "cli", "launch", "--local", "3", "--method", "fedavg", "--cohort", str(cohort),
+            "--seed", "1", "--rounds", "200", "--output", str(tmp_path / "r.json"), "--workdir", str(tmp_path / "w"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _peer_pids(work: Path, timeout: float = 120.0) -> list[int]:
+    """pids of the running `abps peer` processes of a launch whose workdir is ``work``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    cmd = (d / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"peer" in cmd and str(work).encode() + b"/peers.txt" in cmd:
+                    pids.append(int(d.name))
+        if len(pids) == 3:
+            return sorted(pids)
+        time.sleep(0.2)
+    raise AssertionError("peers did not start")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "a peer dies"])
+def test_a_launch_leaves_no_process_behind(how: str, cohort: Path, tmp_path: Path):
+    proc = _launch_cli(cohort, tmp_path)
+    pids = _peer_pids(tmp_path / "w")
+    time.sleep(2.0)
+    if how == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.kill(pids[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if how == "ctrl-c" else 2)
+    if how == "a peer dies":
+        assert err.strip().splitlines()[-1].startswith("error: peer of center") and "exited with code -9" in err
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+    assert not (tmp_path / "r.json").exists()
