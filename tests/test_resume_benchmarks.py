@@ -220,28 +220,23 @@ def test_gossip_killed_at_a_random_tick_then_resumed_equals_the_uninterrupted_ru
 # ---------------------------------------------------------------------------------------- refusals
 
 
-def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path):
+def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path, monkeypatch):
     from federation.gossip.runner import cli_run
-
-    cfg = {**yaml.safe_load(VV_YAML), "tracking": {"enabled": False}}
-    out = tmp_path / "r.json"
     from federation.run import checkpoint
 
-    class Stop(Exception):
-        pass
-
+    cfg = {**yaml.safe_load(VV_YAML), "tracking": {"enabled": False}}
+    # a run stopped right after its first checkpoint, in the folder `abps train` would have chosen
+    out = tmp_path / "runs" / "vv" / "vv-tiny-20261202-000000" / "results.json"
     real = checkpoint.save
 
     def save_then_stop(path, payload):
         real(path, payload)
-        raise Stop
+        raise KeyboardInterrupt
 
-    checkpoint.save = save_then_stop
-    try:
-        with pytest.raises(Stop):
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
             cli_run(cfg, output=str(out))
-    finally:
-        checkpoint.save = real
     ck = checkpoint.checkpoint_path(out)
     assert ck.is_file() and not out.exists()
     changed = {**cfg, "simulation": {**cfg["simulation"], "beta": 0.25}}
@@ -252,9 +247,16 @@ def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path):
     assert "config runs.corrected|base.beta: 0.5 in the checkpoint, 0.25 now" in msg
     with pytest.raises(InputError, match=r"seeds \[3\] in the checkpoint, \[4\] now"):
         cli_run(cfg, seeds=[4], output=str(out), resume=True)
-    # the cadence is free to change; the run then completes as the uninterrupted one
-    doc = cli_run({**cfg, "checkpoint": {"every_rounds": 0, "every_minutes": 0}}, output=str(out), resume=True)
+    assert ck.is_file()  # nothing lost
+
+    # `abps train --config ... --resume` without --output finds that checkpoint; the cadence is free
+    # to change, and the run completes as the uninterrupted one
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({**cfg, "checkpoint": {"every_rounds": 0, "every_minutes": 0}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABPS_STATE", str(tmp_path / "state.json"))
+    assert run_main(["train", "--config", "cfg.yaml", "--resume"]) == 0
+    assert not ck.exists()
     ref = cli_run(cfg, output=str(tmp_path / "ref.json"))
+    doc = json.loads(out.read_text())
     assert _no_wall({k: v for k, v in doc.items() if k != "output"}) == _no_wall(
         {k: v for k, v in ref.items() if k != "output"})
-    assert not ck.exists()
