@@ -17,8 +17,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ import yaml
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR
 from federation.benchmark import get_benchmark
+from tests.cli_helpers import run_killed, run_main
 
 pytestmark = pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
                                 reason="Fashion-MNIST not installed")
@@ -122,27 +121,6 @@ def test_a_gossip_simulation_resumes_from_a_checkpoint_exactly(extra: dict):
 # ------------------------------------------------------------------------ a real kill, then --resume
 
 
-# The child is the real `abps train` in a fresh interpreter; right after its ABPS_KILL_AFTER-th round
-# checkpoint inside a unit (a seed's selector, a gossip simulation) is on disk it sends itself SIGKILL.
-_KILLED_CHILD = """
-import os, signal, sys
-from federation.run import checkpoint
-from cli.app import main
-
-_save, _after, _n = checkpoint.save, int(os.environ["ABPS_KILL_AFTER"]), [0]
-
-def save(path, payload):
-    _save(path, payload)
-    if payload["current"] is not None:
-        _n[0] += 1
-        if _n[0] >= _after:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-checkpoint.save = save
-sys.argv = ["abps", *sys.argv[1:]]
-main()
-"""
-
 SAGE_YAML = """benchmark: sage
 n_clients: 4
 rounds: 3
@@ -167,14 +145,10 @@ checkpoint: {every_rounds: 5}
 """
 
 
-def _abps() -> str:
-    return str(Path(sys.executable).parent / "abps")
-
-
 def _kill_and_resume(tmp_path: Path, yaml_text: str, kill_after: int) -> tuple[dict, dict, dict, str]:
-    """Run the config uninterrupted (experiment ``full``), then killed after ``kill_after`` unit
-    checkpoints and resumed (``part``). Returns (full results, resumed results, checkpoint at the
-    kill, MLflow uri)."""
+    """Run the config uninterrupted in this process (experiment ``full``), then as a real `abps train`
+    killed after ``kill_after`` unit checkpoints, and resumed with ``--resume`` (``part``).
+    Returns (full results, resumed results, checkpoint at the kill, MLflow uri)."""
     (tmp_path / "cfg.yaml").write_text(yaml_text)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
@@ -188,21 +162,21 @@ def _kill_and_resume(tmp_path: Path, yaml_text: str, kill_after: int) -> tuple[d
     get_benchmark(config["benchmark"], "cfg.yaml").run(config, None, None, str(tmp_path / "full" / "results.json"),
                                                        uri, "full")
     ck = tmp_path / "part" / "results.json.ckpt"
-    killed = subprocess.run([sys.executable, "-c", _KILLED_CHILD, *argv("part")], cwd=tmp_path,
-                            env={**env, "ABPS_KILL_AFTER": str(kill_after)}, capture_output=True, text=True)
+    killed = run_killed(argv("part"), tmp_path, kill_after, env)  # after its kill_after-th checkpoint
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
     assert not (tmp_path / "part" / "results.json").exists()
     at_kill = torch.load(ck, weights_only=False)
     assert at_kill["current"] is not None  # killed inside a unit, right after its checkpoint
-    resumed = subprocess.run([_abps(), *argv("part"), "--resume"], cwd=tmp_path, env=env, capture_output=True,
-                             text=True)
-    assert resumed.returncode == 0, resumed.stderr[-800:]
+    with pytest.MonkeyPatch.context() as m:  # the resume: `abps train ... --resume` in this process
+        m.chdir(tmp_path)
+        m.setenv("ABPS_STATE", env["ABPS_STATE"])
+        assert run_main([*argv("part"), "--resume"]) == 0
     assert not ck.exists()  # removed once results.json is written
     return (json.loads((tmp_path / "full" / "results.json").read_text()),
             json.loads((tmp_path / "part" / "results.json").read_text()), at_kill, uri)
 
 
-def _same_mlflow_runs(uri: str, key_tag: str, at_kill: dict) -> None:
+def _same_mlflow_runs(uri: str, at_kill: dict) -> None:
     """The resumed experiment holds the same runs as the uninterrupted one, the checkpoint's run ids,
     every step of every metric once with the same value (wall seconds: the same steps)."""
     from mlflow import MlflowClient
@@ -231,7 +205,7 @@ def test_sage_killed_at_a_random_round_then_resumed_equals_the_uninterrupted_run
     full, part, at_kill, uri = _kill_and_resume(tmp_path, SAGE_YAML, kill_after)
     assert _no_wall(part) == _no_wall(full)
     assert [r["selector"] for r in part["table"]] == ["PENS", "SAGE-OS"]
-    _same_mlflow_runs(uri, "selector", at_kill)
+    _same_mlflow_runs(uri, at_kill)
 
 
 @pytest.mark.parametrize("kill_after", [random.Random(352).randint(1, 8)])
@@ -240,34 +214,29 @@ def test_gossip_killed_at_a_random_tick_then_resumed_equals_the_uninterrupted_ru
     assert part.pop("output") == "part/results.json" and full.pop("output").endswith("full/results.json")
     assert _no_wall(part) == _no_wall(full)
     assert [r["arm"] for r in part["runs"]] == ["plain", "corrected"]
-    _same_mlflow_runs(uri, "arm", at_kill)
+    _same_mlflow_runs(uri, at_kill)
 
 
 # ---------------------------------------------------------------------------------------- refusals
 
 
-def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path):
+def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path, monkeypatch):
     from federation.gossip.runner import cli_run
-
-    cfg = {**yaml.safe_load(VV_YAML), "tracking": {"enabled": False}}
-    out = tmp_path / "r.json"
     from federation.run import checkpoint
 
-    class Stop(Exception):
-        pass
-
+    cfg = {**yaml.safe_load(VV_YAML), "tracking": {"enabled": False}}
+    # a run stopped right after its first checkpoint, in the folder `abps train` would have chosen
+    out = tmp_path / "runs" / "vv" / "vv-tiny-20261202-000000" / "results.json"
     real = checkpoint.save
 
     def save_then_stop(path, payload):
         real(path, payload)
-        raise Stop
+        raise KeyboardInterrupt
 
-    checkpoint.save = save_then_stop
-    try:
-        with pytest.raises(Stop):
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
             cli_run(cfg, output=str(out))
-    finally:
-        checkpoint.save = real
     ck = checkpoint.checkpoint_path(out)
     assert ck.is_file() and not out.exists()
     changed = {**cfg, "simulation": {**cfg["simulation"], "beta": 0.25}}
@@ -278,9 +247,16 @@ def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path):
     assert "config runs.corrected|base.beta: 0.5 in the checkpoint, 0.25 now" in msg
     with pytest.raises(InputError, match=r"seeds \[3\] in the checkpoint, \[4\] now"):
         cli_run(cfg, seeds=[4], output=str(out), resume=True)
-    # the cadence is free to change; the run then completes as the uninterrupted one
-    doc = cli_run({**cfg, "checkpoint": {"every_rounds": 0, "every_minutes": 0}}, output=str(out), resume=True)
+    assert ck.is_file()  # nothing lost
+
+    # `abps train --config ... --resume` without --output finds that checkpoint; the cadence is free
+    # to change, and the run completes as the uninterrupted one
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({**cfg, "checkpoint": {"every_rounds": 0, "every_minutes": 0}}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABPS_STATE", str(tmp_path / "state.json"))
+    assert run_main(["train", "--config", "cfg.yaml", "--resume"]) == 0
+    assert not ck.exists()
     ref = cli_run(cfg, output=str(tmp_path / "ref.json"))
+    doc = json.loads(out.read_text())
     assert _no_wall({k: v for k, v in doc.items() if k != "output"}) == _no_wall(
         {k: v for k, v in ref.items() if k != "output"})
-    assert not ck.exists()

@@ -7,39 +7,18 @@ same MLflow run, and every cell's per-round metrics and final summary equal an u
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.cli_helpers import run_killed
+
 pytestmark = pytest.mark.filterwarnings("ignore:per-center preprocessing")
 
 ROUNDS = 6
-
-# right after its ABPS_KILL_AFTER-th round checkpoint is on disk the sweep sends itself SIGKILL
-_KILLED_SWEEP = """
-import os, signal, sys
-from federation.run import checkpoint
-from cli.app import main
-
-_save, _after, _n = checkpoint.save, int(os.environ["ABPS_KILL_AFTER"]), [0]
-
-def save(path, payload):
-    _save(path, payload)
-    _n[0] += 1
-    if _n[0] >= _after:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-checkpoint.save = save
-sys.argv = ["abps", *sys.argv[1:]]
-main()
-"""
-
 
 @pytest.mark.parametrize("kill_after", [random.Random(353).randint(1, 2 * (ROUNDS - 1))])
 def test_a_sweep_killed_inside_a_cell_goes_on_from_the_cells_checkpoint(tmp_path: Path, kill_after: int):
@@ -57,10 +36,8 @@ def test_a_sweep_killed_inside_a_cell_goes_on_from_the_cells_checkpoint(tmp_path
     full = run_sweep(spec, base, cohort, tracking_uri=uri, experiment="full", progress=False)
     assert len(full.ran) == 2 and not list(folder.iterdir())  # a finished cell leaves no checkpoint
 
-    argv = [sys.executable, "-c", _KILLED_SWEEP, "sweep", "--config", str(tmp_path / "sweep.yaml"), "--cohort",
-            str(cohort), "--tracking-uri", uri, "--experiment", "part", "--no-progress"]
-    killed = subprocess.run(argv, cwd=tmp_path, env={**os.environ, "ABPS_KILL_AFTER": str(kill_after)},
-                            capture_output=True, text=True)
+    killed = run_killed(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--cohort", str(cohort), "--tracking-uri",
+                         uri, "--experiment", "part", "--no-progress"], tmp_path, kill_after)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
     (ck,) = folder.iterdir()  # the interrupted cell's checkpoint
     at = int(torch.load(ck, weights_only=False)["current"]["state"]["round"])
