@@ -192,15 +192,14 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
     return frame(con, concept_sql("mimic", "first_day_vitalsign"))
 
 
-def stay_windows(con: duckdb.DuckDBPyConnection, stays: str, from_hours: float,
-                 margin_us: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stay_windows(con: duckdb.DuckDBPyConnection, stays: str, from_hours: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The vital windows of the stays of relation ``stays`` (stay_id, intime) as arrays for the
-    streamed pass: ``(stay_id, start_us, end_us)``, sorted by stay_id, [intime + ``from_hours`` h
-    - ``margin_us``, intime + 24 h + ``margin_us``] (vital_window.sql's bounds, inclusive)."""
+    streamed pass: ``(stay_id, start_us, end_us)``, sorted by stay_id: [intime + ``from_hours`` h,
+    intime + 24 h], both bounds included, computed with vital_window.sql's own expressions."""
     w = con.execute(
-        f"SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - {int(margin_us)}, "
-        f"epoch_us(intime) + 86400000000 + {int(margin_us)} FROM {stays} "
-        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id", [float(from_hours)]).fetchnumpy()
+        f"SELECT stay_id, epoch_us(intime + to_microseconds(CAST({float(from_hours)} * 3600e6 AS BIGINT))), "
+        f"epoch_us(intime + INTERVAL 24 HOUR) FROM {stays} "
+        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id").fetchnumpy()
     return tuple(np.asarray(w[k], np.int64) for k in w)
 
 
@@ -231,10 +230,11 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     bounds = [r[0] for r in con.execute(
         f"SELECT DISTINCT unnest(quantile_disc(stay_id, [{', '.join(str(i / chart_stream.PARTITIONS) for i in range(1, chart_stream.PARTITIONS))}])) AS b "
         "FROM all_stays WHERE stay_id IS NOT NULL ORDER BY b").fetchall()]
-    # rows within a second of a kept stay's window: the only ones the cohort needs (the exact
-    # window is vital_window.sql's); the stream drops the others while it reads, or, when it
-    # writes the cache entry, keeps the cache's wider window and applies this one afterwards
-    window = stay_windows(con, "kept", opts.vitals_from_hours, margin_us=1_000_000)
+    # the kept stays' windows, vital_window.sql's bounds to the microsecond: the only rows the
+    # cohort needs. The stream drops the others while it reads, or, when it writes the cache
+    # entry, keeps the cache's wider window and applies this one to each partition; the
+    # partitions then go to vital_per_stay.sql without vital_window.sql's join.
+    window = stay_windows(con, "kept", opts.vitals_from_hours)
     if parquet is not None and cache_window is None:
         raise ValueError("the cache entry needs the window of the rows it holds (cache_window)")
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
@@ -242,7 +242,8 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
                                 items=chart_stream.vital_items(vitalsign_sql("chartevents")),
                                 window=window if parquet is None else cache_window)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
-    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
+    per_stay = concept_sql("mimic", "vital_per_stay", vitalsign="chart_part")
+    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + per_stay)
     # LZ4 and dictionaries on the repetitive columns: a third less CPU to write and to read back
     # than zstd, at 1.5x the size (docs/benchmarks.md, ETL)
     writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="lz4",
@@ -258,7 +259,7 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
             writes.append(pool.submit(writer.write_table, part, row_group_size=1_000_000))
             part = chart_stream.in_window(part, window)
         con.register("chart_part", part)
-        con.execute("INSERT INTO vital_per_stay " + vital_per_stay_sql("chart_part", opts))
+        con.execute("INSERT INTO vital_per_stay " + per_stay)
 
     try:
         vp.run(sink)
