@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -33,7 +35,7 @@ from etl.pipeline import (
     scalar,
 )
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, check_range, duckdb_errors, load_checked, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, inflated, load_checked, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -343,12 +345,19 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     con = connect(opts.threads, opts.memory_limit, scratch)
     att = Attrition()
     timings: dict[str, float] = {}
-    with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
+    watched = list(tables.values())  # the tables an error may name (duckdb_errors)
+    with contextlib.closing(con), duckdb_errors(watched, types):
         t0 = time.perf_counter()
         progress.step("checking the input tables", 0)
-        # each keyed table is read once: checked as read, then converted (load_checked)
+        # each keyed table is read once, from a copy inflated by ISA-L (an error names the
+        # source file): checked as read, then converted; the copies go once loaded
         for name in KEYS:
-            tables[name] = load_checked(con, tables[name], types, f"src_{name}", _checks(con, tables[name]))
+            text = inflated(tables[name], scratch / "inflated")
+            watched.append(text)
+            tables[name] = replace(load_checked(con, text, types, f"src_{name}", _checks(con, text)),
+                                   read_from=tables[name].read_from)
+            watched.remove(text)
+        shutil.rmtree(scratch / "inflated", ignore_errors=True)
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
         if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].loaded_as} LIMIT 1").fetchall():
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
