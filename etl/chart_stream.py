@@ -216,20 +216,17 @@ class _Buffer:
     """Vital rows split by stay_id range; pieces kept in memory, spilled to Arrow files past a budget."""
 
     def __init__(self, bounds: np.ndarray, budget: int, scratch: Path) -> None:
+        if len(bounds) > 255:
+            raise ValueError(f"at most 255 stay_id bounds (256 partitions), got {len(bounds)}")
         self.bounds, self.budget, self.scratch = bounds, budget, scratch
         self.parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(len(bounds) + 1)]
         self.files: dict[int, Path] = {}
         self.held = 0
 
     def add(self, stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.ndarray) -> None:
-        part = np.searchsorted(self.bounds, stay, side="right")
-        if len(self.bounds) and np.all(part[1:] >= part[:-1]):  # stays in order: slices, no sort
-            cuts = np.searchsorted(part, np.arange(len(self.parts) + 1))
-            for k in range(len(self.parts)):
-                if cuts[k + 1] > cuts[k]:
-                    sl = slice(cuts[k], cuts[k + 1])
-                    self.parts[k].append((stay[sl], t[sl], code[sl], val[sl]))
-        elif len(self.bounds):
+        # partition numbers as uint8 (16 partitions): NumPy's stable sort is then a radix sort
+        part = np.searchsorted(self.bounds, stay, side="right").astype(np.uint8)
+        if len(self.bounds):
             order = np.argsort(part, kind="stable")
             cuts = np.searchsorted(part[order], np.arange(1, len(self.parts)))
             for k, idx in enumerate(np.split(order, cuts)):

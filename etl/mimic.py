@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -33,7 +35,7 @@ from etl.pipeline import (
     scalar,
 )
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, check_range, duckdb_errors, load_checked, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, inflated, load_checked, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -192,15 +194,14 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
     return frame(con, concept_sql("mimic", "first_day_vitalsign"))
 
 
-def stay_windows(con: duckdb.DuckDBPyConnection, stays: str, from_hours: float,
-                 margin_us: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stay_windows(con: duckdb.DuckDBPyConnection, stays: str, from_hours: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The vital windows of the stays of relation ``stays`` (stay_id, intime) as arrays for the
-    streamed pass: ``(stay_id, start_us, end_us)``, sorted by stay_id, [intime + ``from_hours`` h
-    - ``margin_us``, intime + 24 h + ``margin_us``] (vital_window.sql's bounds, inclusive)."""
+    streamed pass: ``(stay_id, start_us, end_us)``, sorted by stay_id: [intime + ``from_hours`` h,
+    intime + 24 h], both bounds included, computed with vital_window.sql's own expressions."""
     w = con.execute(
-        f"SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - {int(margin_us)}, "
-        f"epoch_us(intime) + 86400000000 + {int(margin_us)} FROM {stays} "
-        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id", [float(from_hours)]).fetchnumpy()
+        f"SELECT stay_id, epoch_us(intime + to_microseconds(CAST({float(from_hours)} * 3600e6 AS BIGINT))), "
+        f"epoch_us(intime + INTERVAL 24 HOUR) FROM {stays} "
+        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id").fetchnumpy()
     return tuple(np.asarray(w[k], np.int64) for k in w)
 
 
@@ -231,10 +232,11 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     bounds = [r[0] for r in con.execute(
         f"SELECT DISTINCT unnest(quantile_disc(stay_id, [{', '.join(str(i / chart_stream.PARTITIONS) for i in range(1, chart_stream.PARTITIONS))}])) AS b "
         "FROM all_stays WHERE stay_id IS NOT NULL ORDER BY b").fetchall()]
-    # rows within a second of a kept stay's window: the only ones the cohort needs (the exact
-    # window is vital_window.sql's); the stream drops the others while it reads, or, when it
-    # writes the cache entry, keeps the cache's wider window and applies this one afterwards
-    window = stay_windows(con, "kept", opts.vitals_from_hours, margin_us=1_000_000)
+    # the kept stays' windows, vital_window.sql's bounds to the microsecond: the only rows the
+    # cohort needs. The stream drops the others while it reads, or, when it writes the cache
+    # entry, keeps the cache's wider window and applies this one to each partition; the
+    # partitions then go to vital_per_stay.sql without vital_window.sql's join.
+    window = stay_windows(con, "kept", opts.vitals_from_hours)
     if parquet is not None and cache_window is None:
         raise ValueError("the cache entry needs the window of the rows it holds (cache_window)")
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
@@ -242,7 +244,8 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
                                 items=chart_stream.vital_items(vitalsign_sql("chartevents")),
                                 window=window if parquet is None else cache_window)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
-    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
+    per_stay = concept_sql("mimic", "vital_per_stay", vitalsign="chart_part")
+    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + per_stay)
     # LZ4 and dictionaries on the repetitive columns: a third less CPU to write and to read back
     # than zstd, at 1.5x the size (docs/benchmarks.md, ETL)
     writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="lz4",
@@ -258,7 +261,7 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
             writes.append(pool.submit(writer.write_table, part, row_group_size=1_000_000))
             part = chart_stream.in_window(part, window)
         con.register("chart_part", part)
-        con.execute("INSERT INTO vital_per_stay " + vital_per_stay_sql("chart_part", opts))
+        con.execute("INSERT INTO vital_per_stay " + per_stay)
 
     try:
         vp.run(sink)
@@ -342,12 +345,19 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     con = connect(opts.threads, opts.memory_limit, scratch)
     att = Attrition()
     timings: dict[str, float] = {}
-    with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
+    watched = list(tables.values())  # the tables an error may name (duckdb_errors)
+    with contextlib.closing(con), duckdb_errors(watched, types):
         t0 = time.perf_counter()
         progress.step("checking the input tables", 0)
-        # each keyed table is read once: checked as read, then converted (load_checked)
+        # each keyed table is read once, from a copy inflated by ISA-L (an error names the
+        # source file): checked as read, then converted; the copies go once loaded
         for name in KEYS:
-            tables[name] = load_checked(con, tables[name], types, f"src_{name}", _checks(con, tables[name]))
+            text = inflated(tables[name], scratch / "inflated")
+            watched.append(text)
+            tables[name] = replace(load_checked(con, text, types, f"src_{name}", _checks(con, text)),
+                                   read_from=tables[name].read_from)
+            watched.remove(text)
+        shutil.rmtree(scratch / "inflated", ignore_errors=True)
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
         if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].loaded_as} LIMIT 1").fetchall():
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "

@@ -386,6 +386,28 @@ def load_checked(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, 
     return replace(table, loaded_as=name)
 
 
+def inflated(table: Table, folder: Path) -> Table:
+    """A gzip CSV ``table`` reading a copy of its text that ISA-L (python-isal) inflates into
+    ``folder``: DuckDB then parses plain text on its threads instead of inflating with zlib on one
+    (about a third less CPU and wall for MIMIC-IV's small tables). ``table`` itself for any other
+    file, and for a gzip that does not inflate to its end (DuckDB then reads it and words the
+    error, as before). The caller removes ``folder``.
+    """
+    if table.is_parquet or not table.read_path.name.endswith(".gz"):
+        return table
+    from isal import igzip, isal_zlib
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dst = folder / f"{table.name}.csv"
+    try:
+        with igzip.open(table.read_path, "rb") as src, dst.open("wb") as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+    except (OSError, EOFError, ValueError, isal_zlib.error):
+        dst.unlink(missing_ok=True)
+        return table
+    return replace(table, read_from=dst)
+
+
 def sql_path(path: Path | str) -> str:
     """``path`` as the inside of a SQL string literal (single quotes doubled), for DuckDB's
     ``read_csv('...')`` / ``read_parquet('...')`` / ``COPY ... TO '...'``."""

@@ -89,7 +89,7 @@ def test_partitions_and_spilling_change_nothing(tmp_path):
     spilled = _pass(src, bounds=(30000010, 30000020, 30000030), budget=1)  # every batch spilled
     assert whole.height > 100 and whole["n_rows"].sum() > whole["n_distinct"].sum()
     assert split.equals(whole) and spilled.equals(whole)
-    # rows listed stay by stay, as chartevents lists them (partitions cut as slices): the same
+    # rows listed stay by stay, as chartevents lists them: the same
     by_stay = _csv(tmp_path / "s/icu/chartevents.csv.gz", sorted(rows, key=lambda r: r[0]))
     assert _pass(by_stay, bounds=(30000010, 30000020, 30000030)).equals(whole)
     # an independent computation (Polars): valid rows, identical rows collapsed, mean per charttime
