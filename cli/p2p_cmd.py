@@ -45,6 +45,10 @@ def peer(
                                       "address in --peers)"),
     timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds to wait for a peer's message in a round"),
     capture: Path | None = typer.Option(None, "--capture", help="also append every message sent to this file"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="write this center's round state here "
+                                           "after every round"),
+    rejoin: bool = typer.Option(False, "--rejoin", help="rejoin a running federation: replay its public log, "
+                                "take the own model from --checkpoint"),
 ) -> None:
     """Run one center of a peer-to-peer federation (its own rows, model and method state)."""
     from federation.p2p.launch import read_peers_file
@@ -69,6 +73,7 @@ def peer(
     addresses = {i: e.address for i, e in enumerate(entries)}
     spec = PeerSpec(cohort=cohort, index=me, center_ids=ids, cfg=cfg, seed=seed, addresses=addresses, tls=tls,
                     output=output, timeout=timeout, start_timeout=max(120.0, timeout), payload_log=capture,
+                    checkpoint=checkpoint, rejoin=rejoin,
                     listen=listen or f"0.0.0.0:{entries[me].port}")
     try:
         run_peer(spec)
@@ -90,6 +95,8 @@ def launch(
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds"),
     param: list[str] | None = typer.Option(None, "--param", help="method parameter NAME=VALUE, repeatable"),
     timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds a peer waits for another's message"),
+    on_failure: str = typer.Option("stop", "--on-failure", help="when a peer process dies: stop | continue (the "
+                                   "others go on without it) | restart (it rejoins from its checkpoint)"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep certificates, peer list, logs and per-peer "
                                         "results here (default: a temporary folder beside --output)"),
     tracking_uri: str | None = project.tracking_uri_option(),
@@ -105,7 +112,8 @@ def launch(
     doc = run_launch(cfg, cohort, seed, output, local=local, peers_file=peers,
                      method_args={"rounds": rounds, "config": config.resolve() if config else None,
                                   "params": list(param or [])},
-                     tracking_uri=tracking_uri, experiment=exp, timeout=timeout, workdir=workdir)
+                     tracking_uri=tracking_uri, experiment=exp, timeout=timeout, workdir=workdir,
+                     on_failure=on_failure)
     p = doc["p2p"]
     s = doc["summary"]["final_auroc_mean"]["mean"]
     print(f"{cfg.method} seed {seed}: final test AUROC {s:.6f}; wire payload {p['wire_payload_bytes']} B, "

@@ -6,6 +6,7 @@ process behind; payloads hold no identifier."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -226,3 +227,47 @@ def test_a_launch_leaves_no_process_behind(how: str, cohort: Path, tmp_path: Pat
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("policy", ["restart", "continue"])
+def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy: str, cohort: Path, tmp_path: Path):
+    import threading
+
+    rounds = 14  # a restarted peer (a fresh interpreter) is back within a few rounds
+    cfg = _cfg("abps", rounds)
+    pids: dict[int, int] = {}
+    ck = tmp_path / "w" / "ckpt-2.pt"
+
+    def kill_when_past_round_one() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if ck.is_file() and 2 in pids:
+                try:
+                    if torch.load(ck, weights_only=False)["round"] >= 1:
+                        os.kill(pids[2], signal.SIGKILL)
+                        return
+                except (OSError, EOFError, RuntimeError):
+                    pass
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_past_round_one, daemon=True)
+    killer.start()
+    doc = launch(cfg, cohort, 6, tmp_path / "r.json", local=3, track=False, workdir=tmp_path / "w", timeout=3.0,
+                 method_args={"rounds": rounds}, on_failure=policy, on_start=pids.update)
+    killer.join(1)
+    assert not any(_alive(p) for p in pids.values())
+    res0 = json.loads((tmp_path / "w" / "result-0.json").read_text())
+    rosters = res0["rosters"]
+    assert len(rosters) == rounds and rosters[0] == [0, 1, 2]
+    out = [r for r, ro in enumerate(rosters) if 2 not in ro]
+    assert out, "center 2 was never counted unavailable"
+    hist = doc["seeds"]["6"]
+    assert hist["rounds_run"] == rounds and math.isfinite(hist["final_auroc_mean"])
+    if policy == "continue":
+        assert out == list(range(out[0], rounds))  # gone for good
+        assert not (tmp_path / "w" / "result-2.json").exists()
+    else:
+        assert 2 in rosters[-1] and out[-1] < rounds - 1  # back before the end
+        res2 = json.loads((tmp_path / "w" / "result-2.json").read_text())
+        assert res2["rosters"] == rosters  # the rejoined replica holds the same public state
+        assert res2["summary"]["final_auroc_mean"] == res0["summary"]["final_auroc_mean"]

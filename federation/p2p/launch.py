@@ -48,6 +48,8 @@ from federation.run.tracking import (
 __all__ = ["PeerEntry", "read_peers_file", "local_peers", "launch", "wire_report", "LOCAL_HOSTS"]
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+#: how often ``--on-failure restart`` restarts one peer
+RESTARTS = 3
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,8 @@ def _last_line(log: Path) -> str:
 
 def peer_argv(entry_index: int, entries: list[PeerEntry], cohort: Path, method: str, seed: int, rounds: int | None,
               config: Path | None, peers_file: Path, certs: Path | None, output: Path, timeout: float,
-              params: list[str], capture: Path | None = None) -> list[str]:
+              params: list[str], capture: Path | None = None, checkpoint: Path | None = None,
+              rejoin: bool = False) -> list[str]:
     """The ``abps peer`` command line of center ``entry_index`` (after its prefix, if any)."""
     argv = [sys.executable, "-m", "cli", "peer", "--cohort", str(cohort), "--center", entries[entry_index].center_id,
             "--peers", str(peers_file), "--method", method, "--seed", str(seed), "--output", str(output),
@@ -187,6 +190,10 @@ def peer_argv(entry_index: int, entries: list[PeerEntry], cohort: Path, method: 
         argv += ["--param", p]
     if capture is not None:
         argv += ["--capture", str(capture)]
+    if checkpoint is not None:
+        argv += ["--checkpoint", str(checkpoint)]
+    if rejoin:
+        argv.append("--rejoin")
     return [*entries[entry_index].prefix, *argv]
 
 
@@ -232,7 +239,7 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
            peers_file: str | Path | None = None, method_args: dict[str, Any] | None = None,
            tracking_uri: str | None = None, experiment: str = "abps", track: bool = True,
            timeout: float = 60.0, workdir: str | Path | None = None, capture: bool = False,
-           on_start: Any = None) -> dict[str, Any]:
+           on_failure: str = "stop", on_start: Any = None) -> dict[str, Any]:
     """Run one seed of ``cfg`` as a peer-to-peer federation and write ``output`` (results.json).
 
     Args:
@@ -244,6 +251,9 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
         workdir: where certificates, the peer list, logs and per-peer results go (default: a new
             folder beside ``output``, removed unless the launch failed).
         capture: every peer also writes the messages it sends to ``workdir/sent-<i>.bin``.
+        on_failure: when a peer process dies: ``stop`` the federation, let the others
+            ``continue`` without it (unavailable from then on), or ``restart`` it (at most
+            :data:`RESTARTS` times): it rejoins from its checkpoint.
         on_start: called with the ``{center: pid}`` of the started peers (tests).
 
     Returns:
@@ -253,6 +263,11 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
         InputError: a bad option, cohort or peers file, or a peer that failed (its last error line).
     """
     check_p2p_config(cfg)
+    if on_failure not in ("stop", "continue", "restart"):
+        raise InputError(f"--on-failure {on_failure!r}: expected stop, continue or restart")
+    if on_failure == "restart" and cfg.early_stopping.enabled:
+        raise InputError("--on-failure restart: a rejoining peer cannot restore early stopping's best round; "
+                         "use continue, or turn early_stopping off")
     cohort = Path(cohort)
     ids = center_list(cohort)
     if (local is None) == (peers_file is None):
@@ -281,31 +296,46 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
     signal.signal(signal.SIGTERM, interrupt)
     results: list[dict[str, Any]] = []
     manual: list[str] = []
+    restarts: dict[int, int] = {}
+    gone: set[int] = set()
+
+    def argv_of(i: int, rejoin: bool = False) -> list[str]:
+        return peer_argv(i, entries, cohort.resolve(), cfg.method, seed, args.get("rounds"), args.get("config"),
+                         pf, certs, wd / f"result-{i}.json", timeout, list(args.get("params", [])),
+                         wd / f"sent-{i}.bin" if capture else None, wd / f"ckpt-{i}.pt", rejoin)
+
     try:
         for i, e in enumerate(entries):
-            argv = peer_argv(i, entries, cohort.resolve(), cfg.method, seed, args.get("rounds"), args.get("config"),
-                             pf, certs, wd / f"result-{i}.json", timeout, list(args.get("params", [])),
-                             wd / f"sent-{i}.bin" if capture else None)
             if e.prefix or e.host in LOCAL_HOSTS:
-                group.start(i, argv, wd / f"peer-{i}.log")
+                group.start(i, argv_of(i), wd / f"peer-{i}.log")
             else:
-                manual.append(shlex.join(argv))
+                manual.append(shlex.join(argv_of(i)))
         if manual:
             print("start these peers on their hosts (same cohort path, certificates copied from "
                   f"{certs}):\n" + "\n".join(manual), file=sys.stderr)
         if on_start is not None:
             on_start({i: p.pid for i, p in group.procs.items()})
         while True:
-            states = {i: p.poll() for i, p in group.procs.items()}
+            states = {i: p.poll() for i, p in group.procs.items() if i not in gone}
             bad = {i: rc for i, rc in states.items() if rc not in (None, 0)}
-            if bad:
-                i, rc = sorted(bad.items())[0]
-                raise InputError(f"peer of center {ids[i]!r} exited with code {rc}: "
-                                 f"{_last_line(wd / f'peer-{i}.log') or 'no output'}")
-            if all(rc == 0 for rc in states.values()):
+            for i, rc in sorted(bad.items()):
+                if on_failure == "restart" and restarts.get(i, 0) < RESTARTS:
+                    restarts[i] = restarts.get(i, 0) + 1
+                    print(f"peer of center {ids[i]!r} exited with code {rc}; restarting it "
+                          f"({restarts[i]} of {RESTARTS})", file=sys.stderr)
+                    group.start(i, argv_of(i, rejoin=True), wd / f"peer-{i}.rejoin-{restarts[i]}.log")
+                elif on_failure == "continue" and i != 0:
+                    print(f"peer of center {ids[i]!r} exited with code {rc}; the others go on without it",
+                          file=sys.stderr)
+                    gone.add(i)
+                else:
+                    log = wd / (f"peer-{i}.rejoin-{restarts[i]}.log" if restarts.get(i) else f"peer-{i}.log")
+                    raise InputError(f"peer of center {ids[i]!r} exited with code {rc}: "
+                                     f"{_last_line(log) or 'no output'}")
+            if not bad and all(rc == 0 for rc in states.values()):
                 break
             time.sleep(0.1)
-        for i in sorted(group.procs):
+        for i in sorted(set(group.procs) - gone):
             results.append(json.loads((wd / f"result-{i}.json").read_text()))
     finally:
         group.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,10 +30,12 @@ from federation.core.seeding import mix_seed
 from federation.engine.mixing import apply_momentum, check_row_stochastic
 from federation.engine.mlp import AdamState, StackedParams
 from federation.methods import Context, Method, get_method
+from federation.methods.base import RoundPlan
 from federation.p2p.engine import PeerEngine
 from federation.p2p.local import announce, build_local, read_own_rows
 from federation.p2p.transport import Node, PeerUnavailable, TlsFiles
 from federation.p2p.wire import Message
+from federation.run.realworld import mask_mixing
 from federation.run.runner import finalize_run, round_metrics
 
 __all__ = ["PeerSpec", "run_peer", "check_p2p_config", "SERVER"]
@@ -118,6 +121,11 @@ class PeerSpec:
         output: where the peer's result JSON goes.
         timeout: seconds to wait for a peer's message in a round.
         start_timeout: seconds to wait for every peer's hello.
+        listen: ``host:port`` to serve on (default: the own address).
+        payload_log: append every message sent to this file.
+        checkpoint: write the center's own round state here after every round (``torch.save``).
+        rejoin: the peer was restarted: it asks the coordinator for the federation's public log,
+            replays it, takes its own model from ``checkpoint`` and goes on with the next round.
     """
 
     cohort: Path
@@ -132,10 +140,13 @@ class PeerSpec:
     start_timeout: float = 120.0
     listen: str | None = None
     payload_log: Path | None = None
+    checkpoint: Path | None = None
+    rejoin: bool = False
 
 
 class PeerRound:
-    """The messaging of a run: broadcasts, waits, and the per-round scores shared between replicas."""
+    """The messaging of a run: rosters, broadcasts, waits, the scores shared between replicas and the
+    public log a restarted peer replays (docs/p2p.md, "Faults")."""
 
     def __init__(self, spec: PeerSpec, node: Node, engine: PeerEngine, ctx: PeerContext) -> None:
         self.spec, self.node, self.engine, self.ctx = spec, node, engine, ctx
@@ -143,29 +154,89 @@ class PeerRound:
         self.me = spec.index
         self.others = [j for j in range(self.n) if j != self.me]
         self.round = -1
+        self.roster: list[int] = list(range(self.n))  # centers taking part in the current round
+        self.down: set[int] = set()  # centers that stopped answering in the current round
+        self.log: list[dict[str, Any]] = []  # per round: roster, coalition scores, val / test AUROC
+        self.hellos: list[dict[str, Any]] = []
+        self.replay: dict[str, Any] | None = None  # the log entry being replayed (a restarted peer)
+        self.pending: Message | None = None  # a roster received before its round (a restarted peer)
+
+    @property
+    def coordinator(self) -> int:
+        return min(self.roster)
 
     def broadcast(self, msg: Message, to: list[int] | None = None) -> None:
-        failed = self.node.send_many(self.others if to is None else to, msg, self.spec.timeout)
-        if failed:
-            raise PeerUnavailable(f"center {failed[0]} did not take the {msg.kind!r} message of round {msg.round + 1}")
+        """Send to ``to`` (default: every other center in the roster); a center that does not take
+        it is down for the rest of the round."""
+        targets = [j for j in (self.others if to is None else to) if j in self.roster and j not in self.down]
+        self.down.update(self.node.send_many(targets, msg, self.spec.timeout, wait_for_ready=False))
 
-    def gather(self, kind: str, senders: list[int], timeout: float | None = None) -> dict[int, Message]:
-        got = self.node.wait(kind, self.round, senders, self.spec.timeout if timeout is None else timeout)
-        missing = sorted(set(senders) - set(got))
-        if missing:
-            raise PeerUnavailable(f"no {kind!r} message from center {missing[0]} in round {self.round + 1} "
-                                  f"within {self.spec.timeout:g} s")
+    def wait_for(self, kind: str) -> float:
+        """Seconds to wait for a ``kind`` message: the timeout for the first messages of a round
+        (models, uploads, roll call), three times it for those a live peer may send only after
+        waiting out a peer that went down itself (scores, rosters, the server's answer)."""
+        return self.spec.timeout if kind in ("model", "up", "alive") else 3 * self.spec.timeout
+
+    def gather(self, kind: str, senders: list[int]) -> dict[int, Message]:
+        """The round's ``kind`` messages of ``senders`` in the roster; a center missing at the
+        timeout (:meth:`wait_for`) is down for the rest of the round."""
+        want = [j for j in senders if j in self.roster and j not in self.down]
+        got = self.node.wait(kind, self.round, want, self.wait_for(kind)) if want else {}
+        self.down.update(set(want) - set(got))
         return got
+
+    def roll_call(self, r: int) -> torch.Tensor | None:
+        """The roster of round ``r``, decided by the coordinator (the lowest center of the last
+        roster): the centers that answered, plus restarted ones that asked to rejoin. Returns the
+        ``[n]`` availability mask (None: every center)."""
+        self.round, self.down = r, set()
+        if self.pending is not None and self.pending.round == r:
+            roster, joins = self.pending.body["roster"], []
+            self.pending = None
+        elif self.me == self.coordinator:
+            got = self.node.wait("alive", r, [j for j in self.roster if j != self.me], self.spec.timeout)
+            joins = sorted(j for j in self.node.take("join") if j != self.me)  # restarted: state lost
+            roster = sorted({self.me, *got, *joins})
+            body = {"roster": roster, "joined": joins}
+            self.node.send_many([j for j in roster if j != self.me and j not in joins],
+                                Message("roster", r, self.me, body=body), self.spec.timeout, wait_for_ready=False)
+            if joins:  # a restarted center gets the public log to replay
+                state = Message("roster", r, self.me, body={**body, "hellos": self.hellos, "log": self.log})
+                self.node.send_many(joins, state, self.spec.timeout, wait_for_ready=False)
+        else:
+            c = self.coordinator
+            try:
+                self.node.send(c, Message("alive", r, self.me), self.spec.timeout, wait_for_ready=False)
+            except PeerUnavailable:
+                raise PeerUnavailable(f"the coordinator, center {c}, is down") from None
+            msg = self.node.wait("roster", r, [c], self.wait_for("roster")).get(c)
+            if msg is None:
+                raise PeerUnavailable(f"no roster from the coordinator, center {c}, in round {r + 1}")
+            roster = msg.body["roster"]
+            joins = msg.body["joined"]
+        for j in joins:  # a restarted center: a fresh channel to it
+            self.node.reset(int(j))
+        self.roster = [int(j) for j in roster]
+        self.log.append({"roster": self.roster})
+        if len(self.roster) == self.n:
+            return None
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        mask[self.roster] = True
+        return mask
 
     def shared_scores(self, wc: torch.Tensor, tc: torch.Tensor, split: str, theta: StackedParams,
                       chunk: int | None) -> torch.Tensor:
         """``[m]`` metric of every candidate mixture: this peer scores the rows that target its own
-        center on its own ``split`` and broadcasts them; the other rows come from their targets' peers."""
+        center on its own ``split`` and broadcasts them; the other rows come from their targets' peers.
+        Rows of a center that went down in the round score 0.5 each (all coalitions equal: no
+        credit either way), the same on every replica."""
+        if self.replay is not None:
+            return torch.tensor(self.replay["util"], dtype=torch.float64)
         mine = torch.nonzero(tc == self.me).flatten()
         w_mine = wc.index_select(0, mine) if wc.is_sparse else wc[mine]
         own = self.engine.evaluate_mixtures(theta, w_mine, tc[mine], split, self.ctx.exchanged, self.ctx.bf16, chunk)
         self.broadcast(Message("util", self.round, self.me, arrays={"v": own.to(torch.float64)}))
-        out = torch.full((tc.numel(),), math.nan, dtype=torch.float64)
+        out = torch.full((tc.numel(),), 0.5, dtype=torch.float64)
         out[mine] = own
         for j, msg in self.gather("util", self.others).items():
             rows = torch.nonzero(tc == j).flatten()
@@ -173,6 +244,7 @@ class PeerRound:
             if v.numel() != rows.numel():
                 raise PeerUnavailable(f"center {j} sent {v.numel()} coalition scores, expected {rows.numel()}")
             out[rows] = v
+        self.log[-1]["util"] = out.tolist()
         return out
 
 
@@ -218,19 +290,35 @@ def run_peer(spec: PeerSpec) -> dict[str, Any]:
         node.close()
 
 
-def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Node, me: int, n: int) -> dict[str, Any]:
-    seed = spec.seed
+def _hellos(spec: PeerSpec, node: Node, rows: Any, cfg: RunConfig, me: int, n: int) -> tuple[list[dict[str, Any]], Message | None]:
+    """Every center's announcement (:func:`federation.p2p.local.announce`), in center order; for a
+    restarted peer, those the coordinator sends with the roster of the round it rejoins."""
     others = [j for j in range(n) if j != me]
-    # 1. hello: counts, categorical values, metadata vector, numeric aggregates (never a row)
+    if spec.rejoin:
+        node.send_many(others, Message("join", -1, me), spec.timeout, wait_for_ready=False)
+        deadline = time.monotonic() + spec.start_timeout
+        while time.monotonic() < deadline:
+            got = node.take("roster")
+            if got:
+                msg = next(iter(got.values()))
+                return list(msg.body["hellos"]), msg
+            time.sleep(0.05)
+        raise PeerUnavailable(f"no answer to the rejoin request within {spec.start_timeout:g} s")
     hello = announce(rows, cfg.data)
-    node_round = Message("hello", -1, me, body=hello)
-    failed = node.send_many(others, node_round, spec.start_timeout)
+    failed = node.send_many(others, Message("hello", -1, me, body=hello), spec.start_timeout)
     if failed:
         raise PeerUnavailable(f"center {failed[0]} did not come up within {spec.start_timeout:g} s")
     got = node.wait("hello", -1, others, spec.start_timeout)
     if len(got) != len(others):
         raise PeerUnavailable(f"no hello from center {sorted(set(others) - set(got))[0]}")
-    hellos = [hello if j == me else got[j].body for j in range(n)]
+    return [hello if j == me else got[j].body for j in range(n)], None
+
+
+def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Node, me: int, n: int) -> dict[str, Any]:
+    seed = spec.seed
+    others = [j for j in range(n) if j != me]
+    # 1. hello: counts, categorical values, metadata vector, numeric aggregates (never a row)
+    hellos, joined = _hellos(spec, node, rows, cfg, me, n)
     for j, h in enumerate(hellos):
         if h.get("center_id") != spec.center_ids[j]:
             raise InputError(f"center {j} announced center_id {h.get('center_id')!r}, expected {spec.center_ids[j]!r}")
@@ -249,6 +337,7 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
                       exchanged=ex, head=hd, bf16=cfg.exchange.bf16_wire,
                       rng=torch.Generator().manual_seed(mix_seed(seed, 0x3E7)))
     peer = PeerRound(spec, node, engine, ctx)
+    peer.hellos = hellos
     ctx.peer = peer
     params = engine.init_params()  # [1, ...]: this center only
     state = AdamState.zeros_like(params)
@@ -268,56 +357,25 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
         """The exchanged block as it goes on the wire (bf16 values when ``bf16_wire``)."""
         return {k: (params[k][0].to(torch.bfloat16) if cfg.exchange.bf16_wire else params[k][0].clone()) for k in ex}
 
-    def step(r: int) -> None:
-        nonlocal state, momentum, rb, extras
-        peer.round = r
-        round_start = {k: v.clone() for k, v in params.items()}
-        ctx.round_start = _stack(n, me, round_start)
-        if cfg.engine.reset_optimizer_each_round:
-            state = AdamState.zeros_like(params)
-        engine.train_round(params, state, r, None)
-        where = (cfg.method, seed, r + 1)
-        check_finite_params("parameters after local training", params, *where)
-        ctx.params = _stack(n, me, params)
-        ctx.pre_exchange = {k: v.clone() for k, v in ctx.params.items()}
+    def plan_of(r: int) -> RoundPlan:
+        """The method's plan under this round's roster (:func:`federation.run.realworld.mask_mixing`)."""
         plan = method.plan_round(ctx, r)
+        a = ctx.available
+        if a is not None and plan.w is not None:
+            adj = plan.adjacency.bool() & a.unsqueeze(0) & a.unsqueeze(1) if plan.adjacency is not None else None
+            plan = RoundPlan(w=mask_mixing(plan.w, a, a), adjacency=adj,
+                             server_links=int(a.sum()) if plan.server_links else 0,
+                             probe_bytes=plan.probe_bytes, metadata_bytes=plan.metadata_bytes)
         if plan.w is not None:
             if tuple(plan.w.shape) != (n, n):
                 raise ValueError(f"{cfg.method}: mixing matrix must be [n, n] = [{n}, {n}]")
-            check_finite("mixing matrix W", plan.w, *where)
+            check_finite("mixing matrix W", plan.w, cfg.method, seed, r + 1)
             check_row_stochastic(plan.w)
-            w = plan.w
-            if plan.server_links:  # star: every center uploads to the server's endpoint, which answers each
-                node.send(SERVER, Message("up", r, me, arrays=sent_block()), spec.timeout)
-                if me == SERVER:
-                    ups = peer.gather("up", list(range(n)))
-                    theta = _stack(n, me, params, {j: m.arrays for j, m in ups.items()})
-                    mixed_all = method.aggregate(ctx, w, theta)
-                    for j in range(n):
-                        node.send(j, Message("down", r, SERVER, arrays={k: v[j] for k, v in mixed_all.items()}),
-                                  spec.timeout)
-                down = peer.gather("down", [SERVER])[SERVER]
-                mixed = {k: down.arrays[k].unsqueeze(0).to(params[k].dtype) for k in ex}
-            else:  # mesh: models go both ways along every edge of the plan
-                wt = (w != 0) | (w.T != 0)
-                if plan.adjacency is not None:
-                    wt = wt | plan.adjacency.bool() | plan.adjacency.bool().T
-                nbrs = [j for j in range(n) if j != me and bool(wt[me, j])]
-                block = sent_block()
-                if nbrs:
-                    peer.broadcast(Message("model", r, me, arrays=block), to=nbrs)
-                got = peer.gather("model", nbrs) if nbrs else {}
-                received = {j: m.arrays for j, m in got.items()}
-                ctx.pre_exchange = _stack(n, me, {k: v.clone() for k, v in params.items()}, received)
-                theta = _stack(n, me, params, received)
-                mixed_all = method.aggregate(ctx, w, theta)
-                mixed = {k: v[me : me + 1] for k, v in mixed_all.items()}
-            prev = {k: round_start[k] for k in mixed}
-            mixed = method.after_mix(ctx, r, prev, mixed)
-            if cfg.exchange.server_momentum > 0:
-                mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
-            for k, v in mixed.items():
-                params[k].copy_(v)
+        return plan
+
+    def book(r: int, plan: RoundPlan) -> None:
+        """The round's ledger record and method update (the same on every replica)."""
+        nonlocal rb, extras
         digests.append(_digest(plan.w))
         meta_bytes = plan.metadata_bytes + (enc_bytes if r == 0 else 0)
         rb = ledger.record(r, plan.adjacency, plan.server_links if plan.w is not None else 0,
@@ -326,11 +384,70 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
         extras = method.after_exchange(ctx, r, plan)
         extras = {k: v for k, v in extras.items() if not (isinstance(v, float) and math.isnan(v))}
         for k, v in extras.items():
-            check_finite(f"method output {k!r}", v, *where)
+            check_finite(f"method output {k!r}", v, cfg.method, seed, r + 1)
+
+    def step(r: int) -> None:
+        nonlocal state, momentum
+        ctx.available = peer.roll_call(r)
+        round_start = {k: v.clone() for k, v in params.items()}
+        ctx.round_start = _stack(n, me, round_start)
+        if cfg.engine.reset_optimizer_each_round:
+            state = AdamState.zeros_like(params)
+        engine.train_round(params, state, r, None)
+        check_finite_params("parameters after local training", params, cfg.method, seed, r + 1)
+        ctx.params = _stack(n, me, params)
+        ctx.pre_exchange = {k: v.clone() for k, v in ctx.params.items()}
+        plan = plan_of(r)
+        if plan.w is not None:
+            w = plan.w
+            if plan.server_links:  # star: every center uploads to the server's endpoint, which answers each
+                node.send(SERVER, Message("up", r, me, arrays=sent_block()), spec.timeout, wait_for_ready=False)
+                if me == SERVER:
+                    ups = peer.gather("up", [j for j in range(n) if j != SERVER])
+                    ups[SERVER] = node.wait("up", r, [SERVER], spec.timeout)[SERVER]
+                    got = torch.zeros(n, dtype=torch.bool)
+                    got[list(ups)] = True
+                    if not bool(got[peer.roster].all()):  # a center went down after the roll call
+                        w = mask_mixing(w, got, got)
+                    theta = _stack(n, me, params, {j: m.arrays for j, m in ups.items()})
+                    mixed_all = method.aggregate(ctx, w, theta)
+                    for j in sorted(ups):
+                        try:
+                            node.send(j, Message("down", r, SERVER, arrays={k: v[j] for k, v in mixed_all.items()}),
+                                      spec.timeout, wait_for_ready=False)
+                        except PeerUnavailable:
+                            peer.down.add(j)
+                down = node.wait("down", r, [SERVER], peer.wait_for("down")).get(SERVER)
+                if down is None:
+                    raise PeerUnavailable(f"no model from the server (center {SERVER}) in round {r + 1}")
+                mixed = {k: down.arrays[k].unsqueeze(0).to(params[k].dtype) for k in ex}
+            else:  # mesh: models go both ways along every edge of the plan
+                wt = (w != 0) | (w.T != 0)
+                if plan.adjacency is not None:
+                    wt = wt | plan.adjacency.bool() | plan.adjacency.bool().T
+                nbrs = [j for j in range(n) if j != me and bool(wt[me, j])]
+                peer.broadcast(Message("model", r, me, arrays=sent_block()), to=nbrs)
+                got = peer.gather("model", nbrs)
+                # a partner that went down after the roll call: its row holds this center's own model
+                received = {j: (got[j].arrays if j in got else {k: sent_block()[k] for k in ex}) for j in nbrs}
+                ctx.pre_exchange = _stack(n, me, {k: v.clone() for k, v in params.items()}, received)
+                mixed_all = method.aggregate(ctx, w, _stack(n, me, params, received))
+                mixed = {k: v[me : me + 1] for k, v in mixed_all.items()}
+            prev = {k: round_start[k] for k in mixed}
+            mixed = method.after_mix(ctx, r, prev, mixed)
+            if cfg.exchange.server_momentum > 0:
+                mixed, momentum = apply_momentum(prev, mixed, momentum, cfg.exchange.server_momentum)
+            for k, v in mixed.items():
+                params[k].copy_(v)
+        book(r, plan)
+
+    def metrics_of(vals: torch.Tensor, tests: torch.Tensor) -> dict[str, float]:
+        last["val"], last["test"] = vals, tests
+        return {**round_metrics(summarize(vals), summarize(tests), rb, ledger),
+                **{k: float(v) for k, v in extras.items()}}
 
     def evaluate(tau: int) -> dict[str, float]:
         """Own val / test AUROC, shared with every peer (with the round's plan digest)."""
-        peer.round = tau - 1 if tau > 0 else -1
         mine = {}
         for s in ("val", "test"):
             scores = method.scores(ctx, params, s, tau - 1)
@@ -339,16 +456,15 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
         dig = digests[-1] if digests else "start"
         peer.broadcast(Message("eval", peer.round, me, body={"digest": dig},
                                arrays={"v": torch.stack([mine["val"], mine["test"]]).double()}))
-        vals = torch.full((n,), math.nan, dtype=torch.float64)
+        vals = torch.full((n,), math.nan, dtype=torch.float64)  # a center that went down: no score
         tests = vals.clone()
         vals[me], tests[me] = mine["val"], mine["test"]
         for j, msg in peer.gather("eval", others).items():
             if msg.body.get("digest") != dig:
                 raise RuntimeError(f"center {j}'s round plan differs from this center's (replicas diverged)")
             vals[j], tests[j] = msg.arrays["v"][0], msg.arrays["v"][1]
-        last["val"], last["test"] = vals, tests
-        return {**round_metrics(summarize(vals), summarize(tests), rb, ledger),
-                **{k: float(v) for k, v in extras.items()}}
+        peer.log[-1]["eval"] = [vals.tolist(), tests.tolist()]
+        return metrics_of(vals, tests)
 
     def stop(tau: int, metrics: dict[str, float]) -> bool:
         nonlocal best
@@ -361,7 +477,37 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
             return False
         return r - best[1] >= es.patience
 
-    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), stop=stop)
+    def save(tau: int) -> None:
+        """The center's own round state (a restarted peer goes on from it)."""
+        if spec.checkpoint is not None:
+            tmp = spec.checkpoint.with_name(spec.checkpoint.name + ".tmp")
+            torch.save({"round": tau, "params": params, "adam": (state.m, state.v, state.t), "momentum": momentum}, tmp)
+            os.replace(tmp, spec.checkpoint)
+
+    records: list[tuple[int, dict[str, float]]] = []
+    start = 0
+    if joined is not None:  # replay the public log: the replica's state as every other peer holds it
+        for r, entry in enumerate(joined.body["log"]):
+            peer.round, peer.replay = r, entry
+            peer.log.append(entry)
+            roster = entry["roster"]
+            ctx.available = None if len(roster) == n else torch.isin(torch.arange(n), torch.tensor(roster))
+            book(r, plan_of(r))
+            m = metrics_of(torch.tensor(entry["eval"][0], dtype=torch.float64),
+                           torch.tensor(entry["eval"][1], dtype=torch.float64))
+            records.append((r + 1, m))
+            stop(r + 1, m)
+        peer.replay, peer.pending = None, joined
+        peer.roster = list(joined.body["roster"])
+        start = len(records)
+        if spec.checkpoint is not None and spec.checkpoint.is_file():  # own model: where this center stopped
+            snap = torch.load(spec.checkpoint, weights_only=False)
+            for k, v in snap["params"].items():
+                params[k].copy_(v)
+            state = AdamState(*snap["adam"])
+            momentum = snap["momentum"]
+    outcome = drive(cfg.max_rounds, step, evaluate, EvalSchedule(every=1), stop=stop, start=start,
+                    records=records, after=save)
     history = [{"round": float(tau), **m} for tau, m in outcome.records]
     res = finalize_run(cfg, public, seed, ledger, history, outcome.steps_run, best, params,  # type: ignore[arg-type]
                        last.get("val"), last.get("test"),
@@ -375,13 +521,13 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
                           for (r, p, k), b in sorted(node.model_sent.items())],
            "ledger": [{"round": x.round_idx, "edges": x.edges, "model_bytes": x.model_bytes,
                        "metadata_bytes": x.metadata_bytes, "probe_bytes": x.probe_bytes} for x in ledger.rounds],
-           "pid": os.getpid()}
+           "rosters": [e["roster"] for e in peer.log], "pid": os.getpid()}
     # bye: every peer's counters go to every peer, so any one result holds the federation's bytes
     mine = {"center": me, "counters": counters, "model_sent": out["model_sent"], "refused": node.refused}
-    peer.round = -2
+    peer.round, peer.down = -2, set()
     peer.broadcast(Message("bye", -2, me, body=mine))
     byes = peer.gather("bye", others)
-    out["federation_results"] = [mine if j == me else byes[j].body for j in range(n)]
+    out["federation_results"] = [mine if j == me else byes[j].body for j in sorted({me, *byes})]
     tmp = spec.output.with_name(spec.output.name + ".tmp")
     from federation.run.results import strict_json
 

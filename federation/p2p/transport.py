@@ -26,7 +26,8 @@ __all__ = ["Node", "TlsFiles", "PeerUnavailable", "METHOD", "common_name"]
 METHOD = "/abps.p2p.Peer/Deliver"
 _MAX = 256 * 2**20  # the largest message (a model of ~64 M fp32 values)
 _OPTIONS = [("grpc.max_send_message_length", _MAX), ("grpc.max_receive_message_length", _MAX),
-            ("grpc.enable_retries", 0)]
+            ("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 class PeerUnavailable(RuntimeError):
@@ -141,15 +142,30 @@ class Node:
             self._stubs[peer] = ch.unary_unary(METHOD)
         return self._stubs[peer]
 
-    def send(self, peer: int, msg: Message, timeout: float) -> None:
-        """Deliver ``msg`` to ``peer`` (waits until it is up, at most ``timeout`` seconds).
+    def take(self, kind: str) -> dict[int, Message]:
+        """Every message of ``kind`` in the mailbox, any round (taken out): ``{sender: message}``."""
+        with self._cv:
+            keys = [k for k in self._box if k[0] == kind]
+            return {k[2]: self._box.pop(k) for k in keys}
+
+    def reset(self, peer: int) -> None:
+        """Drop the channel to ``peer`` (it restarted: a fresh channel connects at once instead of
+        waiting out the old one's reconnect backoff)."""
+        ch = self._channels.pop(peer, None)
+        self._stubs.pop(peer, None)
+        if ch is not None:
+            ch.close()
+
+    def send(self, peer: int, msg: Message, timeout: float, wait_for_ready: bool = True) -> None:
+        """Deliver ``msg`` to ``peer`` (``wait_for_ready``: wait until it is up, at most ``timeout``
+        seconds; else a peer that is down fails at once).
 
         Raises:
             PeerUnavailable: the peer did not take it in time, or refused it.
         """
         data = encode(msg)
         try:
-            self._stub(peer)(data, timeout=timeout, wait_for_ready=True)
+            self._stub(peer)(data, timeout=timeout, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:
             raise PeerUnavailable(f"center {peer}: {exc.code().name}") from None
         with self._lock:
@@ -163,14 +179,14 @@ class Node:
             if msg.kind in MODEL_KINDS:
                 self.model_sent[(msg.round, peer, msg.kind)] += msg.payload_bytes()
 
-    def send_many(self, peers: Iterable[int], msg: Message, timeout: float) -> list[int]:
+    def send_many(self, peers: Iterable[int], msg: Message, timeout: float, wait_for_ready: bool = True) -> list[int]:
         """Send ``msg`` to every peer in ``peers`` in parallel; returns those that failed."""
         peers = list(peers)
         if not peers:
             return []
         failed: list[int] = []
         with futures.ThreadPoolExecutor(max_workers=min(8, len(peers))) as pool:
-            jobs = {pool.submit(self.send, p, msg, timeout): p for p in peers}
+            jobs = {pool.submit(self.send, p, msg, timeout, wait_for_ready): p for p in peers}
             for job, p in jobs.items():
                 try:
                     job.result()
