@@ -33,7 +33,7 @@ def _register() -> None:
     import importlib
 
     for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd", "cli.sweep_cmd",
-                 "cli.report_cmd", "cli.runs_cmd", "cli.cache_cmd"):
+                 "cli.report_cmd", "cli.runs_cmd", "cli.cache_cmd", "cli.p2p_cmd"):
         importlib.import_module(name)  # a module that fails to import fails the command, never drops it
 
 

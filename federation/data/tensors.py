@@ -5,9 +5,8 @@ Design notes: docs/runtime.md, "Module notes".
 
 from __future__ import annotations
 
-import hashlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from etl.io import check_cohort_files
+from etl.io import check_cohort_files, cohort_file_digests
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -42,16 +41,7 @@ def cohort_id(cohort_dir: str | Path) -> str:
     Raises:
         InputError: a file is missing.
     """
-    h = hashlib.sha256()
-    for name in ("cohort.parquet", "centers.parquet"):
-        p = Path(cohort_dir) / name
-        if not p.is_file():
-            raise InputError(f"{p}: file not found (expected {name} from `abps etl`)")
-        h.update(name.encode())
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return cohort_file_digests(cohort_dir)[0][:16]
 
 
 def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path, centers_path: Path) -> None:
@@ -384,9 +374,15 @@ class FederatedData:
     @classmethod
     def from_frames(
         cls, cohort: pl.DataFrame, centers: pl.DataFrame, min_train: int = 1, source: str = "cohort",
-        preprocessing: DataConfig | None = None,
+        preprocessing: DataConfig | None = None, categories: dict[str, list[str]] | None = None,
+        fit: NumericFit | None = None,
     ) -> FederatedData:
-        """Build from in-memory frames with the contract's columns (see :meth:`from_cohort`)."""
+        """Build from in-memory frames with the contract's columns (see :meth:`from_cohort`).
+
+        ``categories`` (``{column: sorted values}``) replaces the one-hot vocabulary read from the
+        frame, and ``fit(train, cfg) -> (mode, median, mean, std, bytes)`` the numeric encoding's fit:
+        a peer holding one center's rows builds its tensors with the federation's vocabulary and
+        statistics (federation/p2p/local.py)."""
         bad = set(cohort["split"].unique().to_list()) - set(SPLITS)
         if bad:
             raise InputError(f"{source}: column 'split' holds values other than train/val/test")
@@ -409,7 +405,8 @@ class FederatedData:
         cat_exprs, cat_names = [], []
         for col in CATEGORICAL_FEATURES:
             filled = pl.col(col).cast(pl.Utf8).fill_null("UNKNOWN")
-            for v in sorted(cohort.select(filled.unique())[col].to_list()):
+            vocab = categories[col] if categories is not None else cohort.select(filled.unique())[col].to_list()
+            for v in sorted(vocab):
                 cat_exprs.append((filled == v).cast(pl.Float32).alias(f"{col}={v}"))
                 cat_names.append(f"{col}={v}")
 
@@ -456,8 +453,11 @@ class FederatedData:
         care = centers["care_unit"].to_list() if "care_unit" in centers.columns else ["" for _ in center_ids]
         cfg = preprocessing if preprocessing is not None else DataConfig()
         tr = splits["train"]
-        mode = resolve_preprocessing(cfg, tr.n)
-        med, mu, sd, nbytes = _fit_numeric(tr, cfg, mode)
+        if fit is not None:
+            mode, med, mu, sd, nbytes = fit(tr, cfg)
+        else:
+            mode = resolve_preprocessing(cfg, tr.n)
+            med, mu, sd, nbytes = _fit_numeric(tr, cfg, mode)
         for st in splits.values():
             _set_numeric(st.packed_x, st, med, mu, sd)
         return cls(
@@ -475,6 +475,10 @@ class FederatedData:
         )
 
 
+
+
+#: ``fit(train split, cfg) -> (mode, median [n, k], mean [n, k], std [n, k], bytes exchanged)``
+NumericFit = Callable[["SplitTensors", DataConfig], tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]
 
 
 def _fit_numeric(train: SplitTensors, cfg: DataConfig, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

@@ -652,15 +652,15 @@ class StackedEngine:
         """
         chunk = chunk or 512
         s = self.data.splits[split]
-        n, m_rows = self.n, wc.shape[0]
+        n, m_rows = next(iter(theta.values())).shape[0], wc.shape[0]  # senders (this engine's centers)
         if m_rows == 0:
             return torch.empty(0, dtype=torch.float64)
         cols, vals = sparse_rows(wc)  # [m, K] members and weights of each row
         # rows by target split size, largest first; a chunk holds at most `chunk` rows and at
         # most `chunk * 32` (row, split row) cells, so a few large targets do not pad many small
-        order = torch.argsort(s.n[tc], descending=True, stable=True)
+        order = torch.argsort(s.n[self.split_index(tc)], descending=True, stable=True)
         tc, cols, vals = tc[order], cols[order], vals[order].to(torch.float32)
-        sizes = s.n[tc].tolist()
+        sizes = s.n[self.split_index(tc)].tolist()
         bounds, lo = [], 0
         while lo < m_rows:
             hi = min(m_rows, lo + max(1, min(chunk, chunk * 32 // max(1, sizes[lo]))))
@@ -676,8 +676,9 @@ class StackedEngine:
                 model = {k: (mix(w, theta[k], bf16, own=t) if k in exchanged else theta[k][t])
                          for k in theta}
                 rows = max(1, sizes[lo])  # real rows come first: trim the padding
-                logits = forward(model, s.rows(t, rows))[0]
-                out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
+                ti = self.split_index(t)
+                logits = forward(model, s.rows(ti, rows))[0]
+                out[order[lo:hi]] = batched_auroc(logits, s.y[ti, :rows], s.mask[ti, :rows])
             return out
         # Sparse rows (e.g. ABPS coalitions: kappa + 1 members each). Row r's member k sends
         # wire(theta_j), or theta_t itself when it is the target t: index src into [theta; wire(theta)].
@@ -692,7 +693,7 @@ class StackedEngine:
             # per distinct (target, member) pair, then a weighted sum per row
             pair, inv = torch.unique(t.unsqueeze(1) * span + sr, return_inverse=True)
             pt, pj = pair // span, pair % span
-            z = torch.bmm(s.rows(pt, rows), table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
+            z = torch.bmm(s.rows(self.split_index(pt), rows), table["w1"][pj]).add_(table["b1"][pj].unsqueeze(1))  # [U, rows, h1]
             hid = F.embedding_bag(inv, z.view(pair.numel(), -1), per_sample_weights=a, mode="sum")
             hid = hid.view(c, rows, h1).relu_()
 
@@ -704,8 +705,15 @@ class StackedEngine:
 
             hid = torch.bmm(hid, layer("w2")).add_(layer("b2").unsqueeze(1)).relu_()
             logits = torch.bmm(hid, layer("w3")).squeeze(-1).add_(layer("b3"))
-            out[order[lo:hi]] = batched_auroc(logits, s.y[t, :rows], s.mask[t, :rows])
+            ti = self.split_index(t)
+            out[order[lo:hi]] = batched_auroc(logits, s.y[ti, :rows], s.mask[ti, :rows])
         return out
+
+    def split_index(self, centers: torch.Tensor) -> torch.Tensor:
+        """Rows of this engine's splits that hold ``centers`` (indices on the senders' axis of
+        :meth:`evaluate_mixtures`): the same indices here; a one-center peer engine
+        (federation/p2p/engine.py) maps its own center to row 0."""
+        return centers
 
     def probe_view(self, params: StackedParams) -> tuple[Any, Any]:
         """(probe model, shards) for :func:`federation.methods.probe.probe` over the ``val`` split:

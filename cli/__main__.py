@@ -1,0 +1,5 @@
+"""``python -m cli``: the ``abps`` command (how ``abps launch`` starts its peers with the same interpreter)."""
+
+from cli.app import main
+
+main()

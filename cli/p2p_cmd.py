@@ -1,0 +1,112 @@
+"""``abps peer`` (one center of a peer-to-peer federation) and ``abps launch`` (start a federation's
+peers, gather results.json and the MLflow run). How-to: docs/p2p.md."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from cli import project
+from cli.app import app
+from etl.errors import InputError
+from federation.method_catalog import METHOD_NAMES
+
+
+def _config(method: str, config: Path | None, rounds: int | None, params: list[str] | None):
+    """The run config of ``--method`` / ``--config`` / ``--rounds`` / ``--param`` (as ``abps train``)."""
+    from cli.train_cmd import _parse_params
+    from federation.core.config import build_config, deep_merge, load_yaml
+    from federation.methods import get_method
+
+    cls = get_method(method)
+    file_cfg = load_yaml(config) if config is not None else None
+    if params:
+        file_cfg = deep_merge(file_cfg or {"method": method}, {"params": _parse_params(params)})
+    return build_config(method, cls.default_config, file_cfg, rounds)
+
+
+@app.command("peer")
+def peer(
+    cohort: Path = typer.Option(..., "--cohort", help="cohort directory; only this center's rows are read"),
+    center: str = typer.Option(..., "--center", help="center_id this process runs (a line of --peers)"),
+    peers: Path = typer.Option(..., "--peers", help="peers file: one line 'center_id host:port' per center"),
+    method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(METHOD_NAMES)}"),
+    seed: int = typer.Option(..., "--seed", help="run seed (the same on every peer)"),
+    output: Path = typer.Option(..., "--output", help="this peer's result JSON"),
+    certs: Path | None = typer.Option(None, "--certs", help="folder with ca.pem and center-<i>.pem / .key "
+                                      "(made by abps launch)"),
+    insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC without certificates (a test network only)"),
+    config: Path | None = typer.Option(None, "--config", help="YAML run config (as abps train)"),
+    rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds"),
+    param: list[str] | None = typer.Option(None, "--param", help="method parameter NAME=VALUE, repeatable"),
+    listen: str | None = typer.Option(None, "--listen", help="host:port to listen on (default: this center's "
+                                      "address in --peers)"),
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds to wait for a peer's message in a round"),
+    capture: Path | None = typer.Option(None, "--capture", help="also append every message sent to this file"),
+) -> None:
+    """Run one center of a peer-to-peer federation (its own rows, model and method state)."""
+    from federation.p2p.launch import read_peers_file
+    from federation.p2p.local import center_list
+    from federation.p2p.peer import PeerSpec, run_peer
+    from federation.p2p.transport import PeerUnavailable, TlsFiles, common_name
+
+    if (certs is None) == (not insecure):
+        raise InputError("give --certs DIR (mutual TLS) or --insecure")
+    cfg = _config(method, config, rounds, param)
+    ids = center_list(cohort)
+    entries = read_peers_file(peers, ids)
+    if center not in ids:
+        raise InputError(f"--center {center!r}: not a center_id of {cohort / 'centers.parquet'}")
+    me = ids.index(center)
+    tls = None
+    if certs is not None:
+        tls = TlsFiles(certs / "ca.pem", certs / f"{common_name(me)}.pem", certs / f"{common_name(me)}.key")
+        for p in (tls.ca, tls.cert, tls.key):
+            if not p.is_file():
+                raise InputError(f"--certs {certs}: missing {p.name}")
+    addresses = {i: e.address for i, e in enumerate(entries)}
+    spec = PeerSpec(cohort=cohort, index=me, center_ids=ids, cfg=cfg, seed=seed, addresses=addresses, tls=tls,
+                    output=output, timeout=timeout, start_timeout=max(120.0, timeout), payload_log=capture,
+                    listen=listen or f"0.0.0.0:{entries[me].port}")
+    try:
+        run_peer(spec)
+    except PeerUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(3) from None
+
+
+@app.command("launch")
+def launch(
+    method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(METHOD_NAMES)}"),
+    cohort: Path = typer.Option(..., "--cohort", help="cohort directory (each peer reads only its own center's rows)"),
+    seed: int = typer.Option(0, "--seed", help="run seed"),
+    output: Path = typer.Option(..., "--output", help="results.json path"),
+    local: int | None = typer.Option(None, "--local", min=1, help="start N peers on this host, one per center"),
+    peers: Path | None = typer.Option(None, "--peers", help="peers file: 'center_id host:port [command prefix]' "
+                                      "per center (prefix e.g. 'ssh site-b' or 'ip netns exec site-b')"),
+    config: Path | None = typer.Option(None, "--config", help="YAML run config (as abps train)"),
+    rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds"),
+    param: list[str] | None = typer.Option(None, "--param", help="method parameter NAME=VALUE, repeatable"),
+    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds a peer waits for another's message"),
+    workdir: Path | None = typer.Option(None, "--workdir", help="keep certificates, peer list, logs and per-peer "
+                                        "results here (default: a temporary folder beside --output)"),
+    tracking_uri: str | None = project.tracking_uri_option(),
+    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment (default: the cohort's "
+                                          "folder name)"),
+) -> None:
+    """Start a peer-to-peer federation (one process per center), wait, write results.json, log MLflow."""
+    from federation.p2p.launch import launch as run_launch
+    from federation.run.tracking import experiment_name
+
+    cfg = _config(method, config, rounds, param)
+    exp = experiment_name(experiment, cohort.resolve().name)
+    doc = run_launch(cfg, cohort, seed, output, local=local, peers_file=peers,
+                     method_args={"rounds": rounds, "config": config.resolve() if config else None,
+                                  "params": list(param or [])},
+                     tracking_uri=tracking_uri, experiment=exp, timeout=timeout, workdir=workdir)
+    p = doc["p2p"]
+    s = doc["summary"]["final_auroc_mean"]["mean"]
+    print(f"{cfg.method} seed {seed}: final test AUROC {s:.6f}; wire payload {p['wire_payload_bytes']} B, "
+          f"ledger {p['ledger_bytes']} B; written {output}")

@@ -1,0 +1,228 @@
+"""The peer-to-peer federation (federation/p2p, docs/p2p.md): a peer's engine equals its row of the
+stacked engine, a peer loads only its own rows, messages round-trip, and `abps launch` on separate
+processes gives the simulator's final AUROC with wire payload bytes equal to the ledger's, leaving no
+process behind; payloads hold no identifier."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from federation.core.config import build_config
+from federation.data.synthetic import write_fedprox_cohort
+from federation.data.tensors import FederatedData
+from federation.engine.mlp import AdamState, StackedEngine
+from federation.methods import get_method
+from federation.p2p.engine import PeerEngine
+from federation.p2p.launch import launch, read_peers_file
+from federation.p2p.local import announce, build_local, center_list, read_own_rows
+from federation.p2p.wire import Message, MessageError, decode, encode
+from federation.run.runner import run_one
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fedprox_cohort(tmp_path_factory.mktemp("p2p") / "c", n_centers=3, seed=2, mean_size=60.0)
+
+
+def _cfg(method: str, rounds: int):
+    return build_config(method, get_method(method).default_config, None, rounds)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_peer_reads_only_its_own_center_and_builds_its_row_of_the_federation(cohort: Path):
+    cfg = _cfg("fedavg", 2)
+    full = FederatedData.from_cohort(cohort, preprocessing=cfg.data)
+    ids = center_list(cohort)
+    rows = [read_own_rows(cohort, c) for c in ids]
+    for i, r in enumerate(rows):
+        assert r.cohort["center_id"].unique().to_list() == [ids[i]]
+        assert "stay_id" not in r.cohort.columns and "subject_id" not in r.cohort.columns
+    hellos = [announce(r, cfg.data) for r in rows]
+    assert "stay_id" not in json.dumps(hellos)
+    for i, r in enumerate(rows):
+        loc, _ = build_local(r, hellos, i, cfg.data)
+        assert loc.feature_names == full.feature_names
+        for s in ("train", "val", "test"):
+            a, b = loc.splits[s], full.splits[s]
+            lo, n = int(b.offsets[i]), int(b.n[i])
+            assert torch.equal(a.packed_x[:-1], b.packed_x[lo:lo + n])
+            assert a.mask.shape[1] == b.mask.shape[1]  # padded to the federation's width
+
+
+def test_the_peer_engine_trains_its_center_as_the_stacked_engine_does(cohort: Path):
+    cfg = _cfg("fedavg", 2)
+    full = FederatedData.from_cohort(cohort, preprocessing=cfg.data)
+    eng = StackedEngine(full, cfg.engine, 5)
+    p = eng.init_params()
+    st = AdamState.zeros_like(p)
+    for r in range(2):
+        eng.train_round(p, st, r)
+    ids = center_list(cohort)
+    rows = [read_own_rows(cohort, c) for c in ids]
+    hellos = [announce(r, cfg.data) for r in rows]
+    for i, r in enumerate(rows):
+        loc, _ = build_local(r, hellos, i, cfg.data)
+        pe = PeerEngine(loc, cfg.engine, 5, i, full.n_train)
+        q = pe.init_params()
+        sq = AdamState.zeros_like(q)
+        for rr in range(2):
+            pe.train_round(q, sq, rr)
+        assert int(sq.t[0]) == int(st.t[i])  # the same number of local steps
+        for k in q:
+            # same batches, masks and widths; a batched product over 1 vs 3 centers may round the
+            # last bit differently: a few float32 ulps of the parameter's size
+            torch.testing.assert_close(q[k][0], p[k][i], rtol=8 * 2**-23, atol=8 * 2**-23 * float(p[k][i].abs().max()))
+
+
+def test_messages_round_trip_and_malformed_ones_are_refused():
+    t = torch.randn(3, 4)
+    msg = Message("model", 2, 1, {"x": 1}, {"w": t.to(torch.bfloat16), "b": t, "v": t.double()})
+    back = decode(encode(msg))
+    assert (back.kind, back.round, back.sender, back.body) == ("model", 2, 1, {"x": 1})
+    assert torch.equal(back.arrays["w"].float(), t.to(torch.bfloat16).float())
+    assert torch.equal(back.arrays["b"], t) and torch.equal(back.arrays["v"], t.double())
+    assert msg.payload_bytes() == 12 * 2 + 12 * 4 + 12 * 8
+    data = encode(msg)
+    for bad in (data[:-1], data + b"x", b"\x00\x00", b"\xff\xff\xff\xff{}"):
+        with pytest.raises(MessageError):
+            decode(bad)
+
+
+def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_path: Path):
+    ids = ["a", "b"]
+    f = tmp_path / "peers.txt"
+    f.write_text("# sites\nb 10.0.0.2:7001 ip netns exec s2\na 10.0.0.1:7000\n")
+    got = read_peers_file(f, ids)
+    assert [(e.center_id, e.address, e.prefix) for e in got] == [
+        ("a", "10.0.0.1:7000", ()), ("b", "10.0.0.2:7001", ("ip", "netns", "exec", "s2"))]
+    from etl.errors import InputError
+
+    for text, needle in (("a 10.0.0.1\n", "line 1"), ("a h:1\na h:2\n", "listed twice"), ("a h:1\n", "'b'"),
+                         ("z h:1\n", "not in the cohort")):
+        f.write_text(text)
+        with pytest.raises(InputError, match=needle):
+            read_peers_file(f, ids)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "abps"])
+def test_launch_gives_the_simulators_result_and_the_ledgers_bytes(method: str, cohort: Path, tmp_path: Path):
+    rounds, seed = 3, 4
+    cfg = _cfg(method, rounds)
+    sim = run_one(cfg, FederatedData.from_cohort(cohort, min_train=cfg.min_train, preprocessing=cfg.data), seed)
+    pids: dict[int, int] = {}
+    doc = launch(cfg, cohort, seed, tmp_path / "r.json", local=3, track=False, capture=True,
+                 workdir=tmp_path / "w", method_args={"rounds": rounds}, on_start=pids.update)
+    got = doc["seeds"][str(seed)]
+    assert abs(got["final_auroc_mean"] - sim.final_auroc_mean) <= 1e-6
+    assert got["model_bytes"] == sim.model_bytes and got["rounds_run"] == sim.rounds_run
+    p = doc["p2p"]
+    assert p["wire_payload_bytes"] == p["ledger_bytes"] == sim.model_bytes
+    assert p["wire_payload_bytes_both_directions"] == 2 * sim.model_bytes
+    assert p["refused_messages"] == 0
+    assert json.loads((tmp_path / "r.json").read_text())["p2p"] == p
+    assert len(pids) == 3 and not any(_alive(x) for x in pids.values())
+    # privacy: no identifier of the cohort is in any message a peer sent
+    sent = b"".join(f.read_bytes() for f in sorted((tmp_path / "w").glob("sent-*.bin")))
+    assert len(sent) > p["wire_payload_bytes_both_directions"]
+    ids = pl.read_parquet(cohort / "cohort.parquet").select("stay_id", "subject_id", "hadm_id")
+    for col in ids.columns:
+        for v in ids[col].to_list():
+            assert str(v).encode() not in sent, col
+            assert int(v).to_bytes(8, "little") not in sent, col
+
+
+def test_a_process_without_a_valid_certificate_is_refused_and_nothing_it_sends_is_used(tmp_path: Path):
+    from federation.p2p.certs import make_federation_certs
+    from federation.p2p.transport import Node, PeerUnavailable
+
+    ours = make_federation_certs(tmp_path / "ours", {0: "127.0.0.1", 1: "127.0.0.1"})
+    theirs = make_federation_certs(tmp_path / "theirs", {0: "127.0.0.1", 1: "127.0.0.1"})
+    server = Node(0, "127.0.0.1:0", {}, ours[0])
+    addr = {0: f"127.0.0.1:{server.port}"}
+    clients = [Node(1, "127.0.0.1:0", addr, ours[1]),    # a member of the federation
+               Node(1, "127.0.0.1:0", addr, theirs[1]),  # a certificate another CA signed
+               Node(1, "127.0.0.1:0", addr, None)]       # no certificate at all
+    try:
+        msg = Message("eval", 0, 1, arrays={"v": torch.tensor([0.5, 0.5], dtype=torch.float64)})
+        for bad in clients[1:]:
+            with pytest.raises(PeerUnavailable):
+                bad.send(0, msg, timeout=5)
+        assert server.wait("eval", 0, [1], timeout=0.2) == {}  # nothing arrived
+        # a member's certificate cannot speak for another center: refused, counted, not used
+        with pytest.raises(PeerUnavailable, match="PERMISSION_DENIED"):
+            clients[0].send(0, Message("eval", 0, 2, arrays={"v": torch.zeros(2, dtype=torch.float64)}), timeout=5)
+        assert server.refused == 1 and server.wait("eval", 0, [2], timeout=0.2) == {}
+        clients[0].send(0, msg, timeout=5)
+        got = server.wait("eval", 0, [1], timeout=5)
+        assert torch.equal(got[1].arrays["v"], msg.arrays["v"])
+    finally:
+        for node in (server, *clients):
+            node.close()
+
+
+def _launch_cli(cohort: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "cli", "launch", "--local", "3", "--method", "fedavg", "--cohort", str(cohort),
+            "--seed", "1", "--rounds", "200", "--output", str(tmp_path / "r.json"), "--workdir", str(tmp_path / "w"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *extra]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _peer_pids(work: Path, timeout: float = 120.0) -> list[int]:
+    """pids of the running `abps peer` processes of a launch whose workdir is ``work``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    cmd = (d / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"peer" in cmd and str(work).encode() + b"/peers.txt" in cmd:
+                    pids.append(int(d.name))
+        if len(pids) == 3:
+            return sorted(pids)
+        time.sleep(0.2)
+    raise AssertionError("peers did not start")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "a peer dies"])
+def test_a_launch_leaves_no_process_behind(how: str, cohort: Path, tmp_path: Path):
+    proc = _launch_cli(cohort, tmp_path)
+    pids = _peer_pids(tmp_path / "w")
+    time.sleep(2.0)
+    if how == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.kill(pids[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if how == "ctrl-c" else 2)
+    if how == "a peer dies":
+        assert err.strip().splitlines()[-1].startswith("error: peer of center") and "exited with code -9" in err
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+    assert not (tmp_path / "r.json").exists()
