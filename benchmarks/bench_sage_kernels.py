@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if isinstance(r, dict):
             (k1, t1), (k2, t2) = [(k, v) for k, v in r.items() if isinstance(v, dict)]
             print(f"{name} ({r['workload']}): {k1} {t1['wall_s']:.3f} s ({t1['cpu_s']:.3f} CPU-s), {k2} "
-                  f"{t2['wall_s']:.3f} s ({t2['cpu_s']:.3f} CPU-s): {k1} / {k2} = {t1['wall_s'] / t2['wall_s']:.2f}x wall, "
-                  f"{t1['cpu_s'] / t2['cpu_s']:.2f}x CPU")
+                  f"{t2['wall_s']:.3f} s ({t2['cpu_s']:.3f} CPU-s); time {k1} / {k2} = {t1['wall_s'] / t2['wall_s']:.2f} wall, "
+                  f"{t1['cpu_s'] / t2['cpu_s']:.2f} CPU")
     if a.out:
         atomic_write_text(a.out, json.dumps(res, indent=1))
     return res
