@@ -71,3 +71,37 @@ def test_a_sweep_killed_inside_a_cell_goes_on_from_the_cells_checkpoint(tmp_path
             assert sorted(h) == sorted(want), (k, name)  # every round once, the same values
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_auroc_mean")]
         assert sorted(steps) == list(range(1, ROUNDS + 1))
+
+
+def test_a_cell_checkpoint_of_another_code_version_fails_the_cell_naming_it(tmp_path: Path, monkeypatch):
+    from etl.errors import InputError
+    from federation.core.config import build_config
+    from federation.data.synthetic import write_fedprox_cohort
+    from federation.run import checkpoint
+    from federation.sweep.cells import run_cell
+
+    cohort = write_fedprox_cohort(tmp_path / "c", n_centers=4, seed=2, mean_size=40.0)
+    cfg = build_config("fedavg", {}, {"method": "fedavg", "checkpoint": {"every_rounds": 1}}, rounds=3)
+    path = tmp_path / "ck" / "cell.ckpt"
+    real = checkpoint.save
+
+    def save_then_stop(p, payload):
+        real(p, payload)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            run_cell(cfg.model_dump(mode="json"), str(cohort), 5, checkpoint_path=str(path))
+    assert int(torch.load(path, weights_only=False)["current"]["state"]["round"]) == 1
+    monkeypatch.setattr(checkpoint, "code_version", lambda: "0123456789abcdef")
+    with pytest.raises(InputError) as err:
+        run_cell(cfg.model_dump(mode="json"), str(cohort), 5, checkpoint_path=str(path))
+    msg = str(err.value)
+    assert msg.startswith(f"sweep cell checkpoint: {path} belongs to another run: code version ") and "\n" not in msg
+    assert path.is_file()  # nothing lost
+    monkeypatch.undo()
+    resumed = run_cell(cfg.model_dump(mode="json"), str(cohort), 5, checkpoint_path=str(path))
+    direct = run_cell(cfg.model_dump(mode="json"), str(cohort), 5)
+    assert resumed["history"] == direct["history"] and resumed["summary"] == direct["summary"]
+    assert resumed["round_ms"][0] is None and len(resumed["round_ms"]) == 3  # round 1 ran before the stop
