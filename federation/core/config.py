@@ -316,11 +316,12 @@ INF_MEANS_OFF = frozenset({"metadata_dp_epsilon"})
 
 
 class CheckpointConfig(_Strict):
-    """Round checkpoints of ``abps train`` (``<output>.ckpt``, federation/run/checkpoint.py): one is
-    written after round r when ``every_rounds`` divides r, or when ``every_minutes`` have passed
-    since the last one (0 turns either trigger off; both 0: none). How a run is run, not what it
-    computes: left out of the config hash and of the checkpoint's config check. Defaults: at most
-    at most 2 % of a run's time (docs/decisions.md, "Round checkpoints")."""
+    """Round checkpoints of ``abps train`` (``<output>.ckpt``, federation/run/checkpoint.py) and of
+    sweep cells (the sweep's ``checkpoints:`` folder; the SAGE and gossip configs have the same
+    ``checkpoint:`` section): one is written after round r when ``every_rounds`` divides r, or when
+    ``every_minutes`` have passed since the last one (0 turns either trigger off; both 0: none). How
+    a run is run, not what it computes: left out of the config hash and of the checkpoint's config
+    check. Defaults: at most 2 % of a run's time (docs/decisions.md, "Round checkpoints")."""
 
     every_rounds: int = Field(25, ge=0, description="write a checkpoint every this many rounds (0: off)")
     every_minutes: float = Field(10.0, ge=0, description="also write one when this many minutes passed since the last (0: off)")
