@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> dict:
         rss = "-" if name == "zcat" else r["peak_rss_mb"]
         print(f"| {name} | {r['wall_s']} | {r['x_zcat']:.2f}{target} | {r['cpu_s']} | {rss} | "
               f"{r['v31_wall_s'] / 60:.1f} min | {r['load_1m'][0]} -> {r['load_1m'][1]} |")
+    for name in ("first", "uncached", "cached"):  # the ETL's own stage times (cohort_report.json)
+        if name in res["runs"]:
+            stages = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in res["runs"][name]["timings_s"].items())
+            print(f"{name} stages (s): {stages}")
     return res
 
 

@@ -22,10 +22,11 @@ import time
 import numpy as np
 import psutil
 import torch
+import torch.nn.functional as F
 
 from etl.images import ImageDataset
 from etl.io import atomic_write_text
-from federation.gossip.model import init_stacked, stacked_gradients
+from federation.gossip.model import LENET5_LAYOUT, forward_single, init_stacked, stacked_gradients
 from federation.gossip.simulation import GossipConfig, simulate
 
 #: the stacked training tick at least this many times faster than the per-node loop.
@@ -51,9 +52,13 @@ def bench_step(n: int, repeats: int, loop: bool) -> dict:
     for engine in ("grouped", "vmap"):
         out[f"step_s_{engine}"] = _time(lambda: stacked_gradients(flat, x, y, engine), repeats)
     if loop:
-        def per_node():
+        views = LENET5_LAYOUT.views(flat)
+
+        def per_node():  # plain PyTorch per node: dense planar convolutions, one autograd pass each
             for i in range(n):
-                stacked_gradients(flat[i:i + 1], x[i:i + 1], y[i:i + 1], "grouped")
+                p = {k: v[i].detach().requires_grad_(True) for k, v in views.items()}
+                loss = F.cross_entropy(forward_single(p, x[i]), y[i])
+                torch.autograd.grad(loss, list(p.values()))
         out["step_s_loop"] = _time(per_node, max(1, repeats // 2))
         out["speedup_grouped_vs_loop"] = out["step_s_loop"] / out["step_s_grouped"]
     return out

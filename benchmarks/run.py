@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.run [NAME ...] [-- ARG ...]`` runs only the modules whose name contains one
 of the given substrings (``flower``, ``engine``, ``abps``, ``etl``, ``scale``, ``table1``, ``sage``,
-``gossip``, ``int8``, ``compile``, ``platforms``); arguments after ``--`` go to each selected benchmark's own option parser (e.g.
+``sage_kernels``, ``gossip``, ``int8``, ``compile``, ``platforms``); arguments after ``--`` go to each selected benchmark's own option parser (e.g.
 ``python -m benchmarks.run engine -- --centers 20 --rounds 2`` for a reduced run), without them every
 benchmark runs its full default workload.
 Each benchmark prints its figures with their targets and the ratios measured in the same run

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from etl.errors import InputError
-from etl.io import atomic_write_text
+from etl.io import atomic_write_text, folder_name
 
 #: help of ``--tracking-uri``, one text on every command that reads or writes MLflow
 TRACKING_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
@@ -95,8 +95,8 @@ def default_cohort() -> Path:
 
 
 def _safe(s: str) -> str:
-    """``s`` as a folder name (runs of :func:`run_output`)."""
-    return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"
+    """``s`` as a folder name (runs of :func:`run_output`; :func:`etl.io.folder_name`)."""
+    return folder_name(s)
 
 
 def run_output(experiment: str, method: str) -> Path:

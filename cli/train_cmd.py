@@ -36,8 +36,8 @@ def _parse_params(items: list[str]) -> dict[str, object]:
 
 #: the ``abps train`` options a benchmark config (``benchmark: sage | vv``) applies; --no-progress
 #: holds trivially (benchmarks draw no bar). Any other option given is refused, not dropped.
-_BENCHMARK_OPTIONS = frozenset({"config", "rounds", "seeds", "output", "force", "tracking_uri", "experiment",
-                                "threads", "no_progress"})
+_BENCHMARK_OPTIONS = frozenset({"config", "rounds", "seeds", "output", "force", "resume", "tracking_uri",
+                                "experiment", "threads", "no_progress"})
 
 
 def _refuse_unused(ctx: typer.Context, applies: frozenset[str], what: str) -> None:
@@ -109,8 +109,10 @@ def train(
         from federation.run.tracking import experiment_name
 
         experiment = experiment_name(experiment, "") or None
-        out_path = Path(output or file_cfg.get("output") or project.run_output(
-            experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))))
+        where, label = experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))
+        if resume and not (output or file_cfg.get("output")):  # the newest checkpoint of this config's runs
+            output = project.latest_checkpointed_output(where, label)
+        out_path = Path(output or file_cfg.get("output") or project.run_output(where, label))
         project.check_output(out_path, force)
         check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
@@ -121,7 +123,7 @@ def train(
             raise InputError(f"{config}: {exc}") from None
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
-        bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment)
+        bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment, resume=resume)
         typer.echo(f"{name} benchmark done -> {out_path}")
         return
     seed_list = seed_list or [11]

@@ -20,8 +20,9 @@ from etl.sources import Table, sql_path
 
 #: Bump when the cached layout changes: every older entry is then rebuilt (2: a derived
 #: relation, the query's hash in the manifest, rows sorted by stay and charttime; 3: written by
-#: the streamed pass, ``n_rows`` as BIGINT).
-FORMAT = 3
+#: the streamed pass, ``n_rows`` as BIGINT; 4: only the rows of the stays' widest vital windows,
+#: their digest in the manifest, LZ4).
+FORMAT = 4
 #: The source's table expression inside the query hashed into the manifest (the query's text
 #: without the path, so moving nothing but the cache folder keeps the key).
 SOURCE_PLACEHOLDER = "<chartevents>"
@@ -91,10 +92,10 @@ def _parquet_rows(con: duckdb.DuckDBPyConnection, path: Path) -> int | None:
 
 def _mismatch(manifest: dict, want: dict, con: duckdb.DuckDBPyConnection, parquet: Path) -> str:
     """Why the entry does not match (empty string: it matches)."""
-    for k in ("format", "query_sha256", "columns", "types"):
+    for k in ("format", "query_sha256", "columns", "types", "scope_sha256"):
         if manifest.get(k) != want[k]:
-            return "cached query changed (itemids, valid ranges or ETL version)" if k == "query_sha256" \
-                else f"cache {k} changed"
+            return {"query_sha256": "cached query changed (itemids, valid ranges or ETL version)",
+                    "scope_sha256": "cached stays changed (stay_id or intime)"}.get(k, f"cache {k} changed")
     for k in ("size", "mtime_ns", "sha256_ends"):
         if manifest.get("source", {}).get(k) != want["source"][k]:
             return f"source {k.replace('_ns', '').replace('sha256_ends', 'content hash')} changed"
@@ -119,7 +120,7 @@ def query_sha256(query: Callable[[str], str], order_by: str = "") -> str:
 
 def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str], columns: tuple[str, ...],
               setting: str, query: Callable[[str], str], order_by: str = "",
-              build: Callable[[Path], int] | None = None) -> CacheResult:
+              build: Callable[[Path], int] | None = None, scope: str = "") -> CacheResult:
     """The rows of ``query`` over the chartevents source, from a valid cache entry or a new one.
 
     Args:
@@ -131,13 +132,15 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         setting: ``auto`` (cache sources of at least :data:`AUTO_MIN_BYTES` in
             :func:`default_cache_dir`), ``off``, or a folder (always cache there).
         query: the cached relation as a function of the source's table expression (for MIMIC-IV
-            etl/sql/mimic/vitalsign.sql over the whole file); its text, hashed, keys the entry.
+            etl.mimic.cached_vitalsign_sql); its text, hashed, keys the entry.
         order_by: ``ORDER BY`` list of the rows written (empty: as produced).
         build: ``build(path) -> rows`` writes the entry's Parquet file (the rows of ``query``
-            over the whole source, in ``order_by`` order) and returns its row count; called only
+            over the source, in ``order_by`` order) and returns its row count; called only
             when the entry is written. Default: DuckDB's ``COPY`` of the query. The MIMIC ETL
             passes its one streamed pass (etl/chart_stream.py), which computes the cohort's
             first-day vitals while it writes the file.
+        scope: a digest of what else ``query`` reads besides the source (for MIMIC-IV the stays
+            and intimes whose windows bound the cached rows); a changed scope rebuilds the entry.
 
     Raises:
         duckdb.Error: the source could not be read while the entry was built (the caller names
@@ -154,7 +157,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         cache_dir = Path(setting).expanduser()
     parquet, manifest_path = _entry(cache_dir, table.path)
     want = {"format": FORMAT, "query_sha256": query_sha256(query, order_by), "columns": list(columns),
-            "types": [types[c] for c in columns], "source": fingerprint(table.path)}
+            "types": [types[c] for c in columns], "scope_sha256": scope, "source": fingerprint(table.path)}
     status, reason = "written", ""
     if manifest_path.is_file():
         try:
@@ -176,7 +179,7 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
                 rows = build(tmp)
             else:
                 rows = con.execute(f"COPY ({select}) TO '{q}' "
-                                   "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
+                                   "(FORMAT parquet, COMPRESSION lz4_raw, ROW_GROUP_SIZE 1000000)").fetchall()[0][0]
             os.replace(tmp, parquet)
         finally:
             tmp.unlink(missing_ok=True)

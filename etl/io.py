@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -213,10 +215,47 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def cohort_file_digests(folder: str | os.PathLike[str]) -> tuple[str, dict[str, str]]:
+    """Read the :data:`COHORT_FILES` of ``folder`` once; return ``(chained, {name: SHA-256})``.
+
+    ``chained`` is the SHA-256 (hex) of each file's name then bytes, in :data:`COHORT_FILES`
+    order (the cohort's identity); the dict holds each file's own SHA-256 (the manifest's
+    ``files``). The result is remembered per (path, inode, size, mtime), so the identity and the
+    manifest check of one run read the files once.
+
+    Raises:
+        InputError: a file is missing.
+    """
+    key = []
+    for name in COHORT_FILES:
+        p = Path(folder) / name
+        try:
+            st = p.stat()
+        except OSError:
+            raise InputError(f"{p}: file not found (expected {name} from `abps etl`)") from None
+        key.append((str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns))
+    return _digests_of(tuple(key))
+
+
+@functools.lru_cache(maxsize=8)
+def _digests_of(key: tuple[tuple[str, int, int, int], ...]) -> tuple[str, dict[str, str]]:
+    chained = hashlib.sha256()
+    each: dict[str, str] = {}
+    for name, (path, *_) in zip(COHORT_FILES, key):
+        own = hashlib.sha256()
+        chained.update(name.encode())
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                chained.update(chunk)
+                own.update(chunk)
+        each[name] = own.hexdigest()
+    return chained.hexdigest(), each
+
+
 def cohort_digests(folder: str | os.PathLike[str]) -> dict[str, str]:
     """``{name: SHA-256}`` of the :data:`COHORT_FILES` just written to ``folder``, for its manifest
     (``files``); :func:`check_cohort_files` compares a folder against it."""
-    return {name: file_digest(Path(folder) / name) for name in COHORT_FILES}
+    return cohort_file_digests(folder)[1]
 
 
 def check_cohort_files(folder: str | os.PathLike[str]) -> None:
@@ -241,10 +280,20 @@ def check_cohort_files(folder: str | os.PathLike[str]) -> None:
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if not isinstance(files, dict):
             continue
-        differ = [f for f in COHORT_FILES if f in files and (not (folder / f).is_file()
-                                                             or file_digest(folder / f) != files[f])]
+        if not all((folder / f).is_file() for f in COHORT_FILES):
+            differ = [f for f in COHORT_FILES if f in files and (not (folder / f).is_file()
+                                                                 or file_digest(folder / f) != files[f])]
+        else:
+            now = cohort_file_digests(folder)[1]
+            differ = [f for f in COHORT_FILES if f in files and now[f] != files[f]]
         if differ:
             one = len(differ) == 1
             raise InputError(f"{' and '.join(str(folder / f) for f in differ)} {'is' if one else 'are'} not the "
                              f"file{'' if one else 's'} {name} records (SHA-256 differs): the folder mixes files of "
                              "different runs, or a file changed since; write the folder again with one run")
+
+
+def folder_name(s: str) -> str:
+    """``s`` as one folder name (runs under ``runs/<experiment>/``): runs of characters other than
+    letters, digits and ``+._-`` become ``-``."""
+    return re.sub(r"[^A-Za-z0-9+._-]+", "-", s).strip("-") or "_"

@@ -6,9 +6,12 @@ hands the kept stays to the shared tail. Details: docs/etl.md, "Module notes".
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -20,9 +23,19 @@ from etl import charlson, chart_stream, progress
 from etl.chart_cache import use_cache
 from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
-from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
+from etl.pipeline import (
+    EARLIEST_VITALS_HOURS,
+    Attrition,
+    EtlOptions,
+    check_keys,
+    concept_sql,
+    connect,
+    finish,
+    frame,
+    scalar,
+)
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, check_range, duckdb_errors, load, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, inflated, load_checked, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -61,6 +74,18 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "icustays": {"subject_id": _ID, "hadm_id": _ID, "stay_id": _ID, "los": (0, 1e5)},
     "diagnoses_icd": {"subject_id": _ID, "hadm_id": _ID, "seq_num": (0, 1e4)},
 }
+
+def _checks(con: duckdb.DuckDBPyConnection, table: Table):
+    """The value checks of a keyed table (the 0/1 outcome flag of admissions, :data:`RANGES`)
+    on a relation of its rows as read."""
+
+    def run(scan: str) -> None:
+        if table.name == "admissions":
+            check_flags(con, table, ("hospital_expire_flag",), scan=scan)
+        check_range(con, table, RANGES[table.name], scan=scan)
+
+    return run
+
 
 def _locate_all(mimic_dir: Path, task: str, types: dict[str, str]) -> dict[str, Table]:
     if not mimic_dir.is_dir():
@@ -115,9 +140,18 @@ def keep_adult_unit_stays(con: duckdb.DuckDBPyConnection, opts: EtlOptions, att:
 def vitalsign_sql(chartevents: str) -> str:
     """Vital signs per (stay_id, vital, charttime) of a chartevents-shaped table expression
     (stay_id, charttime, itemid, valuenum): etl/sql/mimic/vital_rows.sql (valid vital rows,
-    identical rows collapsed) under vitalsign.sql (one mean per charttime). No window: the
-    chartevents cache stores this over the whole file (:func:`etl.chart_cache.use_cache`)."""
+    identical rows collapsed) under vitalsign.sql (one mean per charttime). No window here."""
     return concept_sql("mimic", "vitalsign", vital_rows=f"({concept_sql('mimic', 'vital_rows', chartevents=chartevents)})")
+
+
+def cached_vitalsign_sql(chartevents: str) -> str:
+    """What the chartevents cache stores (:func:`etl.chart_cache.use_cache`): :func:`vitalsign_sql`
+    over the rows of ``chartevents`` inside the widest vital window any run can ask for,
+    [intime + :data:`EARLIEST_VITALS_HOURS` h, intime + 24 h], of every stay of ``all_stays``
+    (vital_window.sql). Every run's window lies inside it, so a run reads the same rows per
+    charttime from the cache as from the file; the rest of the file is never needed."""
+    rows = concept_sql("mimic", "vital_window", rows=chartevents, from_hours=EARLIEST_VITALS_HOURS, stays="all_stays")
+    return vitalsign_sql(f"({rows})")
 
 
 #: Order of the cached vitalsign rows: sorted rows compress 3.7x better and are read and joined
@@ -128,7 +162,7 @@ VITALSIGN_ORDER = "stay_id, charttime, vital"
 def vital_per_stay_sql(vitalsign: str, opts: EtlOptions) -> str:
     """etl/sql/mimic/vital_per_stay.sql over the rows of ``vitalsign`` (vitals per charttime)
     inside the kept stays' windows (vital_window.sql)."""
-    rel = concept_sql("mimic", "vital_window", rows=vitalsign, from_hours=float(opts.vitals_from_hours))
+    rel = concept_sql("mimic", "vital_window", rows=vitalsign, from_hours=float(opts.vitals_from_hours), stays="kept")
     return concept_sql("mimic", "vital_per_stay", vitalsign=f"({rel})")
 
 
@@ -138,7 +172,7 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
 
     Either ``chartevents``, a chartevents-shaped table expression (stay_id, charttime, itemid,
     valuenum): its rows in the window (etl/sql/mimic/vital_window.sql) go through
-    :func:`vitalsign_sql`; or ``vitalsign``, that relation over the whole file (the
+    :func:`vitalsign_sql`; or ``vitalsign``, the rows of :func:`cached_vitalsign_sql` (the
     chartevents cache), restricted to the window afterwards. Both give the same rows per
     charttime, since the window depends on a row's stay and charttime only. Then
     vital_per_stay.sql (mean / min / max per stay and vital) and first_day_vitalsign.sql (wide).
@@ -149,7 +183,7 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
     if streamed:
         pass
     elif vitalsign is None:
-        rel = vitalsign_sql(f"({concept_sql('mimic', 'vital_window', rows=chartevents, from_hours=from_hours)})")
+        rel = vitalsign_sql(f"({concept_sql('mimic', 'vital_window', rows=chartevents, from_hours=from_hours, stays='kept')})")
         con.execute("CREATE TEMP TABLE vital_per_stay AS " + concept_sql("mimic", "vital_per_stay", vitalsign=f"({rel})"))
     else:
         con.execute("CREATE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql(vitalsign, opts))
@@ -160,14 +194,36 @@ def first_day_vitals(con: duckdb.DuckDBPyConnection, chartevents: str | None, op
     return frame(con, concept_sql("mimic", "first_day_vitalsign"))
 
 
+def stay_windows(con: duckdb.DuckDBPyConnection, stays: str, from_hours: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The vital windows of the stays of relation ``stays`` (stay_id, intime) as arrays for the
+    streamed pass: ``(stay_id, start_us, end_us)``, sorted by stay_id: [intime + ``from_hours`` h,
+    intime + 24 h], both bounds included, computed with vital_window.sql's own expressions."""
+    w = con.execute(
+        f"SELECT stay_id, epoch_us(intime + to_microseconds(CAST({float(from_hours)} * 3600e6 AS BIGINT))), "
+        f"epoch_us(intime + INTERVAL 24 HOUR) FROM {stays} "
+        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id").fetchnumpy()
+    return tuple(np.asarray(w[k], np.int64) for k in w)
+
+
+def windows_sha256(window: tuple[np.ndarray, ...]) -> str:
+    """SHA-256 of :func:`stay_windows` arrays: ties a cache entry to the stays and intimes it covers."""
+    h = hashlib.sha256()
+    for a in window:
+        h.update(np.ascontiguousarray(a, "<i8").tobytes())
+    return h.hexdigest()
+
+
 def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
-                  parquet: Path | None = None, timings: dict | None = None) -> int:
+                  parquet: Path | None = None, timings: dict | None = None,
+                  cache_window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> int:
     """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
-    per charttime of the whole file, written to ``parquet`` (the cache entry) when given, and,
-    in the same pass, the first-day aggregates of the kept stays into the temp table
-    ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql, partition by partition; each
-    stay lies in one partition). Returns the rows of the relation; the pass's stage times go
-    into ``timings`` (``chartevents_read_s``, ``chartevents_reduce_write_s``).
+    per charttime of :func:`cached_vitalsign_sql` (rows inside ``cache_window``, the
+    :func:`stay_windows` of ``all_stays`` from :data:`EARLIEST_VITALS_HOURS`), written to
+    ``parquet`` (the cache entry) when given, and, in the same pass, the first-day aggregates of
+    the kept stays into the temp table ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql,
+    partition by partition; each stay lies in one partition). Returns the rows of the relation
+    (of the kept stays' windows when no ``parquet``); the pass's stage times go into ``timings``
+    (``chartevents_read_s``, ``chartevents_reduce_write_s``).
 
     Raises:
         etl.chart_stream.StreamUnreadable: the caller scans the file with DuckDB instead (the
@@ -176,22 +232,24 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     bounds = [r[0] for r in con.execute(
         f"SELECT DISTINCT unnest(quantile_disc(stay_id, [{', '.join(str(i / chart_stream.PARTITIONS) for i in range(1, chart_stream.PARTITIONS))}])) AS b "
         "FROM all_stays WHERE stay_id IS NOT NULL ORDER BY b").fetchall()]
-    # rows within a second of a kept stay's window: the only ones the cohort needs (the exact
-    # window is vital_window.sql's); without a cache entry to write, the others are dropped
-    # while streaming, else after the partition is written
-    w = con.execute(
-        "SELECT stay_id, epoch_us(intime) + CAST(? * 3600e6 AS BIGINT) - 1000000, "
-        "epoch_us(intime) + 86400000000 + 1000000 FROM kept "
-        "WHERE stay_id IS NOT NULL AND intime IS NOT NULL ORDER BY stay_id",
-        [float(opts.vitals_from_hours)]).fetchnumpy()
-    window = tuple(np.asarray(w[k], np.int64) for k in w)
+    # the kept stays' windows, vital_window.sql's bounds to the microsecond: the only rows the
+    # cohort needs. The stream drops the others while it reads, or, when it writes the cache
+    # entry, keeps the cache's wider window and applies this one to each partition; the
+    # partitions then go to vital_per_stay.sql without vital_window.sql's join.
+    window = stay_windows(con, "kept", opts.vitals_from_hours)
+    if parquet is not None and cache_window is None:
+        raise ValueError("the cache entry needs the window of the rows it holds (cache_window)")
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
                                 progress=chart_stream.progress_wanted(),
                                 items=chart_stream.vital_items(vitalsign_sql("chartevents")),
-                                window=window if parquet is None else None)
+                                window=window if parquet is None else cache_window)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
-    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + vital_per_stay_sql("chart_part", opts))
-    writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="zstd", use_dictionary=["vital"])
+    per_stay = concept_sql("mimic", "vital_per_stay", vitalsign="chart_part")
+    con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + per_stay)
+    # LZ4 and dictionaries on the repetitive columns: a third less CPU to write and to read back
+    # than zstd, at 1.5x the size (docs/benchmarks.md, ETL)
+    writer = (pq.ParquetWriter(parquet, chart_stream.SCHEMA, compression="lz4",
+                               use_dictionary=["stay_id", "vital", "n_rows", "n_distinct"])
               if parquet is not None else None)
     # the cache file is written on its own thread (Arrow releases the GIL; one thread keeps the
     # partitions in order) while DuckDB aggregates the same partition's window
@@ -203,7 +261,7 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
             writes.append(pool.submit(writer.write_table, part, row_group_size=1_000_000))
             part = chart_stream.in_window(part, window)
         con.register("chart_part", part)
-        con.execute("INSERT INTO vital_per_stay " + vital_per_stay_sql("chart_part", opts))
+        con.execute("INSERT INTO vital_per_stay " + per_stay)
 
     try:
         vp.run(sink)
@@ -231,19 +289,23 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
     """
     streamable = chart_stream.streamable(table)
     built: list[int] = []
+    cache_window = stay_windows(con, "all_stays", EARLIEST_VITALS_HOURS) if opts.chart_cache != "off" else None
 
     def build(path: Path) -> int:
-        built.append(stream_vitals(con, table, opts, scratch, parquet=path, timings=timings))
+        built.append(stream_vitals(con, table, opts, scratch, parquet=path, timings=timings,
+                                   cache_window=cache_window))
         return built[-1]
 
+    def cached(build=None):
+        return use_cache(con, table, types, REQUIRED[("icu", "chartevents")], opts.chart_cache, cached_vitalsign_sql,
+                         VITALSIGN_ORDER, build=build, scope=windows_sha256(cache_window) if cache_window is not None else "")
+
     try:
-        cache = use_cache(con, table, types, REQUIRED[("icu", "chartevents")], opts.chart_cache, vitalsign_sql,
-                          VITALSIGN_ORDER, build=build if streamable else None)
+        cache = cached(build if streamable else None)
     except chart_stream.StreamUnreadable:
         streamable, built = False, []
         con.execute("DROP TABLE IF EXISTS vital_per_stay")
-        cache = use_cache(con, table, types, REQUIRED[("icu", "chartevents")], opts.chart_cache, vitalsign_sql,
-                          VITALSIGN_ORDER)
+        cache = cached()
     info = cache_info if cache_info is not None else {}
     info.update(status=cache.status, rows=cache.rows, seconds=round(cache.seconds, 3), reason=cache.reason)
     if built and cache.status in ("written", "rebuilt"):
@@ -283,17 +345,23 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     con = connect(opts.threads, opts.memory_limit, scratch)
     att = Attrition()
     timings: dict[str, float] = {}
-    with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
+    watched = list(tables.values())  # the tables an error may name (duckdb_errors)
+    with contextlib.closing(con), duckdb_errors(watched, types):
         t0 = time.perf_counter()
         progress.step("checking the input tables", 0)
-        check_flags(con, tables["admissions"], ("hospital_expire_flag",))
-        for name, bounds in RANGES.items():
-            check_range(con, tables[name], bounds)
+        # each keyed table is read once, from a copy inflated by ISA-L (an error names the
+        # source file): checked as read, then converted; the copies go once loaded
+        for name in KEYS:
+            text = inflated(tables[name], scratch / "inflated")
+            watched.append(text)
+            tables[name] = replace(load_checked(con, text, types, f"src_{name}", _checks(con, text)),
+                                   read_from=tables[name].read_from)
+            watched.remove(text)
+        shutil.rmtree(scratch / "inflated", ignore_errors=True)
         require_rows(con, tables["chartevents"], "every first-day vital comes from it")
-        if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].varchar_scan()} LIMIT 1").fetchall():
+        if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].loaded_as} LIMIT 1").fetchall():
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
                                        "of the cohort is 0"), stacklevel=1)
-        tables.update({name: load(con, tables[name], types, f"src_{name}") for name in KEYS})
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
         timings["checks_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -32,6 +32,9 @@ __all__ = ["EtlOptions", "connect", "concept_sql", "frame", "scalar", "Attrition
            "drop_small_centers", "center_metadata", "finish"]
 
 COMORBIDITY_SOURCES = ("same-admission", "earlier-admissions")
+#: The earliest start of the vital window, hours from intime (``--vitals-from-hours`` at least this;
+#: the chartevents cache holds the rows from here to intime + 24 h).
+EARLIEST_VITALS_HOURS = -48.0
 SOURCES = ("mimic", "eicu", "meds")
 
 
@@ -103,7 +106,7 @@ class EtlOptions:
             raise InputError(f"--min-age {self.min_age} is above --max-age {self.max_age}")
         if self.min_center_stays < 1:
             raise InputError(f"--min-center-stays must be >= 1, got {self.min_center_stays}")
-        check_number("--vitals-from-hours", self.vitals_from_hours, at_least=-48, below=24)
+        check_number("--vitals-from-hours", self.vitals_from_hours, at_least=EARLIEST_VITALS_HOURS, below=24)
         check_number("--alpha", self.alpha, above=0)
         if len(self.split_fractions) != 3:
             raise InputError(f"--split: expected three fractions (train, val, test), got {len(self.split_fractions)}")

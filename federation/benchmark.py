@@ -18,7 +18,8 @@ __all__ = ["Benchmark", "BENCHMARKS", "get_benchmark"]
 
 @dataclass
 class Benchmark:
-    """One benchmark: ``run(config, rounds, seeds, output, tracking_uri, experiment)``, the config
+    """One benchmark: ``run(config, rounds, seeds, output, tracking_uri, experiment, resume=False)``
+    (``resume``: go on from the round checkpoint beside ``output``), the config
     key that sets its torch thread count, and ``check(config, rounds, seeds)``, which validates the
     config as ``run`` will (InputError naming the option) before anything runs."""
 

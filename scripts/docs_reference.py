@@ -267,33 +267,34 @@ def sample_run() -> dict[str, Any]:
     p = _project()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     warnings.simplefilter("ignore")  # the tiny cohort's small-center warning is expected here
-    tmp = Path(tempfile.mkdtemp(prefix="abps-docs-"))
-    cohort = p.write_cohort(tmp / "cohort", n_centers=5, seed=4, mean_size=200.0, shared=0.8)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    docs: dict[str, Any] = {}
-    for method, params in (("fedavg", None), ("abps", {"goal": "diversity"})):
-        cfg = p.build_config(method, p.all_methods()[method].default_config,
-                             {"method": method, "params": params} if params else None, 2)
-        docs[method] = p.run_training(cfg, cohort, [11], output=tmp / f"{method}.json", tracking_uri=uri,
-                                      experiment="reference", progress=False)
-        docs[method] = json.loads((tmp / f"{method}.json").read_text())
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name("reference")
-    metrics: dict[str, set[str]] = {}
-    tags: dict[str, set[str]] = {}
-    artifacts: dict[str, set[str]] = {}
-    for r in client.search_runs([exp.experiment_id]):
-        kind = r.data.tags.get(p.tracking.KIND_TAG, "?")
-        method = r.data.tags.get(p.tracking.METHOD_TAG, "?")
-        for k in r.data.metrics:
-            metrics.setdefault(k, set()).add(method)
-        for k in r.data.tags:
-            if k.startswith("mlflow."):
-                continue
-            tags.setdefault(k, set()).add(kind)
-        for a in client.list_artifacts(r.info.run_id):
-            artifacts.setdefault(a.path, set()).add(kind)
-    return {"results": docs, "metrics": metrics, "tags": tags, "artifacts": artifacts}
+    with tempfile.TemporaryDirectory(prefix="abps-docs-") as tmp_name:
+        tmp = Path(tmp_name)
+        cohort = p.write_cohort(tmp / "cohort", n_centers=5, seed=4, mean_size=200.0, shared=0.8)
+        uri = f"sqlite:///{tmp / 'mlflow.db'}"
+        docs: dict[str, Any] = {}
+        for method, params in (("fedavg", None), ("abps", {"goal": "diversity"})):
+            cfg = p.build_config(method, p.all_methods()[method].default_config,
+                                 {"method": method, "params": params} if params else None, 2)
+            docs[method] = p.run_training(cfg, cohort, [11], output=tmp / f"{method}.json", tracking_uri=uri,
+                                          experiment="reference", progress=False)
+            docs[method] = json.loads((tmp / f"{method}.json").read_text())
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name("reference")
+        metrics: dict[str, set[str]] = {}
+        tags: dict[str, set[str]] = {}
+        artifacts: dict[str, set[str]] = {}
+        for r in client.search_runs([exp.experiment_id]):
+            kind = r.data.tags.get(p.tracking.KIND_TAG, "?")
+            method = r.data.tags.get(p.tracking.METHOD_TAG, "?")
+            for k in r.data.metrics:
+                metrics.setdefault(k, set()).add(method)
+            for k in r.data.tags:
+                if k.startswith("mlflow."):
+                    continue
+                tags.setdefault(k, set()).add(kind)
+            for a in client.list_artifacts(r.info.run_id):
+                artifacts.setdefault(a.path, set()).add(kind)
+        return {"results": docs, "metrics": metrics, "tags": tags, "artifacts": artifacts}
 
 
 #: What each results.json / MLflow name means. tests/test_docs.py asserts every name a run writes is here.

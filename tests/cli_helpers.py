@@ -1,5 +1,6 @@
-"""Helpers of the CLI and MLflow tests: run `abps` in-process for its exit code, a free loopback
-port, and a local `mlflow server` started and stopped around a block (bounded in time)."""
+"""Helpers of the CLI and MLflow tests: run `abps` in-process for its exit code, run it in a fresh
+interpreter that kills itself after a chosen round checkpoint, a free loopback port, and a local
+`mlflow server` started and stopped around a block (bounded in time)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,41 @@ def run_main(args: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+# `abps` in a fresh interpreter; right after its ABPS_KILL_AFTER-th round checkpoint of a run under
+# way is on disk it sends itself SIGKILL: a hard stop at a chosen round, with no race between a
+# polling test and a fast run
+_KILLED_ABPS = """
+import os, signal, sys
+from federation.run import checkpoint
+from cli.app import main
+
+_save, _after, _n = checkpoint.save, int(os.environ["ABPS_KILL_AFTER"]), [0]
+
+def save(path, payload):
+    _save(path, payload)
+    if payload["current"] is not None:
+        _n[0] += 1
+        if _n[0] >= _after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+checkpoint.save = save
+sys.argv = ["abps", *sys.argv[1:]]
+main()
+"""
+
+
+def run_killed(args: list[str], cwd: Path, kill_after: int, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess:
+    """``abps ARGS`` killed by SIGKILL right after its ``kill_after``-th round checkpoint (one
+    whose ``current`` run is under way); the finished process (return code ``-SIGKILL`` when
+    killed)."""
+    import os
+
+    return subprocess.run([sys.executable, "-c", _KILLED_ABPS, *args], cwd=cwd,
+                          env={**(env or os.environ), "ABPS_KILL_AFTER": str(kill_after)},
+                          capture_output=True, text=True)
 
 
 def free_port() -> int:

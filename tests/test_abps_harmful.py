@@ -11,7 +11,16 @@ import polars as pl
 import pytest
 import torch
 
-from abps.harmful import choose_harmful, flip_centers, main, mean_finite, read_harmful, study_config, study_rows
+from abps.harmful import (
+    belief_trace,
+    choose_harmful,
+    flip_centers,
+    main,
+    mean_finite,
+    read_harmful,
+    study_config,
+    study_rows,
+)
 from etl.errors import InputError
 from federation.data.synthetic import generate_fedprox_cohort, write_fedprox_cohort
 from federation.data.tensors import FederatedData
@@ -43,6 +52,10 @@ def test_flip_by_hand():
     assert ce2["meta_pos_rate"].to_list() == pytest.approx([0.5, 0.75]) and ce2["n_train"].to_list() == [2, 3]
     with pytest.raises(InputError, match="unknown center_id 'z'"):
         flip_centers(cohort, centers, ["z"])
+    c3, ce3 = flip_centers(cohort, centers, ["b"], metadata="kept")  # labels flipped, published rates not
+    assert c3["label"].to_list() == [1, 0, 1, 1, 0] and ce3.equals(centers)
+    with pytest.raises(InputError, match="--metadata 'x'"):
+        flip_centers(cohort, centers, ["b"], metadata="x")
     # round(0.25 * 10) = 2 ids, same seed -> same ids, never all centers, at least one for a positive share
     ids = [f"c{i}" for i in range(10)]
     two = choose_harmful(ids, 0.25, 7)
@@ -120,3 +133,24 @@ def test_center_with_only_harmful_candidates_rests_by_ucb():
     # the flipped center rests more often than any healthy one (healthy pairs also refuse each other
     # at times: with gamma 0.05 a noisy negative Shapley value is enough)
     assert rested[harmful[0]] > max(v for k, v in rested.items() if k != harmful[0])
+
+
+def test_belief_trace_by_hand():
+    # centers 0 and 1 healthy, 2 flipped; this round 0 and 2 partner for the first time, 1 rests;
+    # 0 and 1 met before; after the update 0 scores 1 at 0.7 and 2 at 0.45, 1 scores 0 at 0.4
+    flipped = torch.tensor([False, False, True])
+    observed = torch.zeros(3, 3, dtype=torch.bool)
+    observed[0, 2] = observed[2, 0] = True
+    phi_bar = torch.full((3, 3), float("nan"), dtype=torch.float64)
+    phi_bar[0, 2], phi_bar[2, 0] = 0.1, 0.3
+    pulls = torch.zeros(3, 3, dtype=torch.float64)
+    pulls[0, 1] = pulls[1, 0] = 1.0
+    ucb = torch.full((3, 3), 0.6, dtype=torch.float64)
+    ucb[0, 1], ucb[1, 0], ucb[0, 2] = 0.7, 0.4, 0.45
+    tr = belief_trace(phi_bar, observed, pulls, ucb, untried_next=0.55, flipped=flipped)
+    assert tr["first_contact_mixed"] == 1.0  # both directions of the only mixed pair are first contacts
+    assert tr["phi_hf"] == pytest.approx(0.1)  # what healthy 0 saw of flipped 2
+    assert np.isnan(tr["phi_hh"]) and np.isnan(tr["hh_below_untried"])  # no healthy-healthy observation
+    assert tr["protected"] == 0.5  # 0 holds 1 above an untried peer (0.7 > 0.55); 1 holds 0 at 0.4
+    assert tr["blocked_hf"] == 1.0  # the one met (healthy, flipped) pair: 0.45 < tau_acc 0.5
+    assert tr["untried_left"] == 1.0  # flipped 2 has met 0, not 1

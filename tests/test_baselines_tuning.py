@@ -56,3 +56,33 @@ def test_tuning_sweep_file_is_valid_and_covers_every_knob():
             assert c.label.startswith(method + " ")
     assert {c.config.params["alpha"] for c in labels.values() if c.method == "feddyn"} == {0.1, 0.01, 0.001}
     assert {c.config.params["mu"] for c in labels.values() if c.method == "fedprox"} == {0.001, 0.01, 0.1, 1.0}
+
+
+def test_blind_report_prints_no_test_figure():
+    rows = tuning_rows([TuningRecord("fedavg lr=0.003", "fedavg", 11, 0.61, 0.737),
+                        TuningRecord("fedavg lr=0.01", "fedavg", 11, 0.63, 0.818)])
+    md, csv_text = tuning_markdown(rows, blind=True), tuning_csv(rows, blind=True)
+    assert "test" not in md and "0.737" not in md and "0.818" not in md
+    assert "| fedavg | fedavg lr=0.01 | 1 | 0.630 ± 0.000 | **yes** |" in md
+    assert csv_text.splitlines() == ["method,label,n_seeds,val_auroc_mean,val_auroc_std,chosen",
+                                     "fedavg,fedavg lr=0.003,1,0.61,0.0,0",
+                                     "fedavg,fedavg lr=0.01,1,0.63,0.0,1"]
+
+
+def test_eicu_tuning_grid_is_the_documented_protocol():
+    from federation.sweep import expand_cells, load_sweep
+
+    spec, base = load_sweep(CONFIGS / "eicu-tuning.yaml")
+    cells = expand_cells(spec, base, "cohort-id")
+    points = {(c.config.engine.lr, c.config.engine.local_epochs, c.config.engine.batch_size) for c in cells}
+    assert points == {(lr, e, b) for lr in (0.001, 0.003, 0.01, 0.03) for e in (2, 5, 10) for b in (128, 16)}
+    assert {c.method for c in cells} == {"fedavg"} and spec.seeds == [11, 22, 33] and spec.rounds == 30
+
+
+def test_choice_on_the_held_out_split_of_a_tuning_cohort():
+    recs = [TuningRecord("defta tolerance=0.02", "defta", 11, 0.79, 0.74),  # best val (trust read it)
+            TuningRecord("defta tolerance=0.1", "defta", 11, 0.77, 0.76)]   # best on held-out train rows
+    assert [r.chosen for r in tuning_rows(recs)] == [True, False]
+    assert [r.chosen for r in tuning_rows(recs, choose_on="test")] == [False, True]
+    with pytest.raises(ValueError, match="choose_on 'train'"):
+        tuning_rows(recs, choose_on="train")

@@ -106,3 +106,46 @@ def test_table1_benchmark_refuses_unknown_methods_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="not in .*table1.yaml: no-such-method"):
         bench_table1.main(["--methods", "fedavg,no-such-method", "--workdir", str(tmp_path / "w")])
     assert not (tmp_path / "w").exists()  # nothing was built
+
+
+def test_im2col_candidate_equals_per_model_convolutions():
+    """The candidate formulation bench_sage_kernels times is the same function as the engine's
+    layers: per model, F.conv2d / F.conv_transpose2d and their gradients (float64, summation order
+    only), and the whole SAGE model and LeNet-5 as the grouped engine computes them."""
+    import torch.nn.functional as F
+
+    from benchmarks import bench_sage_kernels as bk
+    from federation.engine.image_model import FMNIST_SPEC, grouped_forward, init_stacked_params
+    from federation.gossip.model import LENET5_LAYOUT, forward_stacked, init_stacked
+
+    g = torch.Generator().manual_seed(0)
+    d = torch.float64
+    for cin, cout, size, k, stride, pad in [(1, 4, 28, 3, 2, 1), (4, 8, 14, 3, 2, 1), (3, 5, 12, 5, 1, 0)]:
+        x = torch.randn(3, 2, size, size, cin, dtype=d, generator=g, requires_grad=True)
+        w = torch.randn(3, cout, cin, k, k, dtype=d, generator=g, requires_grad=True)
+        b = torch.randn(3, cout, dtype=d, generator=g, requires_grad=True)
+        got = bk.bmm_conv2d(x, w, b, stride, pad)
+        ref = torch.stack([F.conv2d(x[i].permute(0, 3, 1, 2), w[i], b[i], stride=stride, padding=pad).permute(0, 2, 3, 1)
+                           for i in range(3)])
+        go = torch.randn(ref.shape, dtype=d, generator=g)
+        for u, v in zip((got, *torch.autograd.grad(got, (x, w, b), go)), (ref, *torch.autograd.grad(ref, (x, w, b), go))):
+            torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+    x = torch.randn(3, 2, 7, 7, 4, dtype=d, generator=g, requires_grad=True)
+    w = torch.randn(3, 4, 2, 4, 4, dtype=d, generator=g, requires_grad=True)
+    b = torch.randn(3, 2, dtype=d, generator=g, requires_grad=True)
+    got = bk.bmm_conv_transpose2d(x, w, b, 2, 1)
+    ref = torch.stack([F.conv_transpose2d(x[i].permute(0, 3, 1, 2), w[i], b[i], stride=2, padding=1).permute(0, 2, 3, 1)
+                       for i in range(3)])
+    go = torch.randn(ref.shape, dtype=d, generator=g)
+    for u, v in zip((got, *torch.autograd.grad(got, (x, w, b), go)), (ref, *torch.autograd.grad(ref, (x, w, b), go))):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-12)
+    p = {k: v.double() + 0.01 * torch.randn(v.shape, dtype=d, generator=g)
+         for k, v in init_stacked_params(FMNIST_SPEC, 3, 0).items()}
+    xs = torch.rand(3, 4, 28, 28, 1, dtype=d, generator=g)
+    logits, recon = bk.bmm_sage_forward(p, xs)
+    ref_logits, ref_recon = grouped_forward(p, xs.permute(1, 0, 4, 2, 3).reshape(4, 3, 28, 28))
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(recon, ref_recon.view(4, 3, 28, 28, 1).transpose(0, 1), rtol=1e-12, atol=1e-12)
+    views = LENET5_LAYOUT.views(init_stacked(3, g, dtype=d))
+    xl = torch.rand(3, 4, 1, 28, 28, dtype=d, generator=g)
+    torch.testing.assert_close(bk.bmm_lenet_forward(views, xl), forward_stacked(views, xl), rtol=1e-12, atol=1e-12)

@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import shutil
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -35,9 +36,22 @@ ITEMS = {220045: ("heart_rate", 0, 300, False, False), 220179: ("sbp", 0, 400, F
          223762: ("temperature", 10, 50, False, False)}
 
 
-def _vitals_per_charttime(csv: Path) -> pl.DataFrame:
-    """Polars, from the CSV: valid vital rows, identical rows collapsed, one mean per
-    (stay_id, vital, charttime), with the source rows (n_rows) and distinct rows (n_distinct)."""
+def _stay_windows(mimic_dir: Path) -> pl.DataFrame:
+    """Polars: the stays of icustays with an admission and a patient, and the widest vital window
+    [intime - 48 h, intime + 24 h] (the earliest --vitals-from-hours)."""
+    icu = pl.read_csv(mimic_dir / "icu/icustays.csv.gz", infer_schema_length=0)
+    adm = pl.read_csv(mimic_dir / "hosp/admissions.csv.gz", columns=["hadm_id"], infer_schema_length=0)
+    pat = pl.read_csv(mimic_dir / "hosp/patients.csv.gz", columns=["subject_id"], infer_schema_length=0)
+    intime = pl.col("intime").str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")
+    return (icu.join(adm, on="hadm_id", how="semi").join(pat, on="subject_id", how="semi")
+            .select(pl.col("stay_id").cast(pl.Int64), (intime - pl.duration(hours=48)).alias("t0"),
+                    (intime + pl.duration(hours=24)).alias("t1")))
+
+
+def _vitals_per_charttime(csv: Path, mimic_dir: Path | None = None) -> pl.DataFrame:
+    """Polars, from the CSV: valid vital rows (of ``mimic_dir``'s stays inside their widest window
+    when given), identical rows collapsed, one mean per (stay_id, vital, charttime), with the
+    source rows (n_rows) and distinct rows (n_distinct)."""
     items = pl.DataFrame({"itemid": list(ITEMS), "vital": [v[0] for v in ITEMS.values()],
                           "lo": [float(v[1]) for v in ITEMS.values()], "hi": [float(v[2]) for v in ITEMS.values()],
                           "incl": [v[3] for v in ITEMS.values()], "f2c": [v[4] for v in ITEMS.values()]},
@@ -48,6 +62,9 @@ def _vitals_per_charttime(csv: Path) -> pl.DataFrame:
                          pl.col("charttime").str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")))
     ok = (pl.col("valuenum") > pl.col("lo")) & ((pl.col("valuenum") < pl.col("hi"))
                                                 | (pl.col("incl") & (pl.col("valuenum") == pl.col("hi"))))
+    if mimic_dir is not None:
+        src = (src.join(_stay_windows(mimic_dir), on="stay_id")
+               .filter((pl.col("charttime") >= pl.col("t0")) & (pl.col("charttime") <= pl.col("t1"))))
     rows = (src.join(items, on="itemid").filter(ok)
             .group_by("stay_id", "charttime", "itemid", "valuenum", "vital", "f2c").agg(pl.len().alias("n"))
             .with_columns(v=pl.when(pl.col("f2c")).then((pl.col("valuenum") - 32) / 1.8).otherwise(pl.col("valuenum"))))
@@ -56,9 +73,9 @@ def _vitals_per_charttime(csv: Path) -> pl.DataFrame:
             .sort("stay_id", "charttime", "vital"))
 
 
-def _assert_cache_rows(parquet: Path, csv: Path) -> None:
+def _assert_cache_rows(parquet: Path, mimic_dir: Path) -> None:
     got = pl.read_parquet(parquet)
-    want = _vitals_per_charttime(csv)
+    want = _vitals_per_charttime(mimic_dir / "icu/chartevents.csv.gz", mimic_dir)
     assert got.columns == ["stay_id", "vital", "charttime", "v", "n_rows", "n_distinct"]
     assert got.height == want.height > 0
     # written sorted by stay, charttime, vital (VITALSIGN_ORDER)
@@ -91,9 +108,12 @@ def test_same_cohort_with_and_without_cache_on_the_demo(mimic_demo_dir, tmp_path
     assert off["chartevents_cache"]["status"] == "off"
     assert first["chartevents_cache"]["status"] == "written"
     assert again["chartevents_cache"]["status"] == "hit"
-    # rows in the cache = (stay, vital, charttime) groups of the source, counted without DuckDB
-    n_groups = _vitals_per_charttime(mimic_demo_dir / "icu/chartevents.csv.gz").height
-    assert first["chartevents_cache"]["rows"] == again["chartevents_cache"]["rows"] == n_groups
+    # rows in the cache = (stay, vital, charttime) groups of the source inside the stays' widest
+    # windows, counted without DuckDB: 24,299 of the file's 87,221
+    ce = mimic_demo_dir / "icu/chartevents.csv.gz"
+    n_groups = _vitals_per_charttime(ce, mimic_demo_dir).height
+    assert first["chartevents_cache"]["rows"] == again["chartevents_cache"]["rows"] == n_groups == 24_299
+    assert _vitals_per_charttime(ce).height == 87_221
     base = _frames(tmp_path / "off")
     for d in ("first", "again"):
         got = _frames(tmp_path / d)
@@ -101,7 +121,7 @@ def test_same_cohort_with_and_without_cache_on_the_demo(mimic_demo_dir, tmp_path
     assert first["attrition"] == off["attrition"] == again["attrition"]
     assert "chartevents Parquet cache: hit" in (tmp_path / "again" / "cohort_report.md").read_text()
     # the cached rows are the vitals per charttime of the source (an independent Polars computation)
-    _assert_cache_rows(next(cache.glob("*.parquet")), mimic_demo_dir / "icu/chartevents.csv.gz")
+    _assert_cache_rows(next(cache.glob("*.parquet")), mimic_demo_dir)
 
 
 def test_changed_demo_source_rebuilds_and_matches_uncached(mimic_demo_dir, tmp_path):
@@ -118,12 +138,43 @@ def test_changed_demo_source_rebuilds_and_matches_uncached(mimic_demo_dir, tmp_p
     rep = run_etl(demo, tmp_path / "b", EtlOptions(**OPTS, chart_cache=str(cache)))
     assert rep["chartevents_cache"]["status"] == "rebuilt"
     assert rep["chartevents_cache"]["reason"] == "source size changed"
-    _assert_cache_rows(next(cache.glob("*.parquet")), ce)
+    _assert_cache_rows(next(cache.glob("*.parquet")), demo)
     run_etl(demo, tmp_path / "c", EtlOptions(**OPTS, chart_cache="off"))
     b, c = _frames(tmp_path / "b"), _frames(tmp_path / "c")
     assert b[0].equals(c[0]) and b[1].equals(c[1])
     assert not _frames(tmp_path / "a")[0].equals(b[0])  # the change reached the cohort
     assert len(list(cache.iterdir())) == 2  # one entry (Parquet + manifest) per source file
+
+
+def test_the_widest_window_is_read_from_the_cache_and_changed_stays_rebuild_it(mimic_demo_dir, tmp_path):
+    demo = _demo_copy(mimic_demo_dir, tmp_path / "demo")
+    cache = tmp_path / "cache"
+    widest = dict(OPTS, vitals_from_hours=-48)
+    assert run_etl(demo, tmp_path / "a", EtlOptions(**OPTS, chart_cache=str(cache)))["chartevents_cache"]["status"] == "written"
+    rep = run_etl(demo, tmp_path / "w", EtlOptions(**widest, chart_cache=str(cache)))
+    run_etl(demo, tmp_path / "w_off", EtlOptions(**widest, chart_cache="off"))
+    assert rep["chartevents_cache"]["status"] == "hit"
+    w, w_off, a = _frames(tmp_path / "w"), _frames(tmp_path / "w_off"), _frames(tmp_path / "a")
+    assert w[0].equals(w_off[0]) and not w[0].equals(a[0])  # rows charted before intime reach the cohort
+    # one kept stay admitted 12 hours later: the cached rows of its window are stale, the entry is rebuilt
+    icu = demo / "icu/icustays.csv.gz"
+    lines = gzip.decompress(icu.read_bytes()).decode().splitlines(keepends=True)
+    head = lines[0].rstrip().split(",")
+    t, s = head.index("intime"), head.index("stay_id")
+    kept = set(a[0]["stay_id"].to_list())
+    i = next(i for i, ln in enumerate(lines[1:], 1) if int(ln.split(",")[s]) in kept)
+    cells = lines[i].rstrip("\n").split(",")
+    cells[t] = str(datetime.fromisoformat(cells[t]) + timedelta(hours=12))
+    lines[i] = ",".join(cells) + "\n"
+    icu.unlink()
+    icu.write_bytes(gzip.compress("".join(lines).encode()))
+    rep = run_etl(demo, tmp_path / "b", EtlOptions(**OPTS, chart_cache=str(cache)))
+    assert (rep["chartevents_cache"]["status"], rep["chartevents_cache"]["reason"]) == (
+        "rebuilt", "cached stays changed (stay_id or intime)")
+    run_etl(demo, tmp_path / "b_off", EtlOptions(**OPTS, chart_cache="off"))
+    b, b_off = _frames(tmp_path / "b"), _frames(tmp_path / "b_off")
+    assert b[0].equals(b_off[0]) and b[1].equals(b_off[1]) and not b[0].equals(a[0])
+    _assert_cache_rows(next(cache.glob("*.parquet")), demo)
 
 
 def test_cache_of_another_itemid_set_or_etl_version_is_not_reused(mimic_demo_dir, tmp_path, monkeypatch):

@@ -64,7 +64,7 @@ def test_mimic_stays(mimic_con):
 
 def test_mimic_vital_rows_vitalsign_first_day(mimic_con):
     con, s = mimic_con
-    in_window = concept_sql("mimic", "vital_window", rows=s["chartevents"], from_hours=0.0)
+    in_window = concept_sql("mimic", "vital_window", rows=s["chartevents"], from_hours=0.0, stays="kept")
     con.execute("CREATE OR REPLACE TEMP TABLE vital_rows AS " + concept_sql(
         "mimic", "vital_rows", chartevents=f"({in_window})"))
     con.execute("CREATE OR REPLACE TEMP TABLE vitalsign AS " + concept_sql("mimic", "vitalsign", vital_rows="vital_rows"))

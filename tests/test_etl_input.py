@@ -230,3 +230,42 @@ def test_garbage_after_the_gzip_stream_names_the_file_and_reason(mimic_demo_dir,
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"error: {path}: unreadable gzip (") and "input tables" not in lines[0], lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def _damage(path: Path, how: str) -> None:
+    import gzip
+
+    raw = path.read_bytes()
+    if how == "cut":
+        path.write_bytes(raw[: len(raw) // 2])
+        return
+    lines = gzip.decompress(raw).decode().split("\n")
+    if how == "extra-field":
+        lines[40] += ",x"
+    elif how == "bad-time":  # admittime in month 13
+        cells = lines[40].split(",")
+        cells[lines[0].split(",").index("admittime")] = "2180-13-01 10:00:00"
+        lines[40] = ",".join(cells)
+    path.write_bytes(gzip.compress("\n".join(lines).encode()))
+
+
+@pytest.mark.parametrize("rel,how", [("hosp/admissions", "extra-field"), ("hosp/admissions", "bad-time"),
+                                     ("icu/icustays", "cut"), ("hosp/diagnoses_icd", "cut")])
+def test_small_tables_read_from_an_isal_copy_give_the_errors_of_the_gzip(mimic_demo_dir, tmp_path, capsys,
+                                                                        monkeypatch, rel, how):
+    """The keyed tables are read from a copy ISA-L inflates (etl.sources.inflated): a damaged file
+    gives the one line DuckDB's read of the gzip itself gives, naming the source file."""
+    import etl.mimic
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    _damage(src / f"{rel}.csv.gz", how)
+    outcomes = []
+    for label, copy in (("isal", etl.mimic.inflated), ("gzip", lambda table, folder: table)):
+        monkeypatch.setattr(etl.mimic, "inflated", copy)
+        code, err = _cli(capsys, "etl", "--mimic-dir", str(src), "--out", str(tmp_path / label),
+                         "--window-years", "20", "--min-center-stays", "1")
+        outcomes.append((code, [ln for ln in err.splitlines() if ln.startswith("error:")]))
+        assert not (tmp_path / label).exists()
+    assert outcomes[0] == outcomes[1]
+    code, lines = outcomes[0]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {src / rel}.csv.gz: "), lines

@@ -69,6 +69,11 @@ def test_hand_computed_vitals_per_charttime(tmp_path):
     ]
     assert got.columns == ["stay_id", "vital", "charttime", "v", "n_rows", "n_distinct"]
     assert got.rows() == want
+    # one distinct row per (stay, vital, charttime), one of them listed twice: the value itself
+    single = [ROWS[0], ROWS[0], ROWS[6], ROWS[7], ROWS[12]]
+    got = _pass(_csv(tmp_path / "s/icu/chartevents.csv.gz", single))
+    assert got.rows() == [(30000001, "heart_rate", t0, 80.0, 2, 1), (30000001, "spo2", t1, 100.0, 1, 1),
+                          (30000001, "temperature", t1, (98.6 - 32) / 1.8, 1, 1), (30000002, "heart_rate", t0, 70.0, 1, 1)]
 
 
 def test_partitions_and_spilling_change_nothing(tmp_path):
@@ -84,6 +89,9 @@ def test_partitions_and_spilling_change_nothing(tmp_path):
     spilled = _pass(src, bounds=(30000010, 30000020, 30000030), budget=1)  # every batch spilled
     assert whole.height > 100 and whole["n_rows"].sum() > whole["n_distinct"].sum()
     assert split.equals(whole) and spilled.equals(whole)
+    # rows listed stay by stay, as chartevents lists them: the same
+    by_stay = _csv(tmp_path / "s/icu/chartevents.csv.gz", sorted(rows, key=lambda r: r[0]))
+    assert _pass(by_stay, bounds=(30000010, 30000020, 30000030)).equals(whole)
     # an independent computation (Polars): valid rows, identical rows collapsed, mean per charttime
     it = chart_stream.vital_items()
     ref = pl.DataFrame({"itemid": it.itemid, "vital": [it.vitals[v] for v in it.vital], "lo": it.lo, "hi": it.hi,
@@ -160,6 +168,50 @@ def test_the_stream_converts_only_the_scans_timestamp_form():
     for text in ODD_TIMES:
         with pytest.raises(chart_stream.StreamUnreadable):
             chart_stream.charttime_us(pa.array(["2180-07-23 14:00:00", text]))
+
+
+def test_the_byte_matrix_reading_equals_arrows_cast():
+    """The NumPy reading of zero-padded charttimes gives Arrow's timestamps to the microsecond
+    (leap days, century years, the first and last second of a day, year 0001), also on a slice;
+    a value it does not take (None) is left to Arrow's cast, which reads or refuses it."""
+    rng = np.random.default_rng(3)
+    sec = np.r_[rng.integers(-62_135_596_800, 253_402_300_799, 5000), rng.integers(4_102_444_800, 7_258_118_400, 5000),
+                0, 951_782_400, 951_868_799, 4_107_542_399, -62_135_596_800, 253_402_300_799]
+    text = pa.array([str(np.datetime64(int(x), "s")).replace("T", " ") for x in sec])
+    assert text[-6:].to_pylist() == ["1970-01-01 00:00:00", "2000-02-29 00:00:00", "2000-02-29 23:59:59",
+                                     "2100-02-28 23:59:59", "0001-01-01 00:00:00", "9999-12-31 23:59:59"]
+    want = pa.array(sec * 1_000_000, pa.timestamp("us"))
+    assert chart_stream._charttime_fixed(text).equals(want)
+    assert chart_stream.charttime_us(text).equals(want)
+    assert chart_stream._charttime_fixed(text.slice(7, 100)).equals(want.slice(7, 100))
+    for odd in ("2100-02-29 00:00:00", "2150-04-31 00:00:00", "2150-13-01 00:00:00", "2150-00-01 00:00:00",
+                "2150-01-00 00:00:00", "2150-01-01 24:00:00", "2150-01-01 00:60:00", "2150-01-01 00:00:60",
+                "2150-01-01T00:00:00", "2150-0a-01 00:00:00", "2150-01-01 0:00:00 "):
+        assert chart_stream._charttime_fixed(pa.array(["2150-01-01 00:00:00", odd])) is None, odd
+        with pytest.raises(chart_stream.StreamUnreadable):
+            chart_stream.charttime_us(pa.array(["2150-01-01 00:00:00", odd]))
+    assert chart_stream._charttime_fixed(pa.array(["2150-01-01 00:00:00", None])) is None
+    year0 = pa.array(["0000-01-01 00:00:00"])  # left to Arrow, which reads the proleptic year 0
+    assert chart_stream._charttime_fixed(year0) is None
+    assert chart_stream.charttime_us(year0).cast(pa.int64()).to_pylist() == [-719_528 * 86_400_000_000]
+
+
+def test_window_mask_equals_a_row_by_row_lookup():
+    """Rows grouped by stay (as chartevents lists them) and shuffled: the run-wise lookup keeps
+    exactly the rows a per-row lookup of the stay's [start, end] keeps (bounds included)."""
+    rng = np.random.default_rng(5)
+    ids = np.unique(rng.integers(30_000_000, 30_005_000, 400))
+    start = rng.integers(0, 50, len(ids))
+    end = start + rng.integers(0, 50, len(ids))
+    bounds = dict(zip(ids.tolist(), zip(start.tolist(), end.tolist())))
+    grouped = np.repeat(rng.choice(np.r_[ids, ids + 1], 60), rng.integers(1, 40, 60))
+    for stay in (grouped, rng.permutation(grouped)):
+        t = rng.integers(-5, 105, len(stay))
+        want = [s in bounds and bounds[s][0] <= x <= bounds[s][1] for s, x in zip(stay.tolist(), t.tolist())]
+        got = chart_stream.window_mask(stay, t, (ids, start, end))
+        assert got.tolist() == want and 0 < got.sum() < len(stay)
+    empty = np.array([], np.int64)
+    assert chart_stream.window_mask(grouped, grouped, (empty, empty, empty)).sum() == 0
 
 
 def _with_charttime(src: Path, dst: Path, text: str) -> Path:

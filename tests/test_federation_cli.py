@@ -101,7 +101,7 @@ def test_benchmark_config_dispatches(tmp_path, monkeypatch):
     from federation.benchmark import BENCHMARKS
 
     seen = {}
-    monkeypatch.setattr(BENCHMARKS["vv"], "run", lambda config, rounds, seeds, output, uri, exp:
+    monkeypatch.setattr(BENCHMARKS["vv"], "run", lambda config, rounds, seeds, output, uri, exp, resume=False:
                         seen.update(config=config, seeds=seeds, rounds=rounds))
     cfg = tmp_path / "vv.yaml"
     cfg.write_text("benchmark: vv\nsimulation: {ticks: 4}\n")

@@ -8,7 +8,8 @@
   writes the uninterrupted run's results.json byte for byte and continues the same MLflow runs
   (same run ids, each round logged once, the same values);
 * a checkpoint of another config, cohort, seeds or code version is refused with one line naming
-  what differs; ``--resume`` without a checkpoint or with a benchmark config is refused.
+  what differs; ``--resume`` without a checkpoint is refused (the SAGE and gossip benchmarks:
+  tests/test_resume_benchmarks.py).
 """
 
 from __future__ import annotations

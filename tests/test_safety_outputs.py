@@ -365,3 +365,37 @@ def test_a_kappa_1_run_is_not_labelled_kappa_3(cohort, tmp_path, capsys):
     assert cell.label == "abps [kappa=1]"
     code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
     assert code == 0 and "kappa=3" not in out and "abps [kappa=1]" in out
+
+
+def test_cohort_identity_and_manifest_check_read_the_files_once(tmp_path, monkeypatch):
+    """cohort_id keeps its value (SHA-256 of each name then bytes, first 16 hex digits), the
+    per-file digests are each file's SHA-256, and identity + manifest check open each file once."""
+    import builtins
+    import hashlib
+
+    from etl import io as etl_io
+    from federation.data.tensors import cohort_id
+
+    (tmp_path / "cohort.parquet").write_bytes(b"abc" * 1000)
+    (tmp_path / "centers.parquet").write_bytes(b"xyz")
+    want = hashlib.sha256(b"cohort.parquet" + b"abc" * 1000 + b"centers.parquet" + b"xyz").hexdigest()[:16]
+    (tmp_path / "cohort_report.json").write_text(json.dumps({"files": {
+        "cohort.parquet": hashlib.sha256(b"abc" * 1000).hexdigest(),
+        "centers.parquet": hashlib.sha256(b"xyz").hexdigest()}}))
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(file, *a, **k):
+        if str(file).endswith(".parquet"):
+            opened.append(Path(file).name)
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    etl_io._digests_of.cache_clear()
+    assert cohort_id(tmp_path) == want
+    etl_io.check_cohort_files(tmp_path)  # matches the manifest: no error, no second read
+    assert sorted(opened) == ["centers.parquet", "cohort.parquet"]
+    (tmp_path / "centers.parquet").write_bytes(b"xyw")  # a changed file is read again and refused
+    os.utime(tmp_path / "centers.parquet", ns=(1, 1))
+    with pytest.raises(etl_io.InputError, match="centers.parquet is not the file"):
+        etl_io.check_cohort_files(tmp_path)

@@ -334,3 +334,29 @@ def test_int8_evaluation_agrees_with_fp32_under_emulated_avx2():
                if ln.startswith("onednn_verbose") and ",exec,cpu,convolution," in ln and "src:u8" in ln}
     assert kernels and all("avx2" in k and "vnni" not in k for k in kernels), kernels
     assert "2 passed" in p.stdout
+
+
+def test_flop_counts_match_torch_flop_counter():
+    """The FLOP floor's counts (hand-derived in ``layer_macs``) equal torch's FlopCounterMode on the module."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from federation.engine.image_model import (
+        CIFAR10_SPEC,
+        FMNIST_SPEC,
+        layer_macs,
+        predict_flops_per_image,
+        train_flops_per_image,
+    )
+
+    assert sum(layer_macs(FMNIST_SPEC).values()) == 911_040
+    assert predict_flops_per_image(FMNIST_SPEC) == 2 * 359_104
+    for spec in (FMNIST_SPEC, CIFAR10_SPEC, TINY):
+        model = EncoderDecoderClassifier(spec)
+        x = torch.rand(3, spec.in_channels, spec.image_size, spec.image_size)
+        with FlopCounterMode(display=False) as train:
+            logits, recon = model(x)
+            (logits.sum() + recon.sum()).backward()
+        with FlopCounterMode(display=False) as predict:
+            model.classify(x)
+        assert train.get_total_flops() == 3 * train_flops_per_image(spec)
+        assert predict.get_total_flops() == 3 * predict_flops_per_image(spec)

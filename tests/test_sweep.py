@@ -147,11 +147,11 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
     real = sw.cells.run_cell
     calls: list[tuple[str, int]] = []
 
-    def failing(config, cohort_dir, seed, threads=1):
+    def failing(config, cohort_dir, seed, threads=1, **checkpoint):
         calls.append((config["method"], seed))
         if config["method"] == "abps" and seed == 2:
             raise RuntimeError("simulated crash")
-        return real(config, cohort_dir, seed, threads)
+        return real(config, cohort_dir, seed, threads, **checkpoint)
 
     monkeypatch.setattr(sw.cells, "run_cell", failing)
     out1 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
@@ -167,7 +167,8 @@ def test_resume_after_failure_and_kill(cohort, tmp_path, monkeypatch):
     client.log_metric(stale.info.run_id, "test_auroc_mean", 0.5, step=1)
 
     calls.clear()
-    monkeypatch.setattr(sw.cells, "run_cell", lambda c, d, s, t=1: (calls.append((c["method"], s)), real(c, d, s, t))[1])
+    monkeypatch.setattr(sw.cells, "run_cell",
+                        lambda c, d, s, t=1, **k: (calls.append((c["method"], s)), real(c, d, s, t, **k))[1])
     out2 = sw.run_sweep(spec, CONFIGS, cohort, tracking_uri=uri, progress=False)
     assert calls == [("abps", 2)]  # only the missing cell is computed
     assert sorted(out2.skipped) == sorted(k for k in (c.key for c in out2.cells) if k != missing)
@@ -282,8 +283,8 @@ def test_sweep_artifacts_are_strict_json_and_runs_show_compute_time(cohort, tmp_
     real = sw.cells.run_cell
     seen = {}
 
-    def slow_nan(config, cohort_dir, seed, threads=1):
-        res = real(config, cohort_dir, seed, threads)
+    def slow_nan(config, cohort_dir, seed, threads=1, **checkpoint):
+        res = real(config, cohort_dir, seed, threads, **checkpoint)
         first = next(iter(res["per_center"]))
         res["per_center"][first]["test_auroc"] = float("nan")  # a one-class test split
         seen.update(res)

@@ -5,7 +5,6 @@ Design notes: docs/runtime.md, "Module notes".
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,7 @@ import polars as pl
 import torch
 
 from etl.errors import InputError
-from etl.io import check_cohort_files
+from etl.io import check_cohort_files, cohort_file_digests
 from etl.schema import (
     BINARY_FEATURES,
     CATEGORICAL_FEATURES,
@@ -42,16 +41,7 @@ def cohort_id(cohort_dir: str | Path) -> str:
     Raises:
         InputError: a file is missing.
     """
-    h = hashlib.sha256()
-    for name in ("cohort.parquet", "centers.parquet"):
-        p = Path(cohort_dir) / name
-        if not p.is_file():
-            raise InputError(f"{p}: file not found (expected {name} from `abps etl`)")
-        h.update(name.encode())
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return cohort_file_digests(cohort_dir)[0][:16]
 
 
 def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path, centers_path: Path) -> None:

@@ -46,6 +46,47 @@ def model_spec_for(dataset: str) -> ModelSpec:
     return {"fmnist": FMNIST_SPEC, "cifar10": CIFAR10_SPEC}[dataset]
 
 
+def layer_macs(spec: ModelSpec) -> dict[str, int]:
+    """Multiply-adds of ONE image through each weight layer of :class:`EncoderDecoderClassifier`
+    (forward pass; bias adds, activations and the loss are lower order and not counted).
+
+    With w = base_width, C = in_channels, H = image_size, s1 = H / 2, s2 = H / 4, L = latent_dim:
+    a convolution costs (output pixels) x Cout x Cin x k^2, a transposed convolution (input pixels)
+    x Cin x Cout x k^2, a linear layer in x out::
+
+        encoder.0  Conv(C -> w, 3, s2)      s1^2 * w * C * 9
+        encoder.2  Conv(w -> 2w, 3, s2)     s2^2 * 2w * w * 9
+        encoder.5  Linear(2w s2^2 -> L)     2w s2^2 * L
+        decoder.0  Linear(L -> 2w s2^2)     L * 2w s2^2
+        decoder.3  ConvT(2w -> w, 4, s2)    s2^2 * 2w * w * 16
+        decoder.5  ConvT(w -> C, 4, s2)     s1^2 * w * C * 16
+        head.0 / head.2                     L * hidden, hidden * n_classes
+
+    Fashion-MNIST (w 16, C 1, H 28, L 64, hidden 64): 28,224 + 225,792 + 100,352 + 100,352 +
+    401,408 + 50,176 + 4,096 + 640 = 911,040.
+    """
+    w, c, s1, s2 = spec.base_width, spec.in_channels, spec.image_size // 2, spec.image_size // 4
+    lat = spec.latent_dim
+    return {"encoder.0": s1 * s1 * w * c * 9, "encoder.2": s2 * s2 * 2 * w * w * 9,
+            "encoder.5": 2 * w * s2 * s2 * lat, "decoder.0": lat * 2 * w * s2 * s2,
+            "decoder.3": s2 * s2 * 2 * w * w * 16, "decoder.5": s1 * s1 * w * c * 16,
+            "head.0": lat * spec.hidden_dim, "head.2": spec.hidden_dim * spec.n_classes}
+
+
+def train_flops_per_image(spec: ModelSpec) -> int:
+    """FLOPs (2 per multiply-add) of one training image: forward, then backward = a weight gradient
+    for every layer plus an input gradient for every layer but the first (the images need none),
+    each as many multiply-adds as the forward layer: 2 (3 F - F_encoder.0), F = :func:`layer_macs`."""
+    m = layer_macs(spec)
+    return 2 * (3 * sum(m.values()) - m["encoder.0"])
+
+
+def predict_flops_per_image(spec: ModelSpec) -> int:
+    """FLOPs of one predictor on one image (encoder + head phi, the decoder unused): 2 x its MACs."""
+    m = layer_macs(spec)
+    return 2 * sum(v for n, v in m.items() if not n.startswith("decoder."))
+
+
 class EncoderDecoderClassifier(nn.Module):
     """Conv encoder-decoder representation omega with a 2-layer classifier head phi.
 
@@ -104,6 +145,19 @@ def init_stacked_params(spec: ModelSpec, n_clients: int, seed: int) -> dict[str,
 def to_float(x_uint8: Tensor) -> Tensor:
     """uint8 pixels -> float32 in [0, 1]."""
     return x_uint8.to(torch.float32).div_(255.0)
+
+
+def channels_last(x: Tensor) -> Tensor:
+    """Images ``[N, C, H, W]`` in channels-last memory, with channels-last strides also when C = 1.
+
+    For one channel ``Tensor.contiguous(memory_format=torch.channels_last)`` keeps the planar
+    strides (both layouts are the same bytes), so oneDNN picks its planar kernels and every later
+    convolution stays planar: a 1.8x slower encoder on the shared test set (docs/sage.md, "Speed").
+    """
+    if x.shape[1] != 1:
+        return x.contiguous(memory_format=torch.channels_last)
+    n, _, h, w = x.shape
+    return x.contiguous().as_strided(x.shape, (h * w, 1, w, 1))
 
 
 class StackedAdam:
@@ -252,7 +306,7 @@ class StackedModel:
             valid = pos >= 0
             rows = train_index[idx].gather(1, pos.clamp(min=0))
             w = valid.to(torch.float32) / valid.sum(dim=1).to(torch.float32)[:, None]
-            x = to_float(x_all[rows.t()].flatten(1, 2)).contiguous(memory_format=torch.channels_last)
+            x = channels_last(to_float(x_all[rows.t()].flatten(1, 2)))
             leaf = flat[:a].detach().requires_grad_(True)
             params = {n: c.reshape(a, *shape)
                       for n, c, shape in zip(names, leaf.split(sizes, dim=1), shapes)}
@@ -328,7 +382,7 @@ def _grouped_encode(p: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tens
     w1, b1 = p["encoder.0.weight"], p["encoder.0.bias"]                # [G, w, C, 3, 3], [G, w]
     w2, b2 = p["encoder.2.weight"], p["encoder.2.bias"]                # [G, 2w, w, 3, 3]
     g = w1.shape[0]
-    x = x.contiguous(memory_format=torch.channels_last)
+    x = channels_last(x)
     h = F.conv2d(x, w1.flatten(0, 1), b1.flatten(), stride=2, padding=1, groups=1 if shared_input else g).relu()
     h = F.conv2d(h, w2.flatten(0, 1), b2.flatten(), stride=2, padding=1, groups=g).relu()
     n = h.shape[0]
@@ -378,3 +432,4 @@ def grouped_forward(p: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
     d = F.conv_transpose2d(d, w3.flatten(0, 1), p["decoder.3.bias"].flatten(), stride=2, padding=1, groups=g).relu()
     r = F.conv_transpose2d(d, w5.flatten(0, 1), p["decoder.5.bias"].flatten(), stride=2, padding=1, groups=g)
     return _grouped_head(p, z), r.sigmoid()
+

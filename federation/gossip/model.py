@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from etl.errors import InputError
+from federation.engine.image_model import channels_last
 
 #: Caffe LeNet (examples/mnist/lenet_train_test.prototxt): layer name -> parameter shapes.
 #: conv1 20x5x5 -> max-pool 2 -> conv2 50x5x5 -> max-pool 2 -> ip1 500 -> ReLU -> ip2 10.
@@ -134,8 +135,9 @@ def inv_lr(base_lr: float, iteration: torch.Tensor | int, gamma: float = 1e-4, p
 
 
 # ----------------------------------------------------------------------------------------- forward
-def _forward_single(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """One model: x float [B, 1, 28, 28] -> logits [B, 10]."""
+def forward_single(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """One plain LeNet-5 (planar dense convolutions): params ``{name: shape}`` of ``LENET5_SHAPES``,
+    x float [B, 1, 28, 28] -> logits [B, 10]; the per-node peer of :func:`forward_stacked`."""
     h = F.max_pool2d(F.conv2d(x, p["conv1.weight"], p["conv1.bias"]), 2)
     h = F.max_pool2d(F.conv2d(h, p["conv2.weight"], p["conv2.bias"]), 2)
     h = F.relu(F.linear(h.flatten(1), p["ip1.weight"], p["ip1.bias"]))
@@ -160,7 +162,7 @@ def forward_stacked(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.T
     if x.dim() == 4:
         x = x.unsqueeze(0).expand(n, *x.shape)
     bsz = x.shape[1]
-    xs = x.transpose(0, 1).reshape(bsz, n, 28, 28).contiguous(memory_format=torch.channels_last)
+    xs = channels_last(x.transpose(0, 1).reshape(bsz, n, 28, 28))
     h = F.conv2d(xs, w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20), groups=n)
     h = F.max_pool2d(h, 2)
     h = F.conv2d(h, params["conv2.weight"].reshape(n * 50, 20, 5, 5), params["conv2.bias"].reshape(n * 50),
@@ -172,7 +174,7 @@ def forward_stacked(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.T
 
 
 def _loss_single(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(_forward_single(p, x), y)
+    return F.cross_entropy(forward_single(p, x), y)
 
 
 _vmapped_grad = vmap(grad(_loss_single), in_dims=(0, 0, 0))

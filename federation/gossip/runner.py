@@ -16,12 +16,14 @@ from pydantic import ValidationError
 
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
+from federation.core.config import CheckpointConfig
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
+from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id, logged_steps
 from federation.run.results import write_results
 from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
-             "threads"}
+             "threads", "checkpoint"}
 
 
 def _config_error(exc: ValidationError, where: str) -> InputError:
@@ -47,6 +49,7 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     unknown = set(config) - _TOP_KEYS
     if unknown:
         raise InputError(f"vv config: unknown section(s) {sorted(unknown)}")
+    checkpoint_config(config)
     base = dict(config.get("simulation") or {})
     if rounds is not None:
         if rounds < 1:
@@ -78,6 +81,28 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     return out
 
 
+#: the gossip benchmark's checkpoint cadence unless the config says otherwise: a tick is short and a
+#: checkpoint holds every node's parameters, momentum and buffer (about 250 MB at 50 LeNet-5 nodes),
+#: so only the time trigger is on (docs/decisions.md, "Round checkpoints")
+VV_CHECKPOINT = {"every_rounds": 0, "every_minutes": 10.0}
+
+
+def checkpoint_config(config: dict) -> CheckpointConfig:
+    """The config's ``checkpoint:`` section (round checkpoints of ``abps train``; a tick is a
+    round), over :data:`VV_CHECKPOINT`.
+
+    Raises:
+        InputError: an unknown key or a bad value (naming ``checkpoint.<key>``).
+    """
+    section = config.get("checkpoint") or {}
+    if not isinstance(section, dict):
+        raise InputError("vv config checkpoint: must be a mapping (every_rounds, every_minutes)")
+    try:
+        return CheckpointConfig(**{**VV_CHECKPOINT, **section})
+    except ValidationError as exc:
+        raise _config_error(exc, "checkpoint") from None
+
+
 def _cell_label(cell: dict) -> str:
     def fmt(v: Any) -> str:
         return "-".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
@@ -95,11 +120,14 @@ def _clean(x: Any) -> Any:
 
 
 def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = None, output: str | None = None,
-            tracking_uri: str | None = None, experiment: str | None = None) -> dict:
+            tracking_uri: str | None = None, experiment: str | None = None, resume: bool = False) -> dict:
     """Run every (grid cell, arm, seed) of a ``benchmark: vv`` config; log to MLflow; write results JSON.
 
     Entry point of ``abps train --config configs/vv-*.yaml`` (the CLI dispatches here when the
-    YAML says ``benchmark: vv``).
+    YAML says ``benchmark: vv``). Round checkpoints (a tick is a round) go to ``<results.json>.ckpt``
+    at the config's ``checkpoint:`` cadence (:class:`federation.run.checkpoint.UnitCheckpoints`);
+    ``resume=True`` keeps the finished simulations and goes on with the one under way from its
+    last checkpointed tick, in the same MLflow runs.
 
     Args:
         config: parsed YAML (module docstring).
@@ -111,11 +139,14 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
             ``sqlite:///mlflow/mlflow.db``); tracking is skipped when config ``tracking.enabled``
             is false.
         experiment: MLflow experiment (default: config ``tracking.experiment`` or "vv").
+        resume: go on from the checkpoint beside the results JSON.
     Returns:
         the results document: {"benchmark", "name", "output", "runs": [...], "comparison": [...]};
-        each run holds its cell, arm, seed, config, summary and curves.
+        each run holds its cell, arm, seed, config, summary and curves. Resumed or not, the same
+        figures (the ``wall_s`` / ``train_s`` seconds aside).
     Raises:
-        InputError: invalid config (see :func:`expand_runs`) or unreadable data.
+        InputError: invalid config (see :func:`expand_runs`) or unreadable data; with ``resume``: no
+            checkpoint, or one of another run (config, data set, seeds, code version, MLflow store).
     """
     runs = expand_runs(config, rounds)
     name = str(config.get("name") or "vv")
@@ -131,22 +162,45 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     tracker = None
     if track_cfg.get("enabled", True):
         tracker = Tracker(tracking_uri or track_cfg.get("uri"), experiment or track_cfg.get("experiment") or "vv")
+    resolved = {"name": name, "data": data_cfg, "threads": config.get("threads"),
+                "runs": {f"{a}|{_cell_label(c)}": g.model_dump() for c, a, g in runs}}
+    ck = UnitCheckpoints(json_path, benchmark_stamp(resolved, data_id(data.x_train, data.y_train, data.x_test,
+                                                                      data.y_test), seeds),
+                         checkpoint_config(config), resume, tracker)
 
     results: list[dict] = []
 
     def run_one(cell: dict, arm: str, cfg: GossipConfig, seed: int) -> None:
         label = f"{arm}|{_cell_label(cell)}|seed{seed}"
+        if label in ck.done:  # finished before the resume: its MLflow run is complete
+            results.append(ck.done[label])
+            return
+        going_on = ck.going_on(label)
+
+        def offer(t: int, snap: Any) -> None:
+            ck.offer(label, t, snap)
+
         params = {**cfg.model_dump(), "seed": seed, "arm": arm, "data": data.name}
         if tracker is None:
-            res = simulate(cfg, data, seed)
+            res = simulate(cfg, data, seed, checkpoint=offer, resume=going_on)
         else:
-            with tracker.child(label, params, {ARM_TAG: arm, GRID_CELL_TAG: _cell_label(cell), BENCHMARK_TAG: "vv"}):
-                res = simulate(cfg, data, seed, on_eval=lambda t, m: tracker.log_metrics(m, step=t))
+            tags = {ARM_TAG: arm, GRID_CELL_TAG: _cell_label(cell), BENCHMARK_TAG: "vv"}
+            with ck.run(tracker, f"child/{label}", lambda: tracker.child(label, params, tags)) as rid:
+                logged = logged_steps(tracker, rid, "acc_mean") if going_on is not None else -1
+
+                def on_eval(t: int, m: dict) -> None:
+                    if t > logged:  # ticks the stopped run logged after its last checkpoint: not again
+                        tracker.log_metrics(m, step=t)
+
+                res = simulate(cfg, data, seed, on_eval=on_eval, checkpoint=offer, resume=going_on)
+                have = set(tracker.client.get_run(rid).data.metrics) if going_on is not None else set()
                 final = {k: float(v) for k, v in res.summary().items() if v is not None}
-                tracker.log_metrics(final, step=cfg.ticks)
+                # a final metric shares its key with no round metric; one the stopped run logged stays as it is
+                tracker.log_metrics({k: v for k, v in final.items() if k not in have}, step=cfg.ticks)
                 tracker.log_json(_clean({"summary": res.summary(), **res.curves()}), "curves.json")
         results.append(_clean({"cell": cell, "arm": arm, "seed": seed, "config": cfg.model_dump(),
                                "summary": res.summary(), "curves": res.curves()}))
+        ck.finish(label, results[-1])
 
     def run_all() -> None:
         for (cell, arm, cfg), seed in itertools.product(runs, seeds):
@@ -155,13 +209,15 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     if tracker is None:
         run_all()
     else:
-        with tracker.parent(name, {"benchmark": "vv", "n_runs": len(runs) * len(seeds), "seeds": json.dumps(seeds),
-                                   "data": data.name}, {BENCHMARK_TAG: "vv"}):
+        with ck.run(tracker, "parent", lambda: tracker.parent(
+                name, {"benchmark": "vv", "n_runs": len(runs) * len(seeds), "seeds": json.dumps(seeds),
+                       "data": data.name}, {BENCHMARK_TAG: "vv"})):
             run_all()
 
     doc = {"benchmark": "vv", "name": name, "data": data.name, "output": str(json_path),
            "runs": results, "comparison": compare(results)}
     write_results(json_path, doc, indent=1)
+    ck.remove()
     return doc
 
 

@@ -266,7 +266,9 @@ def train_nodes(flat: torch.Tensor, mom: torch.Tensor, iters: torch.Tensor, acti
 
 
 def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
-             on_eval: Callable[[int, dict], None] | None = None) -> GossipResult:
+             on_eval: Callable[[int, dict], None] | None = None,
+             checkpoint: Callable[[int, Callable[[], dict]], None] | None = None,
+             resume: dict | None = None) -> GossipResult:
     """Run one gossip-learning simulation (module docstring) with stacked nodes.
 
     Args:
@@ -274,6 +276,13 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         data: an image data set of 1x28x28 images (Fashion-MNIST / MNIST).
         seed: seeds the graph, partition, initialization, acquisition times and batches.
         on_eval: optional callback ``(tick, metrics)`` after each evaluation (for MLflow).
+        checkpoint: ``checkpoint(t, snapshot)`` after every tick t the run goes on from;
+            ``snapshot()`` is the tick state (parameters, momentum, iteration counters, buffers,
+            acquisition times, peers switched on, the random stream, totals, curves so far;
+            federation/run/checkpoint.py).
+        resume: a state ``snapshot()`` returned (same cfg, data and seed): the run goes on after its
+            tick; ``on_eval`` sees only the later evaluations. Same figures as uninterrupted (the
+            ``wall_s`` / ``train_s`` seconds aside).
     Returns:
         :class:`GossipResult`.
     Raises:
@@ -449,7 +458,31 @@ def simulate(cfg: GossipConfig, data: ImageDataset, seed: int,
         if t_first_avg is None:
             t_first_avg = t
 
-    drive(cfg.ticks, step, evaluate, EvalSchedule(every=cfg.eval_every, at_start=True), on_record=on_eval)
+    tensors = {"flat": flat, "mom": mom, "iters": iters, "buf_sum": buf_sum, "buf_cnt": buf_cnt, "buf_var": buf_var,
+               "buf_pcnt": buf_pcnt, "next_train": next_train, "edge_on": edge_on, "wait_ptr": wait_ptr}
+    curves = {"ticks": ev_ticks, "acc": ev_acc, "var_mean": ev_var_mean, "var_node": ev_var_node, "diff": ev_diff,
+              "deg": ev_deg}
+
+    def snapshot(t: int) -> dict:
+        """Everything tick t reads (federation/run/checkpoint.py)."""
+        return {"tick": t, "tensors": tensors, "gen": gen.get_state(), "curves": curves,
+                "totals": (t_first_avg, n_steps, n_avg, n_msg, params_sent, train_s),
+                "wall_s": time.perf_counter() - t0}
+
+    start = 0
+    if resume is not None:
+        start = int(resume["tick"])
+        for k, v in resume["tensors"].items():
+            if v is not None:
+                tensors[k].copy_(v)
+        gen.set_state(resume["gen"])
+        for k, v in resume["curves"].items():
+            curves[k][:] = v
+        t_first_avg, n_steps, n_avg, n_msg, params_sent, train_s = resume["totals"]
+        t0 = time.perf_counter() - float(resume["wall_s"])
+    after = (lambda t: checkpoint(t, lambda: snapshot(t))) if checkpoint is not None else None
+    drive(cfg.ticks, step, evaluate, EvalSchedule(every=cfg.eval_every, at_start=True), on_record=on_eval,
+          start=start, after=after)
 
     ticks_arr = np.asarray(ev_ticks, dtype=np.int64)
     acc_arr = np.stack(ev_acc)

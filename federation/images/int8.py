@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.ao.nn.intrinsic.quantized import ConvReLU2d
 
-from federation.engine.image_model import _grouped_head, to_float
+from federation.engine.image_model import _grouped_head, channels_last, to_float
 
 #: quantized engine of the grouped convolutions, named explicitly (``x86`` would pick FBGEMM on CPUs
 #: without AVX512-VNNI).
@@ -57,7 +57,7 @@ def _predict(p: dict[str, Tensor], x: Tensor, chunk: int, calibration: int) -> T
     w2, b2 = p["encoder.2.weight"], p["encoder.2.bias"]                           # [K, 2w, w, 3, 3]
     k, c2, c1 = w2.shape[:3]
     # Equalise on fp32 activations of the calibration slice.
-    xc = to_float(x[:calibration])
+    xc = channels_last(to_float(x[:calibration]))
     h1 = F.conv2d(xc, w1, b1, stride=2, padding=1).relu_()
     s1 = _channel_max(h1)                                                         # [K w]
     w1e, b1e = w1 / s1.view(-1, 1, 1, 1), b1 / s1
@@ -71,9 +71,9 @@ def _predict(p: dict[str, Tensor], x: Tensor, chunk: int, calibration: int) -> T
     q2 = _qconv(w2e, b2e, stride_groups=(2, k))
     out = []
     for s in range(0, x.shape[0], chunk):
-        xb = x[s:s + chunk]
+        xb = channels_last(x[s:s + chunk])
         xq = torch._make_per_tensor_quantized_tensor(xb, 1.0 / 255.0, 0)          # exact pixels
-        h = q2(q1(xq.contiguous(memory_format=torch.channels_last))).dequantize()  # [n, K 2w, s, s]
+        h = q2(q1(xq)).dequantize()                                                # [n, K 2w, s, s]
         n = h.shape[0]
         h = h.reshape(n, k, -1).transpose(0, 1)                                    # [K, n, 2w s s]
         z = torch.baddbmm(p["encoder.5.bias"].unsqueeze(1), h, w5.transpose(1, 2))

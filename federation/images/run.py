@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,19 @@ from federation.methods.registry import get_selector, selector_names
 from federation.methods.sage_rule import evidence_saving
 from federation.methods.sage_selector import SageRound, SageStep
 from federation.methods.selectors import SageConfig, Selector, SelectorStats, parse_config
+from federation.run.checkpoint import (
+    UnitCheckpoints,
+    benchmark_stamp,
+    data_id,
+    global_streams,
+    logged_steps,
+    restore_global_streams,
+)
 from federation.run.results import write_results
 from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
+
+#: ``checkpoint(tau, snapshot)`` after round ``tau`` when the run goes on (:func:`run_selector`)
+CheckpointHook = Callable[[int, Callable[[], dict[str, Any]]], None]
 
 
 def load_dataset(cfg: SageConfig) -> tuple[ImageDataset, ModelSpec]:
@@ -84,11 +96,21 @@ def make_tracker(tracking_uri: str | None, experiment: str | None):
 
 def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: ModelSpec,
                  cand: Tensor, cand_valid: Tensor, degree: Tensor, seed: int,
-                 tracker=None) -> dict[str, Any]:
+                 tracker=None, checkpoint: CheckpointHook | None = None, resume: dict[str, Any] | None = None,
+                 logged: int = -1) -> dict[str, Any]:
     """Train K clients for ``cfg.rounds`` rounds under one selector; returns its history and summary.
 
     Same seed -> same result: the initialisation, batch orders and anchor draws depend only on
     ``seed`` (shared across selectors), the selector's random draws on (seed, selector).
+
+    Args:
+        checkpoint: ``checkpoint(tau, snapshot)`` after every round the run goes on from;
+            ``snapshot()`` is the round state (parameters, Adam moments, random streams, selector
+            and its stop state, ledger, totals, clocks, metrics so far; federation/run/checkpoint.py).
+        resume: a state ``snapshot()`` returned (same config, data, seed and selector): the run
+            goes on after its round, with the uninterrupted run's figures (the ``seconds_*``
+            wall times aside).
+        logged: rounds up to this one are in MLflow already (a resumed run): not logged again.
     """
     k = shards.n_clients
     model = StackedModel(spec, k, seed, lr=cfg.lr, recon_weight=cfg.recon_weight)
@@ -127,15 +149,42 @@ def run_selector(selector: str, cfg: SageConfig, shards: ClientShards, spec: Mod
         row["train_loss"] = loss
         return row
 
+    records: list[tuple[int, dict[str, float]]] = []
+
     def record(tau: int, row: dict[str, float]) -> None:
         now = time.perf_counter()
         clock["eval"] += now - clock["mixed"]
         row["seconds_round"] = now - clock["start"]
-        if tracker is not None:
+        records.append((tau, row))
+        if tracker is not None and tau > logged:
             tracker.log_metrics(row, step=tau)
 
+    def snapshot(tau: int) -> dict[str, Any]:
+        """Everything round tau reads (federation/run/checkpoint.py)."""
+        return {"round": tau, "records": list(records), "params": model.params,
+                "adam": (model.opt.m, model.opt.v, model.opt.steps), "g_data": g_data.get_state(),
+                "rule": dict(vars(sage_round.rule)), "ledger": list(ledger.rounds), "stats": stats,
+                "clock": dict(clock), "global": global_streams()}
+
+    start = 0
+    if resume is not None:
+        start = int(resume["round"])
+        with torch.no_grad():
+            for n, v in resume["params"].items():
+                model.params[n].copy_(v)
+            for buf, v in zip((model.opt.m, model.opt.v, model.opt.steps), resume["adam"]):
+                buf.copy_(v)
+        g_data.set_state(resume["g_data"])
+        vars(sage_round.rule).update(resume["rule"])
+        ledger.rounds[:] = resume["ledger"]
+        stats = resume["stats"]
+        clock.update(resume["clock"])
+        restore_global_streams(resume["global"])
+        records[:] = resume["records"]
+    after = (lambda tau: checkpoint(tau, lambda: snapshot(tau))) if checkpoint is not None else None
     history = [row for _, row in drive(cfg.rounds, step, lambda tau: evaluate(model, shards, cfg.eval_precision),
-                                       EvalSchedule(every=cfg.eval_every), on_record=record).records]
+                                       EvalSchedule(every=cfg.eval_every), on_record=record, start=start,
+                                       records=list(records), after=after).records]
     t_train, t_probe, t_eval = clock["train"], clock["probe_mix"], clock["eval"]
     summary = _summary(cls, stats, history, cfg.schedule, m_max, k, cfg.rounds)
     summary.update(seconds_train=t_train, seconds_probe_mix=t_probe, seconds_eval=t_eval,
@@ -202,8 +251,13 @@ def config_name(cfg: SageConfig) -> str:
 
 def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = None,
             output: str | Path | None = None, tracking_uri: str | None = None,
-            experiment: str | None = None) -> dict:
+            experiment: str | None = None, resume: bool = False) -> dict:
     """Run one SAGE configuration: every configured selector, every seed.
+
+    With an ``output``, round checkpoints go to ``<results.json>.ckpt`` (the config's ``checkpoint``
+    cadence; :class:`federation.run.checkpoint.UnitCheckpoints`, removed once results.json is
+    written). ``resume=True`` goes on from that checkpoint: finished (seed, selector) runs are kept,
+    the one under way goes on after its last checkpointed round in the same MLflow runs.
 
     Args:
         config: the YAML preset as a dict (``benchmark: sage``; see :class:`SageConfig`).
@@ -214,11 +268,13 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         tracking_uri: MLflow tracking URI; None = the default store ``sqlite:///mlflow/mlflow.db``,
             ``"none"`` = no MLflow.
         experiment: MLflow experiment name (default "sage").
+        resume: go on from the checkpoint beside ``output``.
     Returns:
         {"config": ..., "graph": {...}, "runs": {seed: {selector: {"summary", "history"}}},
-         "table": [summary rows]}.
+         "table": [summary rows]}. Resumed or not, the same figures (the ``seconds_*`` wall times aside).
     Raises:
-        InputError: bad config option, missing data folder.
+        InputError: bad config option, missing data folder; with ``resume``: no checkpoint, or one
+            of another run (config, data set, seeds, code version, MLflow store or experiment).
     """
     cfg = parse_config(config, rounds, seeds)
     if cfg.num_threads:
@@ -226,7 +282,15 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     ds_full, spec = load_dataset(cfg)
     tracker = make_tracker(tracking_uri, experiment)
     name = config_name(cfg)
-    result: dict[str, Any] = {"config": cfg.model_dump(), "name": name, "runs": {}, "table": [], "graphs": {}}
+    target = None
+    if output is not None:
+        out = Path(output)
+        target = out if out.suffix == ".json" else out / "results.json"
+    dump = cfg.model_dump(exclude={"checkpoint"})
+    ck = UnitCheckpoints(target, benchmark_stamp(dump, data_id(ds_full.x_train, ds_full.y_train, ds_full.x_test,
+                                                                ds_full.y_test) if target else "", cfg.seeds),
+                         cfg.checkpoint, resume, tracker)
+    result: dict[str, Any] = {"config": dump, "name": name, "runs": {}, "table": [], "graphs": {}}
     for seed in cfg.seeds:
         ds = subsample(ds_full, cfg.train_samples, cfg.test_samples, seed)
         shards = make_shards(ds, cfg.n_clients, cfg.alpha_dir, seed)
@@ -241,27 +305,49 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
                   "schedule": cfg.schedule, "delta": cfg.delta, "lambda_cost": cfg.lambda_cost,
                   "stage_cost": cfg.stage_cost,
                   "alpha_mix": cfg.alpha_mix, "recon_weight": cfg.recon_weight}
-        parent = tracker.parent(f"{name}-seed{seed}", params) if tracker else contextlib.nullcontext()
+        seed_done = f"{seed}" in ck.done  # every selector of the seed and its parent run finished
+        parent = (ck.run(tracker, f"parent/{seed}", lambda: tracker.parent(f"{name}-seed{seed}", params))
+                  if tracker and not seed_done else contextlib.nullcontext())
         with parent:
             for s in cfg.selectors:
-                display = get_selector(s).display
-                child = (tracker.child(f"{name}-{display}-seed{seed}", {**params, "selector": display},
-                                       {BENCHMARK_TAG: "sage", SELECTOR_TAG: display})
-                         if tracker else contextlib.nullcontext())
-                with child:
-                    out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker)
-                    if tracker:
-                        final = {f"final_{key}": v for key, v in out["summary"].items()
-                                 if isinstance(v, (int, float)) and v is not None}
-                        tracker.log_metrics(final, step=cfg.rounds)
-                        tracker.log_json(out["summary"], "summary.json")
+                unit = f"{seed}/{s}"
+                if unit in ck.done:  # finished before the resume: its MLflow run is complete
+                    out = ck.done[unit]
+                else:
+                    out = _tracked_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker, ck,
+                                            unit, name, params)
+                    ck.finish(unit, out)
                 runs[s] = out
                 result["table"].append({"seed": seed, **out["summary"]})
-            if tracker:
+            if tracker and not seed_done:
                 tracker.log_json(result["table"], "table.json")
+        if not seed_done:
+            ck.finish(f"{seed}", True)
         result["runs"][str(seed)] = runs
-    if output is not None:
-        out = Path(output)
-        target = out if out.suffix == ".json" else out / "results.json"
+    if target is not None:
         write_results(target, result, indent=1)
+    ck.remove()
     return result
+
+
+def _tracked_selector(s: str, cfg: SageConfig, shards: ClientShards, spec: ModelSpec, cand: Tensor,
+                      cand_valid: Tensor, degree: Tensor, seed: int, tracker: Tracker | None,
+                      ck: UnitCheckpoints, unit: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run_selector` in its MLflow child run (reopened when the unit goes on from a checkpoint),
+    offering ``ck`` its round checkpoints; each round and the final metrics logged once."""
+    display = get_selector(s).display
+    going_on = ck.going_on(unit)
+    child = (ck.run(tracker, f"child/{unit}", lambda: tracker.child(
+        f"{name}-{display}-seed{seed}", {**params, "selector": display}, {BENCHMARK_TAG: "sage", SELECTOR_TAG: display}))
+        if tracker else contextlib.nullcontext())
+    with child as child_id:
+        logged = logged_steps(tracker, child_id, "comm_oh") if tracker and going_on is not None else -1
+        out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker,
+                           checkpoint=lambda tau, snap: ck.offer(unit, tau, snap), resume=going_on, logged=logged)
+        if tracker:
+            have = set(tracker.client.get_run(child_id).data.metrics) if going_on is not None else set()
+            final = {f"final_{key}": v for key, v in out["summary"].items()
+                     if isinstance(v, (int, float)) and v is not None and f"final_{key}" not in have}
+            tracker.log_metrics(final, step=cfg.rounds)
+            tracker.log_json(out["summary"], "summary.json")
+    return out

@@ -24,6 +24,7 @@ from torch import Tensor
 
 import federation.methods.sage_rule as sage
 from etl.errors import InputError
+from federation.core.config import CheckpointConfig
 from federation.methods.probe import ProbeTable
 from federation.methods.registry import SELECTORS, canonical_selector, register_selector
 
@@ -558,6 +559,8 @@ class SageConfig(BaseModel):
     pens: PensOptions = PensOptions()
     pfeddst: PfeddstOptions = PfeddstOptions()
     num_threads: int | None = Field(None, ge=1)
+    #: round checkpoints of ``abps train`` (``<output>.ckpt``; how the run is run, not what it computes)
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     @field_validator("selectors")
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import random
 import time
 from functools import lru_cache
@@ -55,6 +56,25 @@ def stamp(cfg: RunConfig, cohort_id: str, seeds: list[int]) -> dict[str, Any]:
             "seeds": [int(s) for s in seeds], "code": code_version()}
 
 
+def benchmark_stamp(config: dict[str, Any], data_id: str, seeds: list[int]) -> dict[str, Any]:
+    """:func:`stamp` of a benchmark run (``benchmark: sage | vv``): its resolved config as JSON
+    (without ``checkpoint``), the data set's :func:`data_id`, the seeds and the code version."""
+    cfg = {k: v for k, v in config.items() if k != "checkpoint"}
+    return {"config": json.loads(json.dumps(cfg, default=str)), "data": data_id,
+            "seeds": [int(s) for s in seeds], "code": code_version()}
+
+
+def data_id(*arrays: Any) -> str:
+    """16 hex digits: SHA-256 over the shapes, dtypes and bytes of ``arrays`` (NumPy arrays or
+    CPU tensors): which data set a benchmark checkpoint was computed on."""
+    h = hashlib.sha256()
+    for a in arrays:
+        x = np.ascontiguousarray(a.numpy() if isinstance(a, torch.Tensor) else a)
+        h.update(f"{x.dtype}{x.shape}".encode())
+        h.update(memoryview(x).cast("B"))
+    return h.hexdigest()[:16]
+
+
 def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
@@ -70,8 +90,10 @@ def mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     if saved.get("code") != now["code"]:
         return (f"code version {saved.get('code')} in the checkpoint, {now['code']} now (another version of "
                 "etl / federation / abps wrote it)")
-    if saved.get("cohort") != now["cohort"]:
-        return f"cohort {saved.get('cohort')} in the checkpoint, {now['cohort']} now (--cohort)"
+    if saved.get("cohort") != now.get("cohort"):
+        return f"cohort {saved.get('cohort')} in the checkpoint, {now.get('cohort')} now (--cohort)"
+    if saved.get("data") != now.get("data"):
+        return f"data set {saved.get('data')} in the checkpoint, {now.get('data')} now (the config's data files)"
     if saved.get("seeds") != now["seeds"]:
         return f"seeds {saved.get('seeds')} in the checkpoint, {now['seeds']} now (--seeds)"
     a, b = _flat(saved.get("config", {})), _flat(now["config"])
@@ -94,23 +116,23 @@ def save(path: Path, payload: dict[str, Any]) -> None:
     atomic_write_bytes(path, buf.getbuffer())
 
 
-def load(path: Path, now: dict[str, Any]) -> dict[str, Any]:
+def load(path: Path, now: dict[str, Any], who: str = "--resume") -> dict[str, Any]:
     """Read a checkpoint and check it against this run's :func:`stamp`.
 
     Raises:
         InputError: unreadable file, another layout, or a stamp that differs (one line naming
-            the difference).
+            the difference, beginning with ``who``).
     """
     try:
         with open(path, "rb") as fh:
             doc = torch.load(fh, weights_only=False)  # our own pickle (module docstring)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
-        raise InputError(f"--resume: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
+        raise InputError(f"{who}: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise InputError(f"--resume: {path} is not a checkpoint of layout {FORMAT}")
+        raise InputError(f"{who}: {path} is not a checkpoint of layout {FORMAT}")
     why = mismatch(doc.get("stamp", {}), now)
     if why is not None:
-        raise InputError(f"--resume: {path} belongs to another run: {why}")
+        raise InputError(f"{who}: {path} belongs to another run: {why}")
     return doc
 
 
@@ -148,3 +170,110 @@ class Cadence:
             self.last = self.clock()
             return True
         return False
+
+
+def resume_from(path: Path | None, now: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint ``--resume`` goes on from, checked against this run's stamp ``now``.
+
+    Raises:
+        InputError: no output (nowhere to look), no checkpoint there, or one of another run.
+    """
+    if path is None:
+        raise InputError("--resume: give the --output of the run to resume (its checkpoint lies beside it)")
+    if not path.is_file():
+        raise InputError(f"--resume: no checkpoint {path} (the run finished, never reached its first checkpoint, "
+                         "or wrote another --output)")
+    return load(path, now)
+
+
+def check_resume_store(saved_ids: dict[str, str] | None, tracker: Any) -> dict[str, str]:
+    """The checkpoint's MLflow run ids (``{role: run id}``), after checking that this run logs to
+    the store and experiment that hold them (or logs nowhere, as the checkpointed run did).
+
+    Raises:
+        InputError: the checkpointed run logged to MLflow and this one would not, or to another
+            store / experiment (naming --tracking-uri / --experiment).
+    """
+    ids = dict(saved_ids or {})
+    if not ids:
+        return ids
+    if tracker is None:
+        raise InputError("--resume: the checkpointed run logs to MLflow; resume it with tracking on")
+    rid = ids.get("parent") or next(iter(ids.values()))
+    try:
+        exp = tracker.client.get_run(rid).info.experiment_id
+    except Exception:  # noqa: BLE001 - a store without that run
+        raise InputError(f"--resume: the checkpoint's MLflow run {rid} is not in {tracker.uri} "
+                         "(give the --tracking-uri of the stopped run)") from None
+    if exp != tracker.experiment_id:
+        raise InputError("--resume: the checkpoint's MLflow run is in another experiment (give the --experiment "
+                         "of the stopped run)")
+    return ids
+
+
+class UnitCheckpoints:
+    """Round checkpoints of a benchmark run made of units run one after another (a seed's selector
+    in the SAGE benchmark, one gossip simulation): the units done (their results), the unit under
+    way (its round state) and the MLflow run ids, in ``<output>.ckpt``.
+
+    Args:
+        output: the run's results.json (None: no checkpoints, no resume).
+        now: the run's stamp (:func:`benchmark_stamp`).
+        cadence: the config's ``checkpoint`` section.
+        resume: go on from the checkpoint at ``output`` (InputError as :func:`resume_from`).
+        tracker: the run's MLflow tracker or None (checked with :func:`check_resume_store`).
+    """
+
+    def __init__(self, output: str | Path | None, now: dict[str, Any], cadence: CheckpointConfig,
+                 resume: bool = False, tracker: Any = None) -> None:
+        self.path = checkpoint_path(output) if output is not None else None
+        self.stamp, self.cadence = now, Cadence(cadence)
+        self.writes = self.path is not None and self.cadence.enabled
+        saved = resume_from(self.path, now) if resume else None
+        self.mlflow: dict[str, str] = check_resume_store(saved.get("mlflow"), tracker) if saved else {}
+        self.done: dict[str, Any] = dict(saved["done"]) if saved else {}
+        self.current: dict[str, Any] | None = saved["current"] if saved else None
+
+    def going_on(self, unit: str) -> dict[str, Any] | None:
+        """The round state ``unit`` goes on from (the unit under way when the run stopped), else None."""
+        return self.current["state"] if self.current is not None and self.current["unit"] == unit else None
+
+    def offer(self, unit: str, tau: int, snapshot: Any) -> None:
+        """After time point ``tau`` of ``unit``: write ``snapshot()`` when the cadence says so."""
+        if self.writes and self.cadence.due(tau):
+            self.current = {"unit": unit, "state": snapshot()}
+            self._save()
+
+    def finish(self, unit: str, result: Any) -> None:
+        """``unit`` is done: a resume keeps ``result`` and skips it."""
+        self.done[unit] = result
+        self.current = None
+        self._save()
+
+    def _save(self) -> None:
+        if self.writes:
+            save(self.path, {"stamp": self.stamp, "mlflow": self.mlflow, "done": self.done, "current": self.current})
+
+    def remove(self) -> None:
+        """The run is complete (results.json written): delete the checkpoint."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+    def run(self, tracker: Any, role: str, start: Any) -> Any:
+        """The MLflow run of ``role`` as a context manager yielding its id: the run of the
+        checkpoint reopened, else ``start()`` (a new run, recorded under ``role``)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def cm() -> Any:
+            ctx = tracker.resume(self.mlflow[role]) if role in self.mlflow else start()
+            with ctx as rid:
+                self.mlflow[role] = rid
+                yield rid
+        return cm()
+
+
+def logged_steps(tracker: Any, run_id: str, key: str) -> int:
+    """The last step of metric ``key`` in MLflow run ``run_id`` (-1: none): a resumed run logs only
+    later steps, so no step is logged twice."""
+    return max((m.step for m in tracker.client.get_metric_history(run_id, key)), default=-1)

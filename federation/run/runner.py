@@ -463,9 +463,9 @@ def run_training(
     results: list[RunResult] = []
     ck_path = checkpoint.checkpoint_path(output) if output is not None else None
     ck_stamp = checkpoint.stamp(cfg, cid, seeds)
-    saved = _resume_from(ck_path, ck_stamp) if resume else None  # before any MLflow run starts
+    saved = checkpoint.resume_from(ck_path, ck_stamp) if resume else None  # before any MLflow run starts
     tracker = Tracker(tracking_uri, experiment) if track else None
-    mlflow_ids = _check_resume_store(saved, tracker) if saved is not None else {}
+    mlflow_ids = checkpoint.check_resume_store(saved.get("mlflow"), tracker) if saved is not None else {}
     cadence = checkpoint.Cadence(cfg.checkpoint)
     writes = ck_path is not None and cadence.enabled
 
@@ -541,44 +541,6 @@ def run_training(
     if ck_path is not None:
         ck_path.unlink(missing_ok=True)  # the run is complete
     return doc
-
-
-def _resume_from(path: Path | None, stamp: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint ``--resume`` goes on from, checked against this run's stamp.
-
-    Raises:
-        InputError: no output (nowhere to look), no checkpoint there, or one of another run.
-    """
-    if path is None:
-        raise InputError("--resume: give the --output of the run to resume (its checkpoint lies beside it)")
-    if not path.is_file():
-        raise InputError(f"--resume: no checkpoint {path} (the run finished, never reached its first checkpoint, "
-                         "or wrote another --output)")
-    return checkpoint.load(path, stamp)
-
-
-def _check_resume_store(saved: dict[str, Any], tracker: Tracker | None) -> dict[str, Any]:
-    """The checkpoint's MLflow run ids, after checking this run logs to the store and experiment
-    that hold them (or logs nowhere, as the checkpointed run did).
-
-    Raises:
-        InputError: the checkpointed run logged to MLflow and this one would not, or to another
-            store / experiment (naming --tracking-uri / --experiment).
-    """
-    ids = dict(saved.get("mlflow") or {})
-    if not ids:
-        return ids
-    if tracker is None:
-        raise InputError("--resume: the checkpointed run logs to MLflow; resume it with tracking on")
-    try:
-        exp = tracker.client.get_run(ids["parent"]).info.experiment_id
-    except Exception:  # noqa: BLE001 - a store without that run
-        raise InputError(f"--resume: the checkpoint's MLflow run {ids['parent']} is not in {tracker.uri} "
-                         "(give the --tracking-uri of the stopped run)") from None
-    if exp != tracker.experiment_id:
-        raise InputError("--resume: the checkpoint's MLflow run is in another experiment (give the --experiment "
-                         "of the stopped run)")
-    return ids
 
 
 def dropped_message(dropped: dict[str, int], n_kept: int) -> str | None:

@@ -393,9 +393,14 @@ class Tracker:
 
         return cm()
 
+    def reopen(self, run_id: str) -> None:
+        """Set an ended or interrupted run RUNNING again (it is then logged to with :meth:`on` and
+        ended with :meth:`close`)."""
+        _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+
     def resume(self, run_id: str) -> contextlib.AbstractContextManager[str]:
         """Reopen an existing run (status RUNNING) as the innermost run; ends like :meth:`run`."""
-        _retry(lambda: self.client.update_run(run_id, status="RUNNING"))
+        self.reopen(run_id)
         return self._open(run_id)
 
     def parent(self, run_name: str, params: dict[str, Any] | None = None,

@@ -25,13 +25,15 @@ from federation.core.config import (
     deep_merge,
     load_yaml,
 )
-from federation.data.load import load_federation
+from federation.data.load import federation_id, load_federation
 from federation.engine import kernels
 from federation.methods import get_method
+from federation.run import checkpoint
 from federation.run.runner import run_one
 from federation.sweep.spec import SweepSpec
 
-__all__ = ["Cell", "canonical_json", "config_hash", "expand_cells", "sweep_hash", "run_cell", "set_round_hook"]
+__all__ = ["Cell", "canonical_json", "checkpoint_file", "config_hash", "expand_cells", "sweep_hash", "run_cell",
+           "set_round_hook"]
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     """Return a copy of ``raw`` with ``a.b.c`` set to ``value`` (intermediate mappings created)."""
@@ -173,7 +175,13 @@ def _load_data(cohort: str, min_train: int) -> Any:
     return _DATA_CACHE[key]
 
 
-def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -> dict[str, Any]:
+def checkpoint_file(folder: str | Path, cell: Cell) -> Path:
+    """``<folder>/<config_hash>-seed<seed>.ckpt``: where cell ``cell`` writes its round checkpoints."""
+    return Path(folder) / f"{cell.config_hash}-seed{cell.seed}{checkpoint.SUFFIX}"
+
+
+def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1, checkpoint_path: str | None = None,
+             cohort_id: str | None = None) -> dict[str, Any]:
     """Compute one cell: a pure function of (config, cohort, seed) (plus the thread count).
 
     Args:
@@ -182,6 +190,15 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
         seed: run seed.
         threads: torch intra-op threads of this worker (results depend on it through float
             summation order, so every executor uses the sweep's ``resources.threads``).
+        checkpoint_path: the cell's round checkpoint (:func:`checkpoint_file`; None: none). Written
+            at the config's ``checkpoint`` cadence; when the file exists the cell goes on after its
+            round, with the result of an uninterrupted computation.
+        cohort_id: the cohort's :func:`federation.data.load.federation_id` (stamped into the
+            checkpoint; computed when not given).
+
+    Raises:
+        InputError: the checkpoint belongs to another run (code version, config, cohort or seed;
+            one line naming the difference and the file).
 
     Returns:
         ``{"summary": RunResult.summary(), "history": [per-round metrics], "per_center":
@@ -198,9 +215,7 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
     data = _load_data(cohort, cfg.min_train)
     hook = _ROUND_HOOK
     started = _now_ms()
-    if hook is not None:
-        hook("start", {"ms": started})
-    round_ms: list[int] = []
+    round_ms: list[int | None] = []
 
     def on_round(step: int, metrics: dict[str, float]) -> None:
         round_ms.append(_now_ms())
@@ -208,8 +223,35 @@ def run_cell(config: dict[str, Any], cohort: str, seed: int, threads: int = 1) -
             hook("round", {"step": step, "metrics": dict(metrics), "ms": round_ms[-1]})
 
     t0 = time.perf_counter()
-    res = run_one(cfg, data, int(seed), on_round)
+    res = run_one(cfg, data, int(seed), on_round, **_cell_checkpoints(cfg, cohort, int(seed), checkpoint_path,
+                                                                      cohort_id, hook, started))
+    round_ms = [None] * (len(res.history) - len(round_ms)) + round_ms  # rounds before a resume: no time
     return {"summary": res.summary(), "history": res.history, "per_center": res.per_center,
             "artifacts": res.artifacts, "seconds": time.perf_counter() - t0, "started_ms": started,
             "ended_ms": _now_ms(), "round_ms": round_ms, "engine_step": kernels.step_name(),
             "platform": kernels.build_info(), "clinical": res.clinical}
+
+
+def _cell_checkpoints(cfg: RunConfig, cohort: str, seed: int, path: str | None, cohort_id: str | None,
+                      hook: Callable[[str, dict[str, Any]], None] | None, started: int) -> dict[str, Any]:
+    """:func:`run_one`'s ``checkpoint`` / ``resume`` arguments for a cell, and its ``start`` event
+    (``{"ms", "resumed"}``: the round the cell goes on after, 0 from the start)."""
+    state = None
+    kw: dict[str, Any] = {}
+    if path is not None:
+        target = Path(path)
+        now = checkpoint.stamp(cfg, cohort_id or federation_id(cohort), [seed])
+        if target.is_file():
+            saved = checkpoint.load(target, now, who="sweep cell checkpoint")
+            state = (saved.get("current") or {}).get("state")
+        cadence = checkpoint.Cadence(cfg.checkpoint)
+
+        def on_checkpoint(tau: int, snap: Callable[[], dict[str, Any]]) -> None:
+            if cadence.enabled and cadence.due(tau):
+                checkpoint.save(target, {"stamp": now, "mlflow": {}, "done": [],
+                                         "current": {"seed": seed, "state": snap()}})
+
+        kw = {"checkpoint": on_checkpoint, "resume": state}
+    if hook is not None:
+        hook("start", {"ms": started, "resumed": int(state["round"]) if state is not None else 0})
+    return kw

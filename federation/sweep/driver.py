@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from etl.errors import InputError
+from etl.io import folder_name
 from federation.data.load import federation_id, load_federation
 from federation.run.tracking import EXECUTOR_TAG, Tracker
-from federation.sweep.cells import Cell, expand_cells, sweep_hash
+from federation.sweep.cells import Cell, checkpoint_file, expand_cells, sweep_hash
 from federation.sweep.executors import Event, check_reachable, run_pool, run_ray, run_serial
-from federation.sweep.log import CellLog, cell_params, finished_cells, open_parent, stale_runs
+from federation.sweep.log import CellLog, cell_params, finished_cells, interrupted_runs, open_parent, stale_runs
 from federation.sweep.schedule import longest_first
 from federation.sweep.spec import SweepSpec
 
@@ -117,7 +118,11 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
 
     Returns:
         :class:`SweepOutcome`. The parent run ends FINISHED when every cell of the sweep has a
-        FINISHED run, FAILED otherwise.
+        FINISHED run, FAILED otherwise. A cell writes round checkpoints (its config's ``checkpoint``
+        cadence) into ``spec.checkpoints`` (default ``runs/<experiment>/checkpoints``); a cell
+        stopped inside (a kill, Ctrl-C) goes on from its last one on the rerun, in its interrupted
+        MLflow run, with the figures of an uninterrupted computation. A cell's file is removed once
+        its run is FINISHED.
 
     Raises:
         InputError: bad cohort, method, option or executor.
@@ -144,7 +149,9 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     s_hash = sweep_hash(cells)
     all_keys = sorted({k for c in cells for k in cell_params(c, cid)})
 
-    tracker = Tracker(tracking_uri, experiment or spec.experiment or spec.name)
+    exp_name = experiment or spec.experiment or spec.name
+    folder = Path(spec.checkpoints or Path("runs") / folder_name(exp_name) / "checkpoints").resolve()
+    tracker = Tracker(tracking_uri, exp_name)
     with open_parent(tracker, spec.name, cells, cid, s_hash) as parent:
         tracker.set_tags({EXECUTOR_TAG: f"{executor} x{workers}"})
         out = SweepOutcome(parent, tracker.experiment_id, cells, dropped=dropped)
@@ -154,7 +161,8 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
         # two cells with the same resolved config and seed are one computation
         todo = list({c.key: c for c in reversed(todo)}.values())[::-1]
         log = CellLog(tracker, parent, cid, all_keys, s_hash, stale_runs(tracker),
-                      cohort_name=Path(cohort_dir).resolve().name)
+                      cohort_name=Path(cohort_dir).resolve().name, interrupted=interrupted_runs(tracker))
+        ck = (str(folder), cid)
         threads = spec.resources.threads
         bar = _SweepProgress(progress, len(todo), workers)
         try:
@@ -164,13 +172,13 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                     events = iter(())
                 elif executor == "ray":  # longest expected cells first: the workers end together
                     events = run_ray(longest_first(todo), cohort_dir, threads, workers, address,
-                                     spec.resources.num_cpus)
+                                     spec.resources.num_cpus, checkpoints=ck)
                     bar.submit(len(todo))
                 elif workers == 1:
                     bar.submit(len(todo))
-                    events = run_serial(todo, cohort_dir, threads, log.event)
+                    events = run_serial(todo, cohort_dir, threads, log.event, checkpoints=ck)
                 else:
-                    events = run_pool(longest_first(todo), cohort_dir, threads, workers, bar.submit)
+                    events = run_pool(longest_first(todo), cohort_dir, threads, workers, bar.submit, checkpoints=ck)
                 for kind, cell, payload in events:
                     if kind != "done":
                         log.event(kind, cell, payload)
@@ -182,6 +190,7 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                         bar.finish(False, f"{cell.run_name} failed")
                         continue
                     out.ran[cell.key] = log.finish(cell, res)
+                    checkpoint_file(folder, cell).unlink(missing_ok=True)  # the cell is complete
                     out.summaries[cell.key] = res["summary"]
                     out.seconds[cell.key] = float(res.get("seconds", 0.0))
                     bar.finish(True, f"{cell.run_name} AUROC {res['summary']['final_auroc_mean']:.3f}")
@@ -192,3 +201,4 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
                           "cohort_id": cid, "dropped_centers": dropped}, "sweep.json")
         tracker.finish_as("FAILED" if out.failed else "FINISHED")
     return out
+

@@ -35,15 +35,25 @@ def _done(cell: Cell, result: dict[str, Any] | None, error: BaseException | None
     return ("done", cell, {"result": result, "error": error})
 
 
+def _checkpoint_args(cell: Cell, checkpoints: tuple[str, str] | None) -> dict[str, Any]:
+    """:func:`run_cell`'s checkpoint arguments for ``cell`` (``checkpoints``: (folder, cohort id))."""
+    if checkpoints is None:
+        return {}
+    return {"checkpoint_path": str(cells_mod.checkpoint_file(checkpoints[0], cell)), "cohort_id": checkpoints[1]}
+
+
 def run_serial(cells: list[Cell], cohort: str, threads: int,
-               emit: Callable[[str, Cell, dict[str, Any]], None]) -> Iterator[Event]:
-    """Run the cells one after another in this process; live events go straight to ``emit``."""
+               emit: Callable[[str, Cell, dict[str, Any]], None],
+               checkpoints: tuple[str, str] | None = None) -> Iterator[Event]:
+    """Run the cells one after another in this process; live events go straight to ``emit``.
+    ``checkpoints``: (folder, cohort id) of the cells' round checkpoints (None: none)."""
     before = torch.get_num_threads()
     try:
         for c in cells:
             cells_mod.set_round_hook(lambda kind, payload, c=c: emit(kind, c, payload))
             try:
-                result = cells_mod.run_cell(c.config.model_dump(mode="json"), cohort, c.seed, threads)
+                result = cells_mod.run_cell(c.config.model_dump(mode="json"), cohort, c.seed, threads,
+                                            **_checkpoint_args(c, checkpoints))
             except Exception as exc:  # noqa: BLE001 - reported per cell
                 yield _done(c, None, exc)
             else:
@@ -69,12 +79,13 @@ def _worker_init(q: Any) -> None:
             pass
 
 
-def _queued_cell(index: int, config: dict[str, Any], cohort: str, seed: int, threads: int, q: Any = None) -> dict:
+def _queued_cell(index: int, config: dict[str, Any], cohort: str, seed: int, threads: int, q: Any = None,
+                 **checkpoint: Any) -> dict:
     """:func:`run_cell` in a worker, its live events put on the driver's queue as ``(index, kind, payload)``."""
     q = q if q is not None else _QUEUE
     cells_mod.set_round_hook(lambda kind, payload: q.put((index, kind, payload)))
     try:
-        return cells_mod.run_cell(config, cohort, seed, threads)
+        return cells_mod.run_cell(config, cohort, seed, threads, **checkpoint)
     finally:
         cells_mod.set_round_hook(None)
 
@@ -89,8 +100,9 @@ def _drain(q: Any, by_index: dict[int, Cell], empty: type[BaseException]) -> Ite
 
 
 def run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
-             on_submit: Callable[[int], None]) -> Iterator[Event]:
-    """Run the cells on a spawn-context process pool of ``workers`` processes."""
+             on_submit: Callable[[int], None], checkpoints: tuple[str, str] | None = None) -> Iterator[Event]:
+    """Run the cells on a spawn-context process pool of ``workers`` processes (``checkpoints`` as
+    :func:`run_serial`)."""
     ctx = mp.get_context("spawn")
     manager = ctx.Manager()
     q = manager.Queue()
@@ -98,7 +110,8 @@ def run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(q,))
     clean = False
     try:
-        futs = {pool.submit(_queued_cell, c.index, c.config.model_dump(mode="json"), cohort, c.seed, threads): c
+        futs = {pool.submit(_queued_cell, c.index, c.config.model_dump(mode="json"), cohort, c.seed, threads,
+                            **_checkpoint_args(c, checkpoints)): c
                 for c in cells}
         on_submit(len(futs))
         pending = set(futs)
@@ -135,8 +148,9 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address: str | None,
-            num_cpus: float) -> Iterator[Event]:
-    """Run the cells as Ray tasks (a local Ray with ``workers`` CPUs, or the cluster at ``address``)."""
+            num_cpus: float, checkpoints: tuple[str, str] | None = None) -> Iterator[Event]:
+    """Run the cells as Ray tasks (a local Ray with ``workers`` CPUs, or the cluster at ``address``;
+    ``checkpoints`` as :func:`run_serial`, a folder every node reads and writes)."""
     try:
         import ray
         from ray.util.queue import Empty, Queue
@@ -154,7 +168,8 @@ def run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address:
         q = Queue()
         by_index = {c.index: c for c in cells}
         remote = ray.remote(num_cpus=num_cpus, max_retries=0)(_queued_cell)
-        refs = {remote.remote(c.index, c.config.model_dump(mode="json"), cohort, c.seed, threads, q): c
+        refs = {remote.remote(c.index, c.config.model_dump(mode="json"), cohort, c.seed, threads, q,
+                              **_checkpoint_args(c, checkpoints)): c
                 for c in cells}
         pending = list(refs)
         while pending:

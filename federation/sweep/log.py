@@ -5,7 +5,9 @@ A cell's run is created when its work starts (start time = the cell's real start
 metrics are logged while it runs (stamped with the time each round ended), and it is marked
 FINISHED, with the cell's real end time, only after its final metrics, tags and artifacts are
 logged. A cell that fails, or a driver that is interrupted, leaves the run FAILED; a driver that
-is killed (``kill -9``) leaves it RUNNING, and the rerun marks it KILLED and computes the cell again.
+is killed (``kill -9``) leaves it RUNNING. On the rerun, a cell that goes on from its round
+checkpoint continues its newest interrupted run (same run id; steps it holds are not logged again);
+one computed from round 0 marks runs left RUNNING KILLED and starts a new run.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from federation.run.tracking import (
 )
 from federation.sweep.cells import Cell
 
-__all__ = ["cell_params", "finished_cells", "stale_runs", "open_parent", "CellLog"]
+__all__ = ["cell_params", "finished_cells", "stale_runs", "interrupted_runs", "open_parent", "CellLog"]
 
 Key = tuple[str, int]
 
@@ -63,6 +65,14 @@ def stale_runs(tracker: Tracker) -> dict[Key, list[str]]:
     return _keys(tracker.search(f"tags.`{KIND_TAG}` = '{KIND_CELL}' and attributes.status = 'RUNNING'"))
 
 
+def interrupted_runs(tracker: Tracker) -> dict[Key, str]:
+    """The newest cell run left RUNNING (a killed sweep) or FAILED (an interrupted one), by key: the
+    run a cell that goes on from its round checkpoint continues."""
+    runs = tracker.search(f"tags.`{KIND_TAG}` = '{KIND_CELL}' and attributes.status != 'FINISHED'")
+    runs = [r for r in runs if r.info.status in ("RUNNING", "FAILED")]
+    return {k: ids[-1] for k, ids in _keys(sorted(runs, key=lambda r: r.info.start_time)).items()}
+
+
 def open_parent(tracker: Tracker, name: str, cells: list[Cell], cohort: str, sweep_hash: str) -> Any:
     """The sweep's parent run as a context manager yielding its id: the run with the same sweep
     hash reopened, or a new one. Ends FINISHED unless the caller sets otherwise
@@ -87,52 +97,64 @@ class CellLog:
         sweep_hash: the sweep's identity tag.
         stale: runs left RUNNING by a killed sweep, by key (marked KILLED when their cell restarts).
         cohort_name: the cohort's folder name (tag ``abps.cohort``).
+        interrupted: :func:`interrupted_runs` (continued by a cell that resumes from its checkpoint).
     """
 
     def __init__(self, tracker: Tracker, parent_id: str, cohort: str, all_keys: list[str], sweep_hash: str,
-                 stale: dict[Key, list[str]], cohort_name: str = "") -> None:
+                 stale: dict[Key, list[str]], cohort_name: str = "", interrupted: dict[Key, str] | None = None) -> None:
         self.tracker, self.parent_id, self.cohort, self.cohort_name = tracker, parent_id, cohort, cohort_name
         self.all_keys, self.sweep_hash, self.stale = all_keys, sweep_hash, stale
-        self.open: dict[Key, list[Any]] = {}  # key -> [run id, last step logged]
+        self.interrupted = dict(interrupted or {})
+        self.open: dict[Key, list[Any]] = {}  # key -> [run id, steps logged]
 
-    def start(self, cell: Cell, ms: int | None) -> str:
-        """Create the cell's run (once), with its start time ``ms`` (epoch ms)."""
+    def start(self, cell: Cell, ms: int | None, resumed: int = 0) -> str:
+        """Create the cell's run (once), with its start time ``ms`` (epoch ms); a cell that goes on
+        after round ``resumed`` > 0 of its checkpoint continues its interrupted run when there is one."""
         if cell.key in self.open:
             return self.open[cell.key][0]
+        going_on = self.interrupted.pop(cell.key, None) if resumed > 0 else None
         for rid in self.stale.pop(cell.key, []):
-            self.tracker.close(rid, "KILLED")
+            if rid != going_on:
+                self.tracker.close(rid, "KILLED")
+        if going_on is not None:
+            self.tracker.reopen(going_on)
+            steps = {m.step for m in self.tracker.client.get_metric_history(going_on, "cum_bytes")}
+            self.open[cell.key] = [going_on, steps]
+            return going_on
         tags = {KIND_TAG: KIND_CELL, HASH_TAG: cell.config_hash, COHORT_TAG: self.cohort, LABEL_TAG: cell.label,
                 COHORT_NAME_TAG: self.cohort_name,
                 SWEEP_TAG: self.sweep_hash, METHOD_TAG: cell.method, SEED_TAG: str(cell.seed)}
         params = cell_params(cell, self.cohort)
         rid = self.tracker.create(cell.run_name, {k: params.get(k, "none") for k in self.all_keys}, tags,
                                   parent_id=self.parent_id, start_time_ms=ms)
-        self.open[cell.key] = [rid, 0]
+        self.open[cell.key] = [rid, set()]
         return rid
 
     def event(self, kind: str, cell: Cell, payload: dict[str, Any]) -> None:
         """A live event of a running cell: ``start`` (``{"ms"}``) or ``round`` (``{"step",
         "metrics", "ms"}``; the metrics are logged now, at that step and time)."""
         if kind == "start":
-            self.start(cell, payload.get("ms"))
+            self.start(cell, payload.get("ms"), int(payload.get("resumed") or 0))
         elif kind == "round":
             rid = self.start(cell, payload.get("ms"))
-            with self.tracker.on(rid):
-                self.tracker.log_metrics(payload["metrics"], int(payload["step"]), payload.get("ms"))
-            self.open[cell.key][1] = int(payload["step"])
+            step = int(payload["step"])
+            if step not in self.open[cell.key][1]:
+                with self.tracker.on(rid):
+                    self.tracker.log_metrics(payload["metrics"], step, payload.get("ms"))
+                self.open[cell.key][1].add(step)
 
     def finish(self, cell: Cell, result: dict[str, Any]) -> str:
         """Log the rest of a computed cell and mark its run FINISHED at the cell's real end time
         (FAILED when logging fails or is interrupted). Returns the run id."""
         rid = self.start(cell, result.get("started_ms"))
-        last = self.open[cell.key][1]
+        logged = self.open[cell.key][1]
         tr = self.tracker
         try:
             with tr.on(rid):
                 times = result.get("round_ms") or []
                 rows = [(row, times[i] if i < len(times) else None) for i, row in enumerate(result["history"])]
                 for row, ms in rows:
-                    if int(row["round"]) > last:  # rounds the live log has not seen
+                    if int(row["round"]) not in logged:  # rounds the live log has not seen
                         tr.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]), ms)
                 tr.log_final(result["summary"])
                 tags = {CELL_SECONDS_TAG: f"{result.get('seconds', 0.0):.2f}"}

@@ -67,6 +67,8 @@ class SweepSpec(_Strict):
         methods: method names or :class:`MethodEntry` mappings.
         options: dotted run-config key -> list of values; the sweep runs their cross product.
         resources: :class:`Resources`.
+        checkpoints: folder of the cells' round checkpoints (default ``runs/<experiment>/checkpoints``,
+            relative to the working folder); on a Ray cluster a folder every node reads and writes.
         executor, workers, address: defaults of ``--executor``, ``--workers``, ``--address``
             (``executor`` was called ``engine`` before; the old key is refused with the new name,
             since ``engine`` is also the run config's model / optimizer section).
@@ -80,6 +82,7 @@ class SweepSpec(_Strict):
     methods: list[MethodEntry] = Field(min_length=1)
     options: dict[str, list[Any]] = Field(default_factory=dict)
     resources: Resources = Resources()
+    checkpoints: str | None = None
     executor: Literal["local", "ray"] = "local"
     workers: int = Field(1, ge=1)
     address: str | None = None
