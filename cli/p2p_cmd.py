@@ -116,5 +116,6 @@ def launch(
                      on_failure=on_failure)
     p = doc["p2p"]
     s = doc["summary"]["final_auroc_mean"]["mean"]
-    print(f"{cfg.method} seed {seed}: final test AUROC {s:.6f}; wire payload {p['wire_payload_bytes']} B, "
+    auroc = f"{s:.6f}" if s is not None else "undefined (too few centers with both classes)"
+    print(f"{cfg.method} seed {seed}: final test AUROC {auroc}; wire payload {p['wire_payload_bytes']} B, "
           f"ledger {p['ledger_bytes']} B; written {output}")

@@ -127,7 +127,7 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
             read_peers_file(f, ids)
 
 
-@pytest.mark.parametrize("method", ["fedavg", "abps"])
+@pytest.mark.parametrize("method", ["fedavg", "abps", "abps-x"])  # abps-x: bf16 wire, momentum, metadata, early stop
 def test_launch_gives_the_simulators_result_and_the_ledgers_bytes(method: str, cohort: Path, tmp_path: Path):
     rounds, seed = 3, 4
     cfg = _cfg(method, rounds)

@@ -152,7 +152,9 @@ def channels_last(x: Tensor) -> Tensor:
 
     For one channel ``Tensor.contiguous(memory_format=torch.channels_last)`` keeps the planar
     strides (both layouts are the same bytes), so oneDNN picks its planar kernels and every later
-    convolution stays planar: a 1.8x slower encoder on the shared test set (docs/sage.md, "Speed").
+    convolution stays planar: 1.38x the time for all predictors on the shared test set
+    (``python -m benchmarks.run sage_kernels``; docs/sage.md, "Speed"). Training steps keep PyTorch's
+    choice: a one-client step was faster planar.
     """
     if x.shape[1] != 1:
         return x.contiguous(memory_format=torch.channels_last)
@@ -306,7 +308,7 @@ class StackedModel:
             valid = pos >= 0
             rows = train_index[idx].gather(1, pos.clamp(min=0))
             w = valid.to(torch.float32) / valid.sum(dim=1).to(torch.float32)[:, None]
-            x = channels_last(to_float(x_all[rows.t()].flatten(1, 2)))
+            x = to_float(x_all[rows.t()].flatten(1, 2)).contiguous(memory_format=torch.channels_last)
             leaf = flat[:a].detach().requires_grad_(True)
             params = {n: c.reshape(a, *shape)
                       for n, c, shape in zip(names, leaf.split(sizes, dim=1), shapes)}

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from etl.errors import InputError
-from federation.engine.image_model import channels_last
 
 #: Caffe LeNet (examples/mnist/lenet_train_test.prototxt): layer name -> parameter shapes.
 #: conv1 20x5x5 -> max-pool 2 -> conv2 50x5x5 -> max-pool 2 -> ip1 500 -> ReLU -> ip2 10.
@@ -162,7 +161,7 @@ def forward_stacked(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.T
     if x.dim() == 4:
         x = x.unsqueeze(0).expand(n, *x.shape)
     bsz = x.shape[1]
-    xs = channels_last(x.transpose(0, 1).reshape(bsz, n, 28, 28))
+    xs = x.transpose(0, 1).reshape(bsz, n, 28, 28).contiguous(memory_format=torch.channels_last)
     h = F.conv2d(xs, w1.reshape(n * 20, 1, 5, 5), b1.reshape(n * 20), groups=n)
     h = F.max_pool2d(h, 2)
     h = F.conv2d(h, params["conv2.weight"].reshape(n * 50, 20, 5, 5), params["conv2.bias"].reshape(n * 50),

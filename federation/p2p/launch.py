@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import shlex
 import signal
@@ -354,14 +355,15 @@ def _document(cfg: RunConfig, cohort: Path, seed: int, results: list[dict[str, A
               tracking_uri: str | None, experiment: str, track: bool) -> dict[str, Any]:
     """results.json of the launch (the simulator's format, plus ``p2p``) and its MLflow run."""
     ref = results[0]
-    for r in results[1:]:  # every replica reports the same federation-wide figures
-        if r["summary"]["final_auroc_mean"] != ref["summary"]["final_auroc_mean"] and not (
-                r["summary"]["final_auroc_mean"] != r["summary"]["final_auroc_mean"]):
+    for r in results[1:]:  # every replica reports the same federation-wide figures (null: undefined)
+        if r["summary"]["final_auroc_mean"] != ref["summary"]["final_auroc_mean"]:
             raise InputError(f"center {r['center']} reports another final AUROC than center {ref['center']} "
                              "(replicas diverged)")
     summary = dict(ref["summary"])
     fields = set(RunResult.__dataclass_fields__)
-    res = RunResult(**{k: v for k, v in summary.items() if k in fields and k != "clinical"})
+    # strict JSON wrote an undefined mean (NaN) as null
+    res = RunResult(**{k: (math.nan if v is None and k.startswith(("final_", "rel_")) else v)
+                       for k, v in summary.items() if k in fields and k != "clinical"})
     res.history, res.per_center, res.artifacts = ref["history"], ref["per_center"], ref["artifacts"]
     doc = results_document(cfg, str(cohort), [res])
     doc["n_centers"] = len(entries)

@@ -36,7 +36,7 @@ from federation.p2p.local import announce, build_local, read_own_rows
 from federation.p2p.transport import Node, PeerUnavailable, TlsFiles
 from federation.p2p.wire import Message
 from federation.run.realworld import mask_mixing
-from federation.run.runner import finalize_run, round_metrics
+from federation.run.runner import early_stop_step, finalize_run, round_metrics
 
 __all__ = ["PeerSpec", "run_peer", "check_p2p_config", "SERVER"]
 
@@ -468,14 +468,10 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
 
     def stop(tau: int, metrics: dict[str, float]) -> bool:
         nonlocal best
-        if not es.enabled:
-            return False
-        r = tau - 1
-        if metrics["val_auroc_mean"] > best[0]:
-            best = (metrics["val_auroc_mean"], r, ({k: v.clone() for k, v in params.items()},
-                                                   last["val"].clone(), last["test"].clone()))
-            return False
-        return r - best[1] >= es.patience
+        halt, best = early_stop_step(es, best, tau, metrics["val_auroc_mean"],
+                                     lambda: ({k: v.clone() for k, v in params.items()},
+                                              last["val"].clone(), last["test"].clone()))
+        return halt
 
     def save(tau: int) -> None:
         """The center's own round state (a restarted peer goes on from it)."""

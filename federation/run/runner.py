@@ -268,13 +268,9 @@ def run_one(
     def stop(tau: int, metrics: dict[str, float]) -> bool:
         """Early stopping on the mean val AUROC (cfg.early_stopping)."""
         nonlocal best
-        if not es.enabled:
-            return False
-        r = tau - 1
-        if metrics["val_auroc_mean"] > best[0]:
-            best = (metrics["val_auroc_mean"], r, (_clone(train_params), last["val"].clone(), last["test"].clone()))
-            return False
-        return r - best[1] >= es.patience
+        halt, best = early_stop_step(es, best, tau, metrics["val_auroc_mean"],
+                                     lambda: (_clone(train_params), last["val"].clone(), last["test"].clone()))
+        return halt
 
     start = restore(resume) if resume is not None else 0
     after = (lambda tau: checkpoint(tau, lambda: snapshot(tau))) if checkpoint is not None else None
@@ -319,6 +315,27 @@ def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]
         "cum_probe_bytes": float(ledger.probe_bytes), "cum_metadata_bytes": float(ledger.metadata_bytes),
         "rel_bandwidth": ledger.relative_bandwidth, "edges": float(rb.edges),
     }
+
+
+def early_stop_step(es: Any, best: tuple, tau: int, val_mean: float,
+                    snapshot: Callable[[], Any]) -> tuple[bool, tuple]:
+    """One round of early stopping on the mean validation AUROC (``cfg.early_stopping``).
+
+    Args:
+        es: the run's ``EarlyStoppingConfig`` (``enabled``, ``patience`` in rounds).
+        best: ``(best mean val AUROC, its round index, snapshot)``; ``(-inf, -1, None)`` at the start.
+        tau: the round just finished (1-based); val_mean: its mean validation AUROC.
+        snapshot: called only on a new best, returns what :func:`finalize_run` restores.
+
+    Returns:
+        ``(stop, best)``: stop once ``patience`` rounds passed without a new best.
+    """
+    if not es.enabled:
+        return False, best
+    r = tau - 1
+    if val_mean > best[0]:
+        return False, (val_mean, r, snapshot())
+    return r - best[1] >= es.patience, best
 
 
 def finalize_run(

@@ -5,7 +5,8 @@
 -- n_rows / n_distinct: source rows and distinct rows behind the value (their totals give the
 -- identical duplicates collapsed, an attrition row).
 -- Parameters: <vital_rows> (etl/sql/mimic/vital_rows.sql as a subquery, one row per distinct
---   source row). This relation (over the whole file) is what the chartevents cache stores.
+--   source row). This relation, over the rows of the stays' widest vital windows, is what the
+--   chartevents cache stores (etl.mimic.cached_vitalsign_sql).
 SELECT stay_id, vital, charttime, avg(v) AS v, sum(n_rows) AS n_rows, count(*) AS n_distinct
 FROM ${vital_rows}
 GROUP BY stay_id, vital, charttime
