@@ -65,6 +65,25 @@ def run_killed(args: list[str], cwd: Path, kill_after: int, env: dict[str, str] 
                           capture_output=True, text=True)
 
 
+def stop_at_first_checkpoint(monkeypatch, run) -> None:
+    """Call ``run()`` so that it stops (KeyboardInterrupt) right after writing its first round
+    checkpoint, as a Ctrl-C would."""
+    import pytest
+
+    from federation.run import checkpoint
+
+    real = checkpoint.save
+
+    def save_then_stop(path, payload):
+        real(path, payload)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "save", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            run()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:

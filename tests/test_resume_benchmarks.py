@@ -26,7 +26,7 @@ import yaml
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR
 from federation.benchmark import get_benchmark
-from tests.cli_helpers import run_killed, run_main
+from tests.cli_helpers import run_killed, run_main, stop_at_first_checkpoint
 
 pytestmark = pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
                                 reason="Fashion-MNIST not installed")
@@ -227,16 +227,7 @@ def test_a_benchmark_checkpoint_of_another_config_is_refused(tmp_path: Path, mon
     cfg = {**yaml.safe_load(VV_YAML), "tracking": {"enabled": False}}
     # a run stopped right after its first checkpoint, in the folder `abps train` would have chosen
     out = tmp_path / "runs" / "vv" / "vv-tiny-20261202-000000" / "results.json"
-    real = checkpoint.save
-
-    def save_then_stop(path, payload):
-        real(path, payload)
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(checkpoint, "save", save_then_stop)
-        with pytest.raises(KeyboardInterrupt):
-            cli_run(cfg, output=str(out))
+    stop_at_first_checkpoint(monkeypatch, lambda: cli_run(cfg, output=str(out)))
     ck = checkpoint.checkpoint_path(out)
     assert ck.is_file() and not out.exists()
     changed = {**cfg, "simulation": {**cfg["simulation"], "beta": 0.25}}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cli_helpers import run_killed
+from tests.cli_helpers import run_killed, stop_at_first_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:per-center preprocessing")
 
@@ -83,16 +83,8 @@ def test_a_cell_checkpoint_of_another_code_version_fails_the_cell_naming_it(tmp_
     cohort = write_fedprox_cohort(tmp_path / "c", n_centers=4, seed=2, mean_size=40.0)
     cfg = build_config("fedavg", {}, {"method": "fedavg", "checkpoint": {"every_rounds": 1}}, rounds=3)
     path = tmp_path / "ck" / "cell.ckpt"
-    real = checkpoint.save
-
-    def save_then_stop(p, payload):
-        real(p, payload)
-        raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(checkpoint, "save", save_then_stop)
-        with pytest.raises(KeyboardInterrupt):
-            run_cell(cfg.model_dump(mode="json"), str(cohort), 5, checkpoint_path=str(path))
+    stop_at_first_checkpoint(monkeypatch, lambda: run_cell(cfg.model_dump(mode="json"), str(cohort), 5,
+                                                           checkpoint_path=str(path)))
     assert int(torch.load(path, weights_only=False)["current"]["state"]["round"]) == 1
     monkeypatch.setattr(checkpoint, "code_version", lambda: "0123456789abcdef")
     with pytest.raises(InputError) as err:
