@@ -19,12 +19,15 @@ def _config(method: str, config: Path | None, rounds: int | None, params: list[s
     from cli.train_cmd import _parse_params
     from federation.core.config import build_config, deep_merge, load_yaml
     from federation.methods import get_method
+    from federation.run.runner import check_method_params
 
     cls = get_method(method)
     file_cfg = load_yaml(config) if config is not None else None
     if params:
         file_cfg = deep_merge(file_cfg or {"method": method}, {"params": _parse_params(params)})
-    return build_config(method, cls.default_config, file_cfg, rounds)
+    cfg = build_config(method, cls.default_config, file_cfg, rounds)
+    check_method_params(cfg)
+    return cfg
 
 
 @app.command("peer")
@@ -54,10 +57,12 @@ def peer(
     from federation.p2p.launch import read_peers_file
     from federation.p2p.local import center_list
     from federation.p2p.peer import PeerSpec, run_peer
-    from federation.p2p.transport import PeerUnavailable, TlsFiles, common_name
+    from federation.p2p.transport import ListenError, PeerUnavailable, TlsFiles, common_name
 
     if (certs is None) == (not insecure):
         raise InputError("give --certs DIR (mutual TLS) or --insecure")
+    if rejoin and checkpoint is None:
+        raise InputError("--rejoin: give --checkpoint FILE (this center's round state to rejoin from)")
     cfg = _config(method, config, rounds, param)
     ids = center_list(cohort)
     entries = read_peers_file(peers, ids)
@@ -77,6 +82,8 @@ def peer(
                     listen=listen or f"0.0.0.0:{entries[me].port}")
     try:
         run_peer(spec)
+    except ListenError as exc:
+        raise InputError(f"{f'--listen {listen}' if listen else f'--peers {peers}'}: {exc}") from None
     except PeerUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise typer.Exit(3) from None

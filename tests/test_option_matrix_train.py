@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from etl.images import FASHION_MNIST_DIR
@@ -63,7 +64,21 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                             f"sqlite:///{root / store / 'mlflow.db'}", "--no-progress"],
                            capture_output=True, text=True, cwd=root, env=_env(root))
         assert p.returncode == 0, p.stderr[-800:]
-    return {"c1": c1, "c2": c2, "root": root}
+    # peer-to-peer: two 2-center cohorts for `abps launch`, two 1-center cohorts for a lone `abps peer`
+    for name, n, seed in (("p2", 2, 1), ("p2b", 2, 2), ("p1", 1, 1), ("p1b", 1, 2)):
+        write_fedprox_cohort(root / name, n_centers=n, seed=seed, mean_size=60.0)
+    lone = pl.read_parquet(root / "p1" / "centers.parquet")["center_id"][0]
+    for name, port in (("peers.txt", _free_port()), ("peers2.txt", _free_port())):
+        (root / name).write_text(f"{lone} 127.0.0.1:{port}\n")
+    return {"c1": c1, "c2": c2, "root": root, "lone": lone}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -159,6 +174,35 @@ KINDS = [
           "experiment": lambda i: Probe(["--experiment", "nosuch"]),
           "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///other.db"])},
          setup=_store_setup, patch=_fake_ui_server),
+    Kind(("launch",), "launch", lambda i: ["--local", "2", "--method", "fedavg", "--cohort", str(i["root"] / "p2"),
+                                           "--seed", "1", "--rounds", "1", "--output", "r.json",
+                                           "--tracking-uri", "sqlite:///m.db"],
+         {"method": lambda i: Probe(["--method", "abps"]),
+          "cohort": lambda i: Probe(["--cohort", str(i["root"] / "p2b")]),
+          "output": lambda i: Probe(["--output", "r2.json"]),
+          "peers": lambda i: Probe(["--peers", str(i["root"] / "peers.txt")]),
+          "config": lambda i: Probe(["--config", str(i["root"] / "lr-avg.yaml")]),
+          "param": lambda i: Probe(["--param", "mu=0.5"]),
+          "on_failure": lambda i: Probe(["--on-failure", "nosuch"]),
+          "workdir": lambda i: Probe(["--workdir", "wd"]),
+          "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///m2.db"]),
+          "experiment": lambda i: Probe(["--experiment", "other"])},
+         trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same"}),
+    Kind(("peer",), "peer", lambda i: ["--cohort", str(i["root"] / "p1"), "--center", str(i["lone"]), "--peers",
+                                       str(i["root"] / "peers.txt"), "--method", "fedavg", "--seed", "1",
+                                       "--output", "p.json", "--insecure", "--rounds", "1"],
+         {"cohort": lambda i: Probe(["--cohort", str(i["root"] / "p1b")]),
+          "center": lambda i: Probe(["--center", "nosuch"]),
+          "peers": lambda i: Probe(["--peers", str(i["root"] / "peers2.txt")]),
+          "method": lambda i: Probe(["--method", "abps"]),
+          "output": lambda i: Probe(["--output", "p2.json"]),
+          "certs": lambda i: Probe(["--certs", "nosuch"]),
+          "config": lambda i: Probe(["--config", str(i["root"] / "lr-avg.yaml")]),
+          "param": lambda i: Probe(["--param", "mu=0.5"]),
+          "listen": lambda i: Probe(["--listen", "nohost"]),
+          "capture": lambda i: Probe(["--capture", "cap.bin"]),
+          "checkpoint": lambda i: Probe(["--checkpoint", "ck.pt"])},
+         trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same"}),
     # the caches of this run's scratch folder, never the user's own
     Kind(("cache", "clear"), "cache-clear", lambda i: [],
          patch=lambda monkeypatch, scratch: monkeypatch.setenv("ABPS_CACHE_DIR", str(scratch / "cache"))),

@@ -303,7 +303,8 @@ def _hellos(spec: PeerSpec, node: Node, rows: Any, cfg: RunConfig, me: int, n: i
                 msg = next(iter(got.values()))
                 return list(msg.body["hellos"]), msg
             time.sleep(0.05)
-        raise PeerUnavailable(f"no answer to the rejoin request within {spec.start_timeout:g} s")
+        raise PeerUnavailable(f"--rejoin: no answer to the rejoin request within {spec.start_timeout:g} s "
+                              "(is the federation running?)")
     hello = announce(rows, cfg.data)
     failed = node.send_many(others, Message("hello", -1, me, body=hello), spec.start_timeout)
     if failed:
@@ -517,7 +518,8 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
                           for (r, p, k), b in sorted(node.model_sent.items())],
            "ledger": [{"round": x.round_idx, "edges": x.edges, "model_bytes": x.model_bytes,
                        "metadata_bytes": x.metadata_bytes, "probe_bytes": x.probe_bytes} for x in ledger.rounds],
-           "rosters": [e["roster"] for e in peer.log], "pid": os.getpid()}
+           "rosters": [e["roster"] for e in peer.log], "pid": os.getpid(),
+           "listen": spec.listen or spec.addresses[me], "addresses": {str(i): a for i, a in spec.addresses.items()}}
     # bye: every peer's counters go to every peer, so any one result holds the federation's bytes
     mine = {"center": me, "counters": counters, "model_sent": out["model_sent"], "refused": node.refused}
     peer.round, peer.down = -2, set()

@@ -30,6 +30,10 @@ _OPTIONS = [("grpc.max_send_message_length", _MAX), ("grpc.max_receive_message_l
             ("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
+class ListenError(OSError):
+    """This peer cannot serve on its address (unknown host, port taken or not allowed)."""
+
+
 class PeerUnavailable(RuntimeError):
     """A peer did not answer (down, unreachable, or refused this peer's certificate)."""
 
@@ -78,14 +82,17 @@ class Node:
         handler = grpc.method_handlers_generic_handler(
             "abps.p2p.Peer", {"Deliver": grpc.unary_unary_rpc_method_handler(self._deliver)})
         self._server.add_generic_rpc_handlers((handler,))
-        if tls is not None:
-            ca, cert, key = tls.read()
-            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
-            self.port = self._server.add_secure_port(listen, creds)
-        else:
-            self.port = self._server.add_insecure_port(listen)
+        try:
+            if tls is not None:
+                ca, cert, key = tls.read()
+                creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+                self.port = self._server.add_secure_port(listen, creds)
+            else:
+                self.port = self._server.add_insecure_port(listen)
+        except RuntimeError:  # grpc: the address does not resolve or cannot be bound
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {listen}")
+            raise ListenError(f"cannot listen on {listen}")
         self._server.start()
         self._channels: dict[int, grpc.Channel] = {}
         self._stubs: dict[int, grpc.UnaryUnaryMultiCallable] = {}

@@ -317,6 +317,21 @@ def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]
     }
 
 
+def check_method_params(cfg: RunConfig) -> None:
+    """Validate ``cfg.params`` against the method's parameter model.
+
+    Raises:
+        InputError: one line naming the method, the first bad parameter and ``--param``.
+    """
+    try:
+        get_method(cfg.method).Params(**cfg.params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise InputError(f"{cfg.method}: invalid parameter {loc} (--param or the config's params:): "
+                         f"{first.get('msg')}") from None
+
+
 def early_stop_step(es: Any, best: tuple, tau: int, val_mean: float,
                     snapshot: Callable[[], Any]) -> tuple[bool, tuple]:
     """One round of early stopping on the mean validation AUROC (``cfg.early_stopping``).
@@ -457,13 +472,7 @@ def run_training(
             MLflow store or experiment).
     """
     cls = get_method(cfg.method)
-    try:  # bad method parameters fail before any MLflow run starts
-        cls.Params(**cfg.params)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{cfg.method}: invalid parameter {loc} (--param or the config's params:): "
-                         f"{first.get('msg')}") from None
+    check_method_params(cfg)  # bad method parameters fail before any MLflow run starts
     if output is not None:
         out = Path(output).resolve()
         if out.is_dir():
