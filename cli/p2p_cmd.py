@@ -52,6 +52,9 @@ def peer(
                                            "after every round"),
     rejoin: bool = typer.Option(False, "--rejoin", help="rejoin a running federation: replay its public log, "
                                 "take the own model from --checkpoint"),
+    await_rejoin: bool = typer.Option(False, "--await-rejoin", help="coordinator: hold the next round for a "
+                                      "center that stopped answering until it rejoins (it is being restarted; "
+                                      "at most max(120, --timeout) seconds)"),
 ) -> None:
     """Run one center of a peer-to-peer federation (its own rows, model and method state)."""
     from federation.p2p.launch import read_peers_file
@@ -78,7 +81,7 @@ def peer(
     addresses = {i: e.address for i, e in enumerate(entries)}
     spec = PeerSpec(cohort=cohort, index=me, center_ids=ids, cfg=cfg, seed=seed, addresses=addresses, tls=tls,
                     output=output, timeout=timeout, start_timeout=max(120.0, timeout), payload_log=capture,
-                    checkpoint=checkpoint, rejoin=rejoin,
+                    checkpoint=checkpoint, rejoin=rejoin, await_rejoin=await_rejoin,
                     listen=listen or f"0.0.0.0:{entries[me].port}")
     try:
         run_peer(spec)

@@ -202,7 +202,8 @@ KINDS = [
           "listen": lambda i: Probe(["--listen", "nohost"]),
           "capture": lambda i: Probe(["--capture", "cap.bin"]),
           "checkpoint": lambda i: Probe(["--checkpoint", "ck.pt"])},
-         trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same"}),
+         trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same",
+                  "await_rejoin": "a lone center has no other center to wait for"}),
     # the caches of this run's scratch folder, never the user's own
     Kind(("cache", "clear"), "cache-clear", lambda i: [],
          patch=lambda monkeypatch, scratch: monkeypatch.setenv("ABPS_CACHE_DIR", str(scratch / "cache"))),

@@ -233,7 +233,7 @@ def test_a_launch_leaves_no_process_behind(how: str, cohort: Path, tmp_path: Pat
 def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy: str, cohort: Path, tmp_path: Path):
     import threading
 
-    rounds = 14  # a restarted peer (a fresh interpreter) is back within a few rounds
+    rounds = 14  # with restart, the coordinator holds the round after the one that missed center 2 until it rejoins
     cfg = _cfg("abps", rounds)
     pids: dict[int, int] = {}
     ck = tmp_path / "w" / "ckpt-2.pt"
@@ -252,10 +252,7 @@ def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy:
 
     killer = threading.Thread(target=kill_when_past_round_one, daemon=True)
     killer.start()
-    # a round without center 2 lasts the timeout: with restart, 12 such rounds leave a fresh interpreter
-    # (torch, gRPC, its rows) over a minute and a half to come back, also on a busy machine
-    doc = launch(cfg, cohort, 6, tmp_path / "r.json", local=3, track=False, workdir=tmp_path / "w",
-                 timeout=8.0 if policy == "restart" else 3.0,
+    doc = launch(cfg, cohort, 6, tmp_path / "r.json", local=3, track=False, workdir=tmp_path / "w", timeout=3.0,
                  method_args={"rounds": rounds}, on_failure=policy, on_start=pids.update)
     killer.join(1)
     assert not any(_alive(p) for p in pids.values())
@@ -263,14 +260,18 @@ def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy:
     rosters = res0["rosters"]
     assert len(rosters) == rounds and rosters[0] == [0, 1, 2]
     out = [r for r, ro in enumerate(rosters) if 2 not in ro]
-    assert out, "center 2 was never counted unavailable"
     hist = doc["seeds"]["6"]
     assert hist["rounds_run"] == rounds and math.isfinite(hist["final_auroc_mean"])
     if policy == "continue":
+        assert out, "center 2 was never counted unavailable"
         assert out == list(range(out[0], rounds))  # gone for good
         assert not (tmp_path / "w" / "result-2.json").exists()
     else:
-        assert 2 in rosters[-1] and out[-1] < rounds - 1  # back before the end
+        # restarted (a second process ran it), back in every roster from the next roll call on: the
+        # coordinator holds a roster that missed it until it asks to rejoin
+        assert (tmp_path / "w" / "peer-2.rejoin-1.log").exists()
+        assert all(2 in ro for ro in rosters[out[-1] + 1:]) if out else all(2 in ro for ro in rosters)
+        assert len(out) <= 1
         res2 = json.loads((tmp_path / "w" / "result-2.json").read_text())
         assert res2["rosters"] == rosters  # the rejoined replica holds the same public state
         assert res2["summary"]["final_auroc_mean"] == res0["summary"]["final_auroc_mean"]

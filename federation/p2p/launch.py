@@ -177,7 +177,7 @@ def _last_line(log: Path) -> str:
 def peer_argv(entry_index: int, entries: list[PeerEntry], cohort: Path, method: str, seed: int, rounds: int | None,
               config: Path | None, peers_file: Path, certs: Path | None, output: Path, timeout: float,
               params: list[str], capture: Path | None = None, checkpoint: Path | None = None,
-              rejoin: bool = False) -> list[str]:
+              rejoin: bool = False, await_rejoin: bool = False) -> list[str]:
     """The ``abps peer`` command line of center ``entry_index`` (after its prefix, if any)."""
     argv = [sys.executable, "-m", "cli", "peer", "--cohort", str(cohort), "--center", entries[entry_index].center_id,
             "--peers", str(peers_file), "--method", method, "--seed", str(seed), "--output", str(output),
@@ -195,6 +195,8 @@ def peer_argv(entry_index: int, entries: list[PeerEntry], cohort: Path, method: 
         argv += ["--checkpoint", str(checkpoint)]
     if rejoin:
         argv.append("--rejoin")
+    if await_rejoin:
+        argv.append("--await-rejoin")
     return [*entries[entry_index].prefix, *argv]
 
 
@@ -303,7 +305,8 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
     def argv_of(i: int, rejoin: bool = False) -> list[str]:
         return peer_argv(i, entries, cohort.resolve(), cfg.method, seed, args.get("rounds"), args.get("config"),
                          pf, certs, wd / f"result-{i}.json", timeout, list(args.get("params", [])),
-                         wd / f"sent-{i}.bin" if capture else None, wd / f"ckpt-{i}.pt", rejoin)
+                         wd / f"sent-{i}.bin" if capture else None, wd / f"ckpt-{i}.pt", rejoin,
+                         await_rejoin=on_failure == "restart")
 
     try:
         for i, e in enumerate(entries):

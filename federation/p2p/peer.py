@@ -126,6 +126,9 @@ class PeerSpec:
         checkpoint: write the center's own round state here after every round (``torch.save``).
         rejoin: the peer was restarted: it asks the coordinator for the federation's public log,
             replays it, takes its own model from ``checkpoint`` and goes on with the next round.
+        await_rejoin: the launcher restarts a peer that dies: the coordinator counts a center that
+            stopped answering unavailable for that round, then holds the next roster until it asks
+            to rejoin (at most ``start_timeout`` seconds; after that it goes on without it).
     """
 
     cohort: Path
@@ -142,6 +145,7 @@ class PeerSpec:
     payload_log: Path | None = None
     checkpoint: Path | None = None
     rejoin: bool = False
+    await_rejoin: bool = False
 
 
 class PeerRound:
@@ -160,6 +164,7 @@ class PeerRound:
         self.hellos: list[dict[str, Any]] = []
         self.replay: dict[str, Any] | None = None  # the log entry being replayed (a restarted peer)
         self.pending: Message | None = None  # a roster received before its round (a restarted peer)
+        self.awaited: set[int] = set()  # centers being restarted, waited for at the next roster
 
     @property
     def coordinator(self) -> int:
@@ -174,7 +179,10 @@ class PeerRound:
     def wait_for(self, kind: str) -> float:
         """Seconds to wait for a ``kind`` message: the timeout for the first messages of a round
         (models, uploads, roll call), three times it for those a live peer may send only after
-        waiting out a peer that went down itself (scores, rosters, the server's answer)."""
+        waiting out a peer that went down itself (scores, rosters, the server's answer); a roster
+        held for a restarting center (``await_rejoin``) is waited for ``start_timeout`` longer."""
+        if kind == "roster" and self.spec.await_rejoin:  # the coordinator may hold it for a restarting center
+            return self.spec.start_timeout + 3 * self.spec.timeout
         return self.spec.timeout if kind in ("model", "up", "alive") else 3 * self.spec.timeout
 
     def gather(self, kind: str, senders: list[int]) -> dict[int, Message]:
@@ -195,14 +203,23 @@ class PeerRound:
             self.pending = None
         elif self.me == self.coordinator:
             got = self.node.wait("alive", r, [j for j in self.roster if j != self.me], self.spec.timeout)
-            joins = sorted(j for j in self.node.take("join") if j != self.me)  # restarted: state lost
+            joined = {j for j in self.node.take("join") if j != self.me}  # restarted: state lost
+            if self.spec.await_rejoin:
+                deadline = time.monotonic() + self.spec.start_timeout
+                while self.awaited - joined and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    joined |= {j for j in self.node.take("join") if j != self.me}
+                self.awaited = set(self.roster) - set(got) - joined - {self.me}
+            joins = sorted(joined)
+            for j in joins:  # a restarted center: a fresh channel to it before the roster and the log go out
+                self.node.reset(int(j))
             roster = sorted({self.me, *got, *joins})
             body = {"roster": roster, "joined": joins}
             self.node.send_many([j for j in roster if j != self.me and j not in joins],
                                 Message("roster", r, self.me, body=body), self.spec.timeout, wait_for_ready=False)
             if joins:  # a restarted center gets the public log to replay
                 state = Message("roster", r, self.me, body={**body, "hellos": self.hellos, "log": self.log})
-                self.node.send_many(joins, state, self.spec.timeout, wait_for_ready=False)
+                self.node.send_many(joins, state, self.spec.timeout)  # they just asked: up, connecting
         else:
             c = self.coordinator
             try:
@@ -214,8 +231,8 @@ class PeerRound:
                 raise PeerUnavailable(f"no roster from the coordinator, center {c}, in round {r + 1}")
             roster = msg.body["roster"]
             joins = msg.body["joined"]
-        for j in joins:  # a restarted center: a fresh channel to it
-            self.node.reset(int(j))
+            for j in joins:  # a restarted center: a fresh channel to it
+                self.node.reset(int(j))
         self.roster = [int(j) for j in roster]
         self.log.append({"roster": self.roster})
         if len(self.roster) == self.n:
