@@ -30,8 +30,16 @@ from etl.sql import concept_sql
 ARROW_TYPES = {"stay_id": pa.int64(), "charttime": pa.string(), "itemid": pa.int32(), "valuenum": pa.float64()}
 #: Length of a ``TIMESTAMP_FORMAT`` value with zero-padded fields ('2150-01-01 10:00:00').
 _TIMESTAMP_CHARS = 19
-#: Bytes of CSV text per Arrow batch.
+#: Bytes of inflated CSV text per parse job (one Arrow batch each, cut at a line end).
 BLOCK_BYTES = 8 << 20
+#: Parse jobs running at once: Arrow parses a job's text with the GIL released, so two jobs keep
+#: both cores of a CI-sized machine busy while one thread inflates and the caller works.
+PARSE_WORKERS = 2
+#: Most parse jobs held ahead of the consumer (their text and batches: about 12 MiB each); fewer
+#: under a small ``--memory-limit``.
+MAX_AHEAD = 48
+#: Text without a line end this long is not a chartevents row: the stream leaves the file to DuckDB.
+MAX_LINE_BYTES = 64 << 20
 #: stay_id ranges the vital rows are split into (sorted and reduced one at a time).
 PARTITIONS = 16
 #: Bytes held per buffered vital row (stay_id, charttime, value, code) and the peak factor of the
@@ -126,7 +134,20 @@ def _charttime_fixed(text: pa.Array) -> pa.Array | None:
     offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4)
     if offsets[-1] - offsets[0] != n * _TIMESTAMP_CHARS or np.any(np.diff(offsets) != _TIMESTAMP_CHARS):
         return None
-    m = np.frombuffer(text.buffers()[2], np.uint8, n * _TIMESTAMP_CHARS, int(offsets[0])).reshape(n, _TIMESTAMP_CHARS)
+    data, base = text.buffers()[2], int(offsets[0])
+    m = np.frombuffer(data, np.uint8, n * _TIMESTAMP_CHARS, base).reshape(n, _TIMESTAMP_CHARS)
+    # a stay's vitals charted together repeat one charttime on consecutive rows (about 3 rows
+    # per value in MIMIC-IV's order): only the first row of each run of equal text is read, as
+    # three 8-byte words that cover its 19 bytes
+    words = [np.ndarray((n,), "<u8", buffer=data, offset=base + o, strides=(_TIMESTAMP_CHARS,)) for o in (0, 8, 11)]
+    same = np.ones(n - 1, bool)
+    for w in words:
+        same &= w[1:] == w[:-1]
+    heads = np.flatnonzero(np.r_[True, ~same])
+    runs = None
+    if len(heads) < 0.8 * n:
+        runs = np.diff(np.r_[heads, n])
+        m = np.take(m, heads, axis=0)
     for pos, ch in _SEPARATORS:
         if not np.all(m[:, pos] == ch):
             return None
@@ -154,7 +175,7 @@ def _charttime_fixed(text: pa.Array) -> pa.Array | None:
     if np.any(day > np.diff(starts)[ym]):
         return None
     us = ((starts[ym] + (day - 1)) * 86400 + (hour * 3600 + minute * 60 + second)) * 1_000_000
-    return pa.array(us, pa.timestamp("us"))
+    return pa.array(us if runs is None else np.repeat(us, runs), pa.timestamp("us"))
 
 
 def streamable(table: Table) -> bool:
@@ -265,47 +286,134 @@ class _Buffer:
         return tuple(np.concatenate([p[i] for p in pieces]) for i in range(4))
 
 
-def _ahead(batches, depth: int = 2) -> Iterator[pa.RecordBatch]:
-    """``batches`` parsed on a helper thread, ``depth`` batches ahead of the consumer: Arrow
-    releases the GIL while it parses, so parsing the next batch overlaps the NumPy work on this
-    one. An exception of the parser is raised here; stopping early stops the helper."""
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    end = object()
+class ChartBatches:
+    """The Arrow batches of a chartevents CSV (gzip or plain) in file order, read ahead on threads.
 
-    def work() -> None:
-        try:
-            for b in batches:
-                while not stop.is_set():
-                    try:
-                        q.put(b, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(end)
-        except BaseException as exc:  # handed to the consumer
-            q.put(exc)
+    One thread inflates the file (ISA-L) and cuts the text at line ends into :data:`BLOCK_BYTES`
+    jobs; :data:`PARSE_WORKERS` threads parse the jobs (Arrow, GIL released); at most ``ahead``
+    jobs wait for the consumer. Reading starts when the object is made, so the ETL can start it
+    before it checks the other tables and consume it after. Lines are cut at ``\\n`` only:
+    ``newlines_in_values`` is off, so a line end always ends a row, as in Arrow's own reader.
 
-    th = threading.Thread(target=work, name="chartevents-parse", daemon=True)
-    th.start()
-    try:
-        while True:
-            item = q.get()
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while th.is_alive():
+    Args:
+        table: the located chartevents (``read_path``: the file DuckDB would read).
+        memory_limit: ``--memory-limit``; bounds ``ahead``.
+        progress: show the rich progress line while the batches are consumed.
+
+    Iterating raises :class:`StreamUnreadable` for text the stream does not read (a damaged or
+    truncated gzip, a malformed row): the caller scans the file with DuckDB instead.
+    """
+
+    def __init__(self, table: Table, memory_limit: str = "2GB", progress: bool = False) -> None:
+        self.table, self.progress = table, progress
+        self.rows = 0
+        ahead = min(MAX_AHEAD, max(4, memory_bytes(memory_limit) // SPILL_SHARE // (12 << 20)))
+        self._jobs: queue.Queue = queue.Queue(ahead)
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="chartevents-parse")
+        self._read = 0  # compressed bytes read
+        self._used = False
+        names = list(table.columns)
+        self._opts = (
+            pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
+                               newlines_in_values=False, ignore_empty_lines=False),
+            # charttime stays text here; charttime_us converts it (VitalPass._vital_rows)
+            pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
+                                 null_values=[""], quoted_strings_can_be_null=True))
+        self._read_opts = [pacsv.ReadOptions(column_names=names, skip_rows=skip, block_size=2 * BLOCK_BYTES,
+                                             use_threads=False) for skip in (0, 1)]
+        self._thread = threading.Thread(target=self._produce, name="chartevents-read", daemon=True)
+        self._thread.start()
+
+    def _parse(self, text: pa.Buffer, header: bool) -> pa.Table:
+        return pacsv.read_csv(pa.BufferReader(text), read_options=self._read_opts[header],
+                              parse_options=self._opts[0], convert_options=self._opts[1])
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
             try:
-                q.get(timeout=0.1)
+                self._jobs.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        path = self.table.read_path
+        try:
+            with path.open("rb") as raw:
+                if path.name.endswith(".gz"):
+                    from isal import igzip_threaded
+
+                    text = igzip_threaded.open(raw, "rb", threads=1, block_size=4 << 20)
+                else:
+                    text = raw
+                try:
+                    header, rest = True, b""
+                    while not self._stop.is_set():
+                        block = text.read(BLOCK_BYTES)
+                        self._read = raw.tell()
+                        buf = rest + block if rest else block
+                        if not block:
+                            if buf and not self._put(self._pool.submit(self._parse, pa.py_buffer(buf), header)):
+                                return
+                            break
+                        cut = buf.rfind(b"\n") + 1
+                        if not cut:
+                            if len(buf) > MAX_LINE_BYTES:
+                                raise StreamUnreadable(f"no line end in {MAX_LINE_BYTES >> 20} MiB of text")
+                            rest = buf
+                            continue
+                        job = self._pool.submit(self._parse, pa.py_buffer(buf).slice(0, cut), header)
+                        if not self._put(job):
+                            return
+                        header, rest = False, buf[cut:]
+                finally:
+                    text.close()
+            self._put(None)
+        except BaseException as exc:  # handed to the consumer
+            self._put(exc)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        if self._used:
+            raise RuntimeError("ChartBatches is read once")
+        self._used = True
+        bar = _Progress(self.progress, f"chartevents ({self.table.path.name})", self.table.read_path.stat().st_size)
+        try:
+            while True:
+                item = self._jobs.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                for batch in item.result().to_batches():
+                    self.rows += batch.num_rows
+                    bar.update(self._read, self.rows)
+                    yield batch
+        except StreamUnreadable:
+            raise
+        except (pa.ArrowException, OSError, EOFError, ValueError) as exc:
+            raise StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}") from None
+        finally:
+            bar.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop reading and release the threads (idempotent)."""
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                item = self._jobs.get(timeout=0.1)
+                if item is not None and not isinstance(item, BaseException):
+                    item.cancel()
             except queue.Empty:
                 pass
-        th.join()
+        self._thread.join()
+        while not self._jobs.empty():
+            item = self._jobs.get_nowait()
+            if item is not None and not isinstance(item, BaseException):
+                item.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def window_mask(stay: np.ndarray, t: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
@@ -408,6 +516,8 @@ class VitalPass:
             these stays charted in [start, end], bounds included (the cache entry's exact window,
             or the kept stays' within a second, which SQL then applies exactly). None: every
             stay, the whole file.
+        batches: the file's :class:`ChartBatches`, when the caller started reading it early
+            (default: started by :meth:`run`).
 
     Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
     kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
@@ -416,51 +526,30 @@ class VitalPass:
 
     def __init__(self, table: Table, bounds: np.ndarray, memory_limit: str, scratch: Path,
                  progress: bool = False, items: VitalItems | None = None,
-                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                 batches: ChartBatches | None = None) -> None:
         self.table, self.bounds, self.scratch, self.progress = table, np.asarray(bounds, np.int64), scratch, progress
+        self.batches = batches
+        self._lut: np.ndarray | None = None
         self.window = window
         self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
         self.items = items or vital_items()
         self.rows = self.vital_rows = self.out_rows = 0
         self.seconds: dict[str, float] = {}
 
-    def _batches(self) -> Iterator[pa.RecordBatch]:
-        path = self.table.read_path
-        raw = path.open("rb")
-        bar = _Progress(self.progress, f"chartevents ({self.table.path.name})", path.stat().st_size)
-        try:
-            if path.name.endswith(".gz"):
-                from isal import igzip_threaded
-
-                text = igzip_threaded.open(raw, "rb", threads=1, block_size=4 << 20)
-            else:
-                text = raw
-            read = pacsv.ReadOptions(column_names=list(self.table.columns), skip_rows=1,
-                                     block_size=BLOCK_BYTES, use_threads=True)
-            parse = pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
-                                       newlines_in_values=False, ignore_empty_lines=False)
-            # charttime stays text here; charttime_us converts it (_vital_rows)
-            convert = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
-                                           null_values=[""], quoted_strings_can_be_null=True)
-            try:
-                reader = pacsv.open_csv(text, read_options=read, parse_options=parse, convert_options=convert)
-                for batch in _ahead(reader):
-                    self.rows += batch.num_rows
-                    bar.update(raw.tell(), self.rows)
-                    yield batch
-            except (pa.ArrowException, OSError, EOFError, ValueError) as exc:
-                raise StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}") from None
-            finally:
-                text.close()
-        finally:
-            bar.close()
-            raw.close()
+    def _item_index(self, itemid: pa.Array) -> np.ndarray:
+        """Index into ``self.items`` of each row's itemid, -1 for other items and nulls: one
+        lookup in a table over 0 .. the largest vital itemid (MIMIC-IV's are six digits)."""
+        if self._lut is None:
+            self._lut = np.full(int(self.items.itemid.max()) + 2, -1, np.int16)  # last entry: every larger id
+            self._lut[self.items.itemid] = np.arange(len(self.items.itemid))
+        ids = itemid.fill_null(-1) if itemid.null_count else itemid
+        return self._lut.take(ids.to_numpy(), mode="clip")
 
     def _vital_rows(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...] | None:
         it = self.items
         charttime = charttime_us(batch.column("charttime"))  # every row: DuckDB's scan converts them all
-        idx = pc.index_in(batch.column("itemid"), value_set=pa.array(it.itemid))
-        ix = idx.fill_null(-1).to_numpy(zero_copy_only=False)
+        ix = self._item_index(batch.column("itemid"))
         val = batch.column("valuenum").fill_null(np.nan).to_numpy(zero_copy_only=False)
         ok = ix >= 0
         j = np.where(ok, ix, 0)
@@ -492,12 +581,17 @@ class VitalPass:
         """
         buf = _Buffer(self.bounds, self.budget, self.scratch)
         t0 = time.perf_counter()
+        batches = self.batches or ChartBatches(self.table, progress=self.progress)
         try:
-            for batch in self._batches():
-                cols = self._vital_rows(batch)
-                if cols is not None:
-                    self.vital_rows += len(cols[0])
-                    buf.add(*cols)
+            try:
+                for batch in batches:
+                    cols = self._vital_rows(batch)
+                    if cols is not None:
+                        self.vital_rows += len(cols[0])
+                        buf.add(*cols)
+            finally:
+                batches.close()
+                self.rows = batches.rows
             self.seconds["read_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             # partition k + 1 is sorted and reduced (NumPy, GIL released) while partition k is
