@@ -138,24 +138,41 @@ def _rel(a: list[Tensor], b: list[Tensor]) -> float:
     return max(float((u - v).abs().max() / u.abs().max().clamp(min=1e-30)) for u, v in zip(a, b))
 
 
-def sage_training_step(clients: int, batch: int, repeats: int) -> dict[str, Any]:
-    """Forward + backward of the SAGE loss (CE + reconstruction MSE) of ``clients`` x ``batch`` images."""
+def _compiled(loss, grads, reference) -> tuple[Any, dict[str, float]]:
+    """``grads`` of ``torch.compile(loss)`` (inductor; the convolutions stay oneDNN's, the rest is
+    fused) as a candidate, with its compile time and its largest relative gradient difference."""
+    fn = torch.compile(loss)
+    t0 = time.perf_counter()
+    got = grads(fn)
+    return (lambda: grads(fn)), {"compile_s": time.perf_counter() - t0, "max_rel_grad_diff": _rel(reference, got)}
+
+
+def sage_training_step(clients: int, batch: int, repeats: int, compiled: bool = False) -> dict[str, Any]:
+    """Forward + backward of the SAGE loss (CE + reconstruction MSE) of ``clients`` x ``batch`` images
+    (``compiled``: also the grouped form under ``torch.compile``)."""
     g = torch.Generator().manual_seed(0)
     p = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in init_stacked_params(FMNIST_SPEC, clients, 0).items()}
     x = torch.rand(clients, batch, 28, 28, 1, generator=g)
     y = torch.randint(0, 10, (clients, batch), generator=g)
     x_grouped = x.permute(1, 0, 4, 2, 3).reshape(batch, clients, 28, 28).contiguous(memory_format=torch.channels_last)
 
-    def grads(forward, xin):
-        leaf = {k: v.detach().requires_grad_(True) for k, v in p.items()}
-        logits, recon = forward(leaf, xin)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten()) + (recon - xin).square().mean()
-        return list(torch.autograd.grad(loss, list(leaf.values())))
+    def loss_of(forward, xin):
+        def loss(leaf):
+            logits, recon = forward(leaf, xin)
+            return F.cross_entropy(logits.flatten(0, 1), y.flatten()) + (recon - xin).square().mean()
+        return loss
 
-    fns = {"grouped_onednn": lambda: grads(grouped_forward, x_grouped), "im2col_bmm": lambda: grads(bmm_sage_forward, x)}
+    def grads(loss):
+        leaf = {k: v.detach().requires_grad_(True) for k, v in p.items()}
+        return list(torch.autograd.grad(loss(leaf), list(leaf.values())))
+
+    grouped = loss_of(grouped_forward, x_grouped)
+    fns = {"grouped_onednn": lambda: grads(grouped), "im2col_bmm": lambda: grads(loss_of(bmm_sage_forward, x))}
     out: dict[str, Any] = {"workload": f"{clients} clients x {batch} images, one training step",
                            "gflop": train_flops_per_image(FMNIST_SPEC) * clients * batch / 1e9,
                            "max_rel_grad_diff": _rel(fns["grouped_onednn"](), fns["im2col_bmm"]())}
+    if compiled:
+        fns["torch_compile"], out["torch_compile_build"] = _compiled(grouped, grads, fns["grouped_onednn"]())
     out.update(_timed(fns, repeats))
     return out
 
@@ -185,41 +202,49 @@ def sage_shared_encoder(clients: int, images: int, repeats: int) -> dict[str, An
     return out
 
 
-def gossip_training_step(nodes: int, batch: int, repeats: int) -> dict[str, Any]:
-    """Forward + backward of n LeNet-5 nodes' cross-entropy, each on its own batch."""
+def gossip_training_step(nodes: int, batch: int, repeats: int, compiled: bool = False) -> dict[str, Any]:
+    """Forward + backward of n LeNet-5 nodes' cross-entropy, each on its own batch (``compiled``:
+    also the grouped form under ``torch.compile``)."""
     gen = torch.Generator().manual_seed(2)
     flat = init_stacked(nodes, gen)
     x = torch.rand(nodes, batch, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (nodes, batch), generator=gen)
 
-    def grads(forward):
-        leaf = {k: v.detach().requires_grad_(True) for k, v in LENET5_LAYOUT.views(flat).items()}
-        loss = F.cross_entropy(forward(leaf, x).flatten(0, 1), y.flatten())
-        return list(torch.autograd.grad(loss, list(leaf.values())))
+    def loss_of(forward):
+        return lambda leaf: F.cross_entropy(forward(leaf, x).flatten(0, 1), y.flatten())
 
-    fns = {"grouped_onednn": lambda: grads(forward_stacked), "im2col_bmm": lambda: grads(bmm_lenet_forward)}
+    def grads(loss):
+        leaf = {k: v.detach().requires_grad_(True) for k, v in LENET5_LAYOUT.views(flat).items()}
+        return list(torch.autograd.grad(loss(leaf), list(leaf.values())))
+
+    grouped = loss_of(forward_stacked)
+    fns = {"grouped_onednn": lambda: grads(grouped), "im2col_bmm": lambda: grads(loss_of(bmm_lenet_forward))}
     out: dict[str, Any] = {"workload": f"{nodes} nodes x {batch} images, one training step",
                            "max_rel_grad_diff": _rel(fns["grouped_onednn"](), fns["im2col_bmm"]())}
+    if compiled:
+        fns["torch_compile"], out["torch_compile_build"] = _compiled(grouped, grads, fns["grouped_onednn"]())
     out.update(_timed(fns, repeats))
     return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: run the three comparisons, print JSON and one line each."""
-    ap = parser(__doc__, clients=50, batch=64, images=1000, repeats=3, threads=2)
+    """Command-line entry: run the three comparisons, print JSON and one line per candidate
+    (``--compile 1`` adds ``torch.compile`` of the grouped training steps: about 100 s to compile)."""
+    ap = parser(__doc__, clients=50, batch=64, images=1000, repeats=3, threads=2, compile=0)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     res = {"threads": a.threads, "torch": torch.__version__,
-           "sage_training_step": sage_training_step(a.clients, a.batch, a.repeats),
+           "sage_training_step": sage_training_step(a.clients, a.batch, a.repeats, bool(a.compile)),
            "sage_shared_encoder": sage_shared_encoder(a.clients, a.images, a.repeats),
-           "gossip_training_step": gossip_training_step(a.clients, a.batch, a.repeats)}
+           "gossip_training_step": gossip_training_step(a.clients, a.batch, a.repeats, bool(a.compile))}
     print(json.dumps(res, indent=1))
     for name, r in res.items():
         if isinstance(r, dict):
-            (k1, t1), (k2, t2) = [(k, v) for k, v in r.items() if isinstance(v, dict)]
-            print(f"{name} ({r['workload']}): {k1} {t1['wall_s']:.3f} s ({t1['cpu_s']:.3f} CPU-s), {k2} "
-                  f"{t2['wall_s']:.3f} s ({t2['cpu_s']:.3f} CPU-s); time {k1} / {k2} = {t1['wall_s'] / t2['wall_s']:.2f} wall, "
-                  f"{t1['cpu_s'] / t2['cpu_s']:.2f} CPU")
+            (k1, t1), *others = [(k, v) for k, v in r.items() if isinstance(v, dict) and "wall_s" in v]
+            for k2, t2 in others:
+                print(f"{name} ({r['workload']}): {k1} {t1['wall_s']:.3f} s ({t1['cpu_s']:.3f} CPU-s), {k2} "
+                      f"{t2['wall_s']:.3f} s ({t2['cpu_s']:.3f} CPU-s); time {k1} / {k2} = "
+                      f"{t1['wall_s'] / t2['wall_s']:.2f} wall, {t1['cpu_s'] / t2['cpu_s']:.2f} CPU")
     if a.out:
         atomic_write_text(a.out, json.dumps(res, indent=1))
     return res

@@ -29,7 +29,8 @@ from federation.core.config import DataConfig
 from federation.core.evaluation import group_codes
 from federation.core.metrics import batched_auroc
 
-_REQUIRED_COHORT = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
+#: The cohort.parquet columns training reads (etl.schema): what a center loads from its own rows.
+COHORT_COLUMNS_READ = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
 
 def cohort_id(cohort_dir: str | Path) -> str:
@@ -361,14 +362,14 @@ class FederatedData:
             except Exception as exc:  # polars / arrow errors on a corrupt or non-Parquet file
                 raise InputError(f"{p}: not a readable Parquet file ({exc.__class__.__name__})") from None
         cohort, centers = frames["cohort"], frames["centers"]
-        for col in _REQUIRED_COHORT:
+        for col in COHORT_COLUMNS_READ:
             if col not in cohort.columns:
                 raise InputError(f"{paths['cohort']}: missing column {col!r}")
         for col in ("center_id", *META_COLUMNS):
             if col not in centers.columns:
                 raise InputError(f"{paths['centers']}: missing column {col!r}")
         _check_types(cohort, centers, paths["cohort"], paths["centers"])
-        return cls.from_frames(cohort.select(_REQUIRED_COHORT), centers, min_train, source=str(paths["cohort"]),
+        return cls.from_frames(cohort.select(COHORT_COLUMNS_READ), centers, min_train, source=str(paths["cohort"]),
                                preprocessing=preprocessing)
 
     @classmethod
@@ -587,9 +588,10 @@ def histogram_median(hist: np.ndarray, bins: int) -> np.ndarray:
     return np.where(total > 0, med, np.nan)
 
 
-def _imputed_moments(rows, count, s1, s2, fill):
+def imputed_moments(rows, count, s1, s2, fill):
     """Mean and population std of values imputed with ``fill`` from the aggregates (rows
-    broadcastable to count / sum / sumsq): ``mean = (sum + (rows - count) fill) / rows``."""
+    broadcastable to count / sum / sumsq): ``mean = (sum + (rows - count) fill) / rows``; a
+    center computes its own from the federation's aggregates (federation/p2p/local.py)."""
     miss = rows - count
     r = np.maximum(rows, 1.0)
     mean = (s1 + miss * fill) / r
@@ -640,7 +642,7 @@ def numeric_statistics(raw: torch.Tensor, mask: torch.Tensor, cfg: DataConfig, m
     elif mode in ("federated", "shrinkage"):
         agg = federation_aggregates(raw, mask, cfg.histogram_bins)
         g_med = np.nan_to_num(histogram_median(agg["hist"].sum(0), cfg.histogram_bins))  # [k]
-        g_mu, g_sd = _imputed_moments(agg["rows"].sum(), agg["count"].sum(0), agg["sum"].sum(0),
+        g_mu, g_sd = imputed_moments(agg["rows"].sum(), agg["count"].sum(0), agg["sum"].sum(0),
                                       agg["sumsq"].sum(0), g_med)
         nbytes = n * (8 * (1 + 3 * k) + 4 * k * cfg.histogram_bins) + n * 8 * 3 * k
         if mode == "federated":
@@ -649,7 +651,7 @@ def numeric_statistics(raw: torch.Tensor, mask: torch.Tensor, cfg: DataConfig, m
         else:
             lam_v = agg["count"] / (agg["count"] + cfg.shrinkage_rows)  # [n, k] per observed value
             med = lam_v * np.nan_to_num(own_med) + (1 - lam_v) * g_med
-            c_mu, c_sd = _imputed_moments(agg["rows"][:, None], agg["count"], agg["sum"], agg["sumsq"], med)
+            c_mu, c_sd = imputed_moments(agg["rows"][:, None], agg["count"], agg["sum"], agg["sumsq"], med)
             lam = (rows / (rows + cfg.shrinkage_rows))[:, None]  # [n, 1] per row
             mu = lam * c_mu + (1 - lam) * g_mu
             sd = np.sqrt(lam * c_sd ** 2 + (1 - lam) * g_sd ** 2)

@@ -18,15 +18,15 @@ from etl.io import check_cohort_files
 from etl.schema import CATEGORICAL_FEATURES, META_COLUMNS, NUMERIC_FEATURES
 from federation.core.config import DataConfig
 from federation.data.tensors import (
-    _REQUIRED_COHORT,
+    COHORT_COLUMNS_READ,
     FederatedData,
     SplitTensors,
     federation_aggregates,
     histogram_median,
+    imputed_moments,
     numeric_statistics,
     resolve_preprocessing,
 )
-from federation.data.tensors import _imputed_moments as imputed_moments
 
 __all__ = ["OwnRows", "read_own_rows", "center_list", "announce", "build_local", "pad_splits", "SPLITS"]
 
@@ -75,10 +75,10 @@ def read_own_rows(cohort_dir: str | Path, center_id: str) -> OwnRows:
     try:
         scan = pl.scan_parquet(d / "cohort.parquet")
         names = scan.collect_schema().names()
-        missing = [c for c in _REQUIRED_COHORT if c not in names]
+        missing = [c for c in COHORT_COLUMNS_READ if c not in names]
         if missing:
             raise InputError(f"{d / 'cohort.parquet'}: missing column {missing[0]!r}")
-        rows = scan.filter(own).select(_REQUIRED_COHORT).collect()
+        rows = scan.filter(own).select(COHORT_COLUMNS_READ).collect()
         cscan = pl.scan_parquet(d / "centers.parquet")
         cnames = cscan.collect_schema().names()
         for col in ("center_id", *META_COLUMNS):
