@@ -124,7 +124,7 @@ def etl_command(
                    f"{len(dup)} table(s) (counted in cohort_report attrition)", err=True)
     small = rep["stays_per_center"]["min"]
     if small < 10:
-        typer.echo(f"warning: the smallest center holds {small} stays; per-center metadata of centers under 10 "
+        typer.echo(f"warning: the smallest center holds {small} stay{'' if small == 1 else 's'}; per-center metadata of centers under 10 "
                    "stays can single out patients (raise --min-center-stays before sharing centers.parquet)",
                    err=True)
     typer.echo(

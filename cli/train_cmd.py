@@ -182,7 +182,7 @@ def train(
     def fmt(stat: dict) -> str:
         if stat["mean"] is None:
             return (f"undefined ({scored} of {n} {what}; a mean needs at least {need}: "
-                    "evaluation.min_centers / evaluation.min_center_share)")
+                    "evaluation: {min_centers, min_center_share} in a --config YAML)")
         return f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
 
     seeds_text = f"{len(seed_list)} seed" + ("s" if len(seed_list) != 1 else "")

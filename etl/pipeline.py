@@ -207,7 +207,7 @@ def drop_small_centers(cohort: pl.DataFrame, min_stays: int, att: Attrition, nou
             centers_in=sizes.height, centers_removed=sizes.height - keep.len(), centers_out=keep.len())
     if out.height == 0:
         largest = int(sizes["len"].max() or 0)
-        wider = "--window-years 20 " if noun == "center" else ""
+        wider = "--window-years 200 " if noun == "center" else ""
         raise InputError(f"empty cohort after the filter --min-center-stays {min_stays} "
                          f"(largest {noun} has {largest} stays of {cohort.height}); for a cohort this small "
                          f"(e.g. a demo) try {wider}--min-center-stays 1")

@@ -50,6 +50,7 @@ def test_a_sweep_killed_inside_a_cell_goes_on_from_the_cells_checkpoint(tmp_path
 
     part = run_sweep(spec, base, cohort, tracking_uri=uri, experiment="part", progress=False)
     key = (stale.data.tags["abps.config_hash"], int(stale.data.tags["seed"]))
+    assert key in part.ran, (part.failed, part.skipped)
     assert part.ran[key] == stale.info.run_id  # the interrupted cell, in its own run
     assert len(part.skipped) == int(kill_after > ROUNDS - 1)  # the cell finished before the kill, if any
     assert sorted([*part.ran, *part.skipped]) == sorted(c.key for c in part.cells)

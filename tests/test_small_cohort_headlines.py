@@ -93,7 +93,7 @@ def test_etl_on_a_demo_names_the_options_that_work(mimic_demo_dir, tmp_path):
     from tests.test_cli_errors import one_line_error, run
 
     line = one_line_error(run("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "c")),
-                          "--min-center-stays 50", "try --window-years 20 --min-center-stays 1")
+                          "--min-center-stays 50", "try --window-years 200 --min-center-stays 1")
     assert "stays of " in line and not (tmp_path / "c").exists()
     suggested = line.split("try ", 1)[1].split()
     p = run("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "c"), *suggested)
