@@ -1,7 +1,9 @@
-"""``abps cache clear``: remove the per-user caches (``make clean`` runs it)."""
+"""``abps cache list`` and ``abps cache clear``: show or remove the per-user caches (``make clean``
+runs ``clear``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import typer
@@ -31,3 +33,32 @@ def cache_clear() -> None:
     if root.is_dir() and not any(root.iterdir()):
         root.rmdir()
     typer.echo(f"cache clear: {freed / 2**20:.1f} MiB freed")
+
+
+@cache_app.command("list")
+def cache_list() -> None:
+    """Show the ETL's chartevents cache and the compiled kernels under $ABPS_CACHE_DIR (else
+    $XDG_CACHE_HOME/abps, else ~/.cache/abps): each folder with its files and size, and each
+    chartevents entry with the source file it caches, its rows and size (no row content)."""
+    from etl.io import user_cache_dir
+
+    total = 0
+    for kind in KINDS:
+        d = user_cache_dir(kind)
+        files = [f for f in d.rglob("*") if f.is_file() and not f.is_symlink()] if d.is_dir() else []
+        size = sum(f.stat().st_size for f in files)
+        total += size
+        n = len(files)
+        typer.echo(f"{kind}: {d} ({n} file{'' if n == 1 else 's'}, {size / 2**20:.1f} MiB)" if n else f"{kind}: {d} (empty)")
+        if kind != "chartevents":
+            continue
+        for manifest in sorted(d.glob("*.json")):
+            try:
+                m = json.loads(manifest.read_text())
+                entry = manifest.with_suffix(".parquet")
+                mib = entry.stat().st_size / 2**20 if entry.is_file() else 0.0
+                typer.echo(f"  {entry.name}: {m.get('source_name', '?')}, {int(m['rows']):,} rows, {mib:.1f} MiB")
+            except (OSError, ValueError, KeyError, TypeError):
+                typer.echo(f"  {manifest.name}: unreadable manifest (the entry is rebuilt when next needed)")
+    typer.echo(f"cache list: {total / 2**20:.1f} MiB in all")
+

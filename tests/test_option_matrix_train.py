@@ -207,6 +207,8 @@ KINDS = [
     # the caches of this run's scratch folder, never the user's own
     Kind(("cache", "clear"), "cache-clear", lambda i: [],
          patch=lambda monkeypatch, scratch: monkeypatch.setenv("ABPS_CACHE_DIR", str(scratch / "cache"))),
+    Kind(("cache", "list"), "cache-list", lambda i: [],
+         patch=lambda monkeypatch, scratch: monkeypatch.setenv("ABPS_CACHE_DIR", str(scratch / "cache"))),
 ]
 
 _NEEDS_FMNIST = {"train-vv", "train-images"}
