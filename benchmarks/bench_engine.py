@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.options import machine_note
 from federation.core.config import EngineConfig
 from federation.core.metrics import batched_auroc
 from federation.data.synthetic import write_fedprox_cohort
@@ -192,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     (OUT / "bench_engine.json").write_text(json.dumps(res, indent=2) + "\n")
     md = "\n".join([
         f"FedAvg round, n = {res['n_centers']} centers, d = {res['d']}, {res['train_rows']} train rows "
-        f"({source}); {threads} threads, torch {torch.__version__}, 1-min load average at the end "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+        f"({source}); torch {torch.__version__}; {machine_note(threads)}",
         "",
         "| measure | value |",
         "|---|---|",

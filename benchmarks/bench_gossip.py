@@ -24,6 +24,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
+from benchmarks.options import machine_note
 from etl.images import ImageDataset
 from etl.io import atomic_write_text
 from federation.gossip.model import LENET5_LAYOUT, forward_single, init_stacked, stacked_gradients
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
         if "speedup_grouped_vs_loop" in row:
             print(f"N={n}: stacked training tick {row['step_s_grouped']:.2f} s, per-node loop "
                   f"{row['step_s_loop']:.2f} s: {row['speedup_grouped_vs_loop']:.2f}x "
-                  f"(target >= {TARGET_SPEEDUP:.0f}x, reached {row['speedup_grouped_vs_loop'] / TARGET_SPEEDUP:.2f} of it; load average {row['load_average_1min']:.1f} "
-                  f"on {args.threads} threads)")
+                  f"(target >= {TARGET_SPEEDUP:.0f}x, reached {row['speedup_grouped_vs_loop'] / TARGET_SPEEDUP:.2f} of it; "
+                  f"{machine_note(args.threads, row['load_average_1min'])})")
         results.append(row)
     atomic_write_text("bench_out/gossip.json", json.dumps(results, indent=1))
     return {"results": results}

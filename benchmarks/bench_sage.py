@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.options import parser
+from benchmarks.options import machine_note, parser
 from etl.io import atomic_write_text
 from federation.core.graphs import neighbour_table
 from federation.data.image_shards import make_graph, make_shards, subsample
@@ -156,7 +156,7 @@ def report_targets(res: dict[str, Any]) -> list[str]:
                      f"{r['s_per_round'] / TARGETS['s_per_round']:.1f}x; FLOP floor: train {f['train_s']:.2f} s = "
                      f"{r['train_s_per_round'] / f['train_s']:.1f}x below the measured, eval {f['eval_s']:.2f} s = "
                      f"{r['eval_s_per_round'] / f['eval_s']:.1f}x below)")
-    lines.append(f"load average during the run: {res.get('load_average_1min')} on {res['threads']} threads")
+    lines.append(machine_note(res["threads"], res.get("load_average_1min")))
     return lines
 
 

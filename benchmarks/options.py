@@ -15,3 +15,18 @@ def parser(doc: str, **defaults: Any) -> argparse.ArgumentParser:
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(default), default=default)
     ap.add_argument("--out", default=None)
     return ap
+
+
+def machine_note(threads: int, load: float | None = None) -> str:
+    """Whether a benchmark's figures are an idle machine's: the 1-minute run-queue average
+    (``os.getloadavg``, read now unless given) against the ``threads`` the benchmark itself ran.
+    Contention changes ratios between candidates (many small kernels lose more than few large
+    ones), so a figure taken with other work running is not one for an idle target."""
+    import os
+
+    load = os.getloadavg()[0] if load is None else float(load)
+    cpus = os.cpu_count() or 1
+    ours = f"{threads} thread{'' if threads == 1 else 's'} of this benchmark"
+    if load > threads + 0.5:
+        return f"other work was running (run queue {load:.1f} on {cpus} CPUs, {ours}): not an idle-machine figure"
+    return f"no other work running (run queue {load:.1f} on {cpus} CPUs, {ours})"
