@@ -15,6 +15,11 @@ from cli.app import cache_app
 KINDS = ("chartevents", "kernels")
 
 
+def _files(folder) -> list:
+    """The plain files under ``folder`` (none when it does not exist)."""
+    return [f for f in folder.rglob("*") if f.is_file() and not f.is_symlink()] if folder.is_dir() else []
+
+
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Remove the ETL's chartevents cache and the compiled kernels under $ABPS_CACHE_DIR (else
@@ -26,7 +31,7 @@ def cache_clear() -> None:
         d = user_cache_dir(kind)
         if not d.exists():
             continue
-        freed += sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+        freed += sum(f.stat().st_size for f in _files(d))
         shutil.rmtree(d)
         typer.echo(f"removed {d}")
     root = user_cache_dir(KINDS[0]).parent
@@ -45,7 +50,7 @@ def cache_list() -> None:
     total = 0
     for kind in KINDS:
         d = user_cache_dir(kind)
-        files = [f for f in d.rglob("*") if f.is_file() and not f.is_symlink()] if d.is_dir() else []
+        files = _files(d)
         size = sum(f.stat().st_size for f in files)
         total += size
         n = len(files)
