@@ -93,7 +93,6 @@ def etl_command(
     if src_dir is None:
         raise InputError("give the source folder with --mimic-dir (or --data-dir, or the MIMIC_DIR environment variable)")
     project.check_out_ignored(out)  # patient identifiers never land in a git work tree unignored
-    project.announce_source(src_dir, source)
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,
         care_units=tuple(dict.fromkeys(u.strip() for u in care_units.split(",") if u.strip())),
@@ -113,6 +112,8 @@ def etl_command(
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InputWarning)
         rep = _run(source, src_dir, out, opts, meds_splits)
+    if rep.get("source_release"):
+        typer.echo(f"found {rep['source_release']} in {src_dir}")
     for w in caught:
         if issubclass(w.category, InputWarning):
             typer.echo(f"warning: {w.message}", err=True)

@@ -50,20 +50,6 @@ def record_etl(out: Path, source: str) -> None:
     typer.echo("next: abps train --goal diversity   (trains on this cohort, the project's default from now on)")
 
 
-def announce_source(src_dir: Path, source: str) -> None:
-    """Print what ``abps etl`` found in ``src_dir`` (release and layout, :func:`describe_mimic`);
-    a folder that cannot be described is left to the ETL's own error."""
-    import typer
-
-    if source != "mimic":
-        return
-    try:
-        what = describe_mimic(Path(src_dir))
-    except InputError:
-        return
-    typer.echo(f"found {what} in {src_dir}")
-
-
 def _is_cohort(d: Path) -> bool:
     return (d / "cohort.parquet").is_file() and (d / "centers.parquet").is_file()
 
@@ -171,36 +157,6 @@ def check_out_ignored(out: Path) -> None:
     if not ignored:
         raise InputError(f"--out {out}: not ignored by git in the work tree {root} (cohort.parquet holds patient "
                          f"identifiers); add /{rel}/ to its .gitignore, or write outside the repository")
-
-
-def describe_mimic(src_dir: Path) -> str:
-    """Which MIMIC-IV release and file layout ``src_dir`` holds, e.g. ``MIMIC-IV 3.x, csv.gz tables``.
-
-    3.x is recognised by what v3.0 added (mimic-iv-etl-facts: the ``2020 - 2022``
-    ``anchor_year_group`` and the widened ``insurance`` values such as ``Private``); otherwise
-    2.x (v2.0 renamed ``ethnicity`` to ``race``; a table without ``race`` is older than 2.0).
-
-    Raises:
-        InputError: ``hosp/patients`` or ``hosp/admissions`` is missing or unreadable.
-    """
-    import duckdb
-
-    from etl.sources import duckdb_errors, locate
-
-    pat = locate(src_dir, "hosp", "patients", ("anchor_year_group",))
-    adm = locate(src_dir, "hosp", "admissions", ("insurance",))
-    layout = "Parquet" if pat.is_parquet else pat.path.name.split(".", 1)[1]
-    sql = (f"SELECT (SELECT count(*) FROM {pat.scan_sql({})} WHERE anchor_year_group = '2020 - 2022') + "
-           f"(SELECT count(*) FROM {adm.scan_sql({})} WHERE insurance = 'Private')")
-    with duckdb_errors([pat, adm]):
-        v3 = duckdb.connect().execute(sql).fetchall()[0][0]
-    if v3:
-        version = "3.x"
-    elif "race" in adm.columns:
-        version = "2.x"
-    else:
-        version = "1.x"
-    return f"MIMIC-IV {version}, {layout} tables"
 
 
 def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:

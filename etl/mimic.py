@@ -120,6 +120,24 @@ def assemble(kept: pl.DataFrame, vitals: pl.DataFrame, cci: pl.DataFrame) -> pl.
     )
 
 
+def mimic_release(con: duckdb.DuckDBPyConnection, patients: str, admissions: str, has_race: bool, layout: str) -> str:
+    """Which MIMIC-IV release the loaded tables come from, e.g. ``MIMIC-IV 3.x, csv.gz tables``.
+
+    3.x is recognised by what v3.0 added (mimic-iv-etl-facts: the ``2020 - 2022``
+    ``anchor_year_group`` and the widened ``insurance`` values such as ``Private``); otherwise
+    2.x (v2.0 renamed ``ethnicity`` to ``race``; a table without ``race`` is older than 2.0).
+
+    Args:
+        patients, admissions: table expressions of the two tables (their rows as read).
+        has_race: admissions has a ``race`` column.
+        layout: the files' format as the user sees it (``csv.gz``, ``csv``, ``Parquet``).
+    """
+    v3 = scalar(con, f"SELECT EXISTS (SELECT 1 FROM {patients} WHERE anchor_year_group = '2020 - 2022') "
+                     f"OR EXISTS (SELECT 1 FROM {admissions} WHERE insurance = 'Private')")
+    version = "3.x" if v3 else "2.x" if has_race else "1.x"
+    return f"MIMIC-IV {version}, {layout} tables"
+
+
 def keep_adult_unit_stays(con: duckdb.DuckDBPyConnection, opts: EtlOptions, att: Attrition, n_label: int) -> None:
     """Age and care-unit filters of ``all_stays`` (known label and intime) -> temp table ``kept``.
 
@@ -327,8 +345,9 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
 
 
 def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
-                 cache_info: dict | None = None) -> tuple[pl.DataFrame, Attrition, dict, dict]:
-    """Run the concepts and return (cohort before partition, attrition, timings, inputs).
+                 cache_info: dict | None = None) -> tuple[pl.DataFrame, Attrition, dict, dict, str]:
+    """Run the concepts and return (cohort before partition, attrition, timings, inputs, release
+    (:func:`mimic_release`)).
 
     The vitals per charttime come from the chartevents cache when ``opts.chart_cache`` asks for
     one (:func:`etl.chart_cache.use_cache` over :func:`vitalsign_sql`); what the cache did is written into ``cache_info``
@@ -363,6 +382,10 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
                                        "of the cohort is 0"), stacklevel=1)
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
+        pat = tables["patients"]
+        release = mimic_release(con, pat.loaded_as, tables["admissions"].loaded_as,
+                                          "race" in tables["admissions"].columns,
+                                          "Parquet" if pat.is_parquet else pat.path.name.split(".", 1)[1])
         timings["checks_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         s = {name: t.scan_sql(types) for name, t in tables.items()}
@@ -397,13 +420,15 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         progress.step("centers, splits and outputs")
         kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
 
-    return assemble(kept, vitals, cci), att, timings, inputs
+    return assemble(kept, vitals, cci), att, timings, inputs, release
 
 
-def _cache_section(cache: dict):
-    """extend_report hook: ``report["chartevents_cache"]`` and one Markdown line."""
+def _report_sections(cache: dict, release: str):
+    """extend_report hook: ``report["source_release"]`` (:func:`mimic_release`),
+    ``report["chartevents_cache"]`` and one Markdown line on the cache."""
 
     def extend(report: dict, cohort: pl.DataFrame, centers: pl.DataFrame) -> str:
+        report["source_release"] = release
         report["chartevents_cache"] = cache
         if cache.get("status", "off") == "off":
             return ""
@@ -435,6 +460,6 @@ def run_etl(mimic_dir: str | Path, out: str | Path, opts: EtlOptions | None = No
     t_start = time.perf_counter()
     with atomic_output_dir(out) as tmp:
         cache: dict = {}
-        cohort, att, timings, inputs = build_cohort(mimic_dir, opts, tmp, cache)
+        cohort, att, timings, inputs, release = build_cohort(mimic_dir, opts, tmp, cache)
         return finish(cohort, att, opts, tmp, timings, source="mimic", inputs=inputs,
-                      partition=opts.partition, t_start=t_start, extend_report=_cache_section(cache))
+                      partition=opts.partition, t_start=t_start, extend_report=_report_sections(cache, release))

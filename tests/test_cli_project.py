@@ -19,7 +19,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from cli.project import default_cohort, describe_mimic
+from cli.project import default_cohort
+from etl.mimic import mimic_release
 from tests.cli_helpers import free_port as _free_port
 from tests.cli_helpers import run_main as _main
 
@@ -118,20 +119,17 @@ def test_goal_flag_picks_the_goal_aware_preset_and_says_so(capsys) -> None:
     assert "abps-hom | abps-div | abps-align" in text.replace("│ ", "").replace(" │", "")
 
 
-def test_describe_mimic_release_and_layout(mimic_demo_dir: Path, tmp_path: Path) -> None:
-    assert describe_mimic(mimic_demo_dir) == "MIMIC-IV 2.x, csv.gz tables"
-    # the same tables as Parquet, with one v3.0 era row: 3.x, Parquet
-    hosp = tmp_path / "m" / "hosp"
-    hosp.mkdir(parents=True)
+def test_mimic_release_from_the_loaded_tables(mimic_demo_dir: Path, tmp_path: Path) -> None:
     con = duckdb.connect()
-    for name in ("patients", "admissions"):
-        src = str(mimic_demo_dir / "hosp" / f"{name}.csv.gz")
-        con.execute(f"COPY (SELECT * FROM read_csv('{src}', all_varchar=true)) TO '{hosp / name}.parquet' (FORMAT parquet)")
-    assert describe_mimic(tmp_path / "m") == "MIMIC-IV 2.x, Parquet tables"
-    con.execute(f"COPY (SELECT * REPLACE ('2020 - 2022' AS anchor_year_group) FROM read_parquet('{hosp}/patients.parquet')) "
-                f"TO '{hosp}/p3.parquet' (FORMAT parquet)")
-    os.replace(hosp / "p3.parquet", hosp / "patients.parquet")
-    assert describe_mimic(tmp_path / "m") == "MIMIC-IV 3.x, Parquet tables"
+    pat = f"read_csv('{mimic_demo_dir / 'hosp' / 'patients.csv.gz'}', all_varchar=true)"
+    adm = f"read_csv('{mimic_demo_dir / 'hosp' / 'admissions.csv.gz'}', all_varchar=true)"
+    assert mimic_release(con, pat, adm, True, "csv.gz") == "MIMIC-IV 2.x, csv.gz tables"
+    assert mimic_release(con, pat, adm, False, "csv.gz") == "MIMIC-IV 1.x, csv.gz tables"
+    # one v3.0 era row in patients, or one v3.0 insurance value in admissions: 3.x
+    pat3 = f"(SELECT * REPLACE (CASE WHEN subject_id = '10014729' THEN '2020 - 2022' ELSE anchor_year_group END AS anchor_year_group) FROM {pat})"
+    adm3 = f"(SELECT * REPLACE (CASE WHEN hadm_id = '25926192' THEN 'Private' ELSE insurance END AS insurance) FROM {adm})"
+    assert mimic_release(con, pat3, adm, True, "Parquet") == "MIMIC-IV 3.x, Parquet tables"
+    assert mimic_release(con, pat, adm3, True, "csv") == "MIMIC-IV 3.x, csv tables"
 
 
 def test_ui_serves_the_project_store(tmp_path: Path) -> None:
