@@ -107,6 +107,10 @@ def etl_command(
     if source not in SOURCES:
         raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
     from etl import progress
+    from etl.chart_stream import hold_freed_memory
+
+    if source == "mimic":
+        hold_freed_memory()
 
     with progress.bar(f"etl {source}", total=4 if source == "mimic" else 1), \
             warnings.catch_warnings(record=True) as caught:

@@ -296,6 +296,7 @@ def finish(
     report["options"]["partition"] = partition
     report["inputs"] = inputs
     report["chartevents_cache"] = {"status": "off"}  # MIMIC's hook says what its cache did
+    report["source_release"] = None  # MIMIC's hook names the release it read (etl.mimic.mimic_release)
     report["files"] = cohort_digests(tmp)  # the report is written last: train checks the pair against it
     md = report_markdown(report)
     if extend_report is not None:

@@ -309,3 +309,9 @@ def test_stream_and_duckdb_scan_read_the_same_timestamps(text, mimic_demo_dir, t
             assert (tmp_path / "s" / f).read_bytes() == (tmp_path / "d" / f).read_bytes()
         rep = json.loads((tmp_path / "s" / "cohort_report.json").read_text())
         assert rep["chartevents_cache"]["read_by"] == "duckdb"  # the stream leaves it to the scan
+
+
+def test_freed_memory_is_held_under_glibc_only() -> None:
+    import platform
+
+    assert chart_stream.hold_freed_memory() is (platform.libc_ver()[0] == "glibc")
