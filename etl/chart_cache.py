@@ -118,23 +118,6 @@ def query_sha256(query: Callable[[str], str], order_by: str = "") -> str:
     return hashlib.sha256(f"{query(SOURCE_PLACEHOLDER)}\nORDER BY {order_by}".encode()).hexdigest()
 
 
-def entry_matches_source(table: Table, setting: str, query: Callable[[str], str], order_by: str = "") -> bool:
-    """True when ``setting`` asks for a cache and its entry for ``table`` was made by this query
-    from this very source (manifest only: format, query hash, source fingerprint). The entry's
-    stays and file are checked by :func:`use_cache`; a True here only says a hit is likely, so
-    the ETL does not start reading the source before it knows.
-    """
-    if setting == "off" or (setting == "auto" and table.path.stat().st_size < AUTO_MIN_BYTES):
-        return False
-    _, manifest_path = _entry(default_cache_dir() if setting == "auto" else Path(setting).expanduser(), table.path)
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        return (manifest.get("format") == FORMAT and manifest.get("query_sha256") == query_sha256(query, order_by)
-                and manifest.get("source") == fingerprint(table.path))
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str], columns: tuple[str, ...],
               setting: str, query: Callable[[str], str], order_by: str = "",
               build: Callable[[Path], int] | None = None, scope: str = "") -> CacheResult:

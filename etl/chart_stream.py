@@ -318,8 +318,7 @@ class ChartBatches:
 
     One thread inflates the file (ISA-L) and cuts the text at line ends into :data:`BLOCK_BYTES`
     jobs; :data:`PARSE_WORKERS` threads parse the jobs (Arrow, GIL released); at most ``ahead``
-    jobs wait for the consumer. Reading starts when the object is made, so the ETL can start it
-    before it checks the other tables and consume it after. Lines are cut at ``\\n`` only:
+    jobs wait for the consumer. Reading starts when the object is made. Lines are cut at ``\\n`` only:
     ``newlines_in_values`` is off, so a line end always ends a row, as in Arrow's own reader.
 
     Args:
@@ -543,8 +542,6 @@ class VitalPass:
             these stays charted in [start, end], bounds included (the cache entry's exact window,
             or the kept stays' within a second, which SQL then applies exactly). None: every
             stay, the whole file.
-        batches: the file's :class:`ChartBatches`, when the caller started reading it early
-            (default: started by :meth:`run`).
 
     Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
     kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
@@ -553,10 +550,9 @@ class VitalPass:
 
     def __init__(self, table: Table, bounds: np.ndarray, memory_limit: str, scratch: Path,
                  progress: bool = False, items: VitalItems | None = None,
-                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                 batches: ChartBatches | None = None) -> None:
+                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         self.table, self.bounds, self.scratch, self.progress = table, np.asarray(bounds, np.int64), scratch, progress
-        self.batches, self.memory_limit = batches, memory_limit
+        self.memory_limit = memory_limit
         self._lut: np.ndarray | None = None
         self.window = window
         self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
@@ -608,7 +604,7 @@ class VitalPass:
         """
         buf = _Buffer(self.bounds, self.budget, self.scratch)
         t0 = time.perf_counter()
-        batches = self.batches or ChartBatches(self.table, self.memory_limit, progress=self.progress)
+        batches = ChartBatches(self.table, self.memory_limit, progress=self.progress)
         try:
             try:
                 for batch in batches:

@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from etl import charlson, chart_stream, progress
-from etl.chart_cache import entry_matches_source, use_cache
+from etl.chart_cache import use_cache
 from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.pipeline import (
@@ -233,8 +233,7 @@ def windows_sha256(window: tuple[np.ndarray, ...]) -> str:
 
 def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
                   parquet: Path | None = None, timings: dict | None = None,
-                  cache_window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                  batches: chart_stream.ChartBatches | None = None) -> int:
+                  cache_window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> int:
     """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
     per charttime of :func:`cached_vitalsign_sql` (rows inside ``cache_window``, the
     :func:`stay_windows` of ``all_stays`` from :data:`EARLIEST_VITALS_HOURS`), written to
@@ -242,8 +241,7 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     the kept stays into the temp table ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql,
     partition by partition; each stay lies in one partition). Returns the rows of the relation
     (of the kept stays' windows when no ``parquet``); the pass's stage times go into ``timings``
-    (``chartevents_read_s``, ``chartevents_reduce_write_s``). ``batches``: the file's
-    :class:`etl.chart_stream.ChartBatches` when reading started earlier (:func:`build_cohort`).
+    (``chartevents_read_s``, ``chartevents_reduce_write_s``).
 
     Raises:
         etl.chart_stream.StreamUnreadable: the caller scans the file with DuckDB instead (the
@@ -262,7 +260,7 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
                                 progress=chart_stream.progress_wanted(),
                                 items=chart_stream.vital_items(vitalsign_sql("chartevents")),
-                                window=window if parquet is None else cache_window, batches=batches)
+                                window=window if parquet is None else cache_window)
     con.register("chart_part", chart_stream.SCHEMA.empty_table())
     per_stay = concept_sql("mimic", "vital_per_stay", vitalsign="chart_part")
     con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + per_stay)
@@ -300,23 +298,21 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
 
 def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, types: dict[str, str],
                        opts: EtlOptions, att: Attrition, note: str, scratch: Path, cache_info: dict | None,
-                       timings: dict | None = None, prefetch: list | None = None) -> pl.DataFrame:
+                       timings: dict | None = None) -> pl.DataFrame:
     """The first-day vitals of the kept stays from chartevents, reading the source at most once.
 
     A valid cache entry is read (:func:`etl.chart_cache.use_cache`); otherwise a CSV source is
     read by the streamed pass (:func:`stream_vitals`), which writes the cache entry when one is
     asked for; a Parquet source, or a file the stream cannot read, is scanned by DuckDB (the
-    concept SQL, and DuckDB's one-line errors). ``prefetch``: a list holding the source's
-    :class:`etl.chart_stream.ChartBatches` started before the checks, taken by the first streamed pass.
+    concept SQL, and DuckDB's one-line errors).
     """
     streamable = chart_stream.streamable(table)
-    prefetch = prefetch if prefetch is not None else []
     built: list[int] = []
     cache_window = stay_windows(con, "all_stays", EARLIEST_VITALS_HOURS) if opts.chart_cache != "off" else None
 
     def build(path: Path) -> int:
         built.append(stream_vitals(con, table, opts, scratch, parquet=path, timings=timings,
-                                   cache_window=cache_window, batches=prefetch.pop() if prefetch else None))
+                                   cache_window=cache_window))
         return built[-1]
 
     def cached(build=None):
@@ -340,23 +336,13 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
         return first_day_vitals(con, None, opts, att, note, vitalsign=cache.relation)
     if streamable:
         try:
-            stream_vitals(con, table, opts, scratch, timings=timings, batches=prefetch.pop() if prefetch else None)
+            stream_vitals(con, table, opts, scratch, timings=timings)
             info["read_by"] = "stream"
             return first_day_vitals(con, None, opts, att, note, streamed=True)
         except chart_stream.StreamUnreadable:
             con.execute("DROP TABLE IF EXISTS vital_per_stay")
     info["read_by"] = "duckdb"
     return first_day_vitals(con, scan, opts, att, note)
-
-
-@contextlib.contextmanager
-def _closing_all(items: list):
-    """Close whatever is left in ``items`` on the way out of the block."""
-    try:
-        yield items
-    finally:
-        while items:
-            items.pop().close()
 
 
 def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
@@ -380,13 +366,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     att = Attrition()
     timings: dict[str, float] = {}
     watched = list(tables.values())  # the tables an error may name (duckdb_errors)
-    # a CSV chartevents that no cache entry will stand in for is inflated and parsed on other
-    # threads from here on, while the other tables are checked (etl/chart_stream.py)
-    chart, prefetch = tables["chartevents"], []
-    if chart_stream.streamable(chart) and not entry_matches_source(chart, opts.chart_cache, cached_vitalsign_sql,
-                                                                    VITALSIGN_ORDER):
-        prefetch.append(chart_stream.ChartBatches(chart, opts.memory_limit, progress=chart_stream.progress_wanted()))
-    with contextlib.closing(con), duckdb_errors(watched, types), _closing_all(prefetch):
+    with contextlib.closing(con), duckdb_errors(watched, types):
         t0 = time.perf_counter()
         progress.step("checking the input tables", 0)
         # each keyed table is read once, from a copy inflated by ISA-L (an error names the
@@ -431,7 +411,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         vitals = chartevents_vitals(
             con, tables["chartevents"], s["chartevents"], types, opts, att,
             f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)", scratch,
-            cache_info, timings, prefetch)
+            cache_info, timings)
         timings["chartevents_s"] = time.perf_counter() - t0
         progress.step("Charlson comorbidities")
 
