@@ -6,7 +6,8 @@ LeNet-5 models. Also timed: a whole simulated round (train + send + average + no
 through :func:`federation.gossip.simulate`.
 
 ``python -m benchmarks.bench_gossip [--nodes 50 1000] [--repeats 3] [--threads 2]``; prints the
-speed-up with its target (>= 3x) and writes
+speed-up with its target (>= 3x), the FLOP floor of a tick at this machine's measured GEMM rate
+(the most any formulation can gain over the loop) and writes
 ``bench_out/gossip.json``. N = 1000 needs about 10 GB of memory (flat parameters, momentum,
 buffers and gradients of 1000 x 431,080 float32) and is skipped when less is available.
 """
@@ -24,10 +25,16 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from benchmarks.options import machine_note
+from benchmarks.options import machine_note, matmul_peak_gflops
 from etl.images import ImageDataset
 from etl.io import atomic_write_text
-from federation.gossip.model import LENET5_LAYOUT, forward_single, init_stacked, stacked_gradients
+from federation.gossip.model import (
+    LENET5_LAYOUT,
+    forward_single,
+    init_stacked,
+    lenet5_train_flops_per_image,
+    stacked_gradients,
+)
 from federation.gossip.simulation import GossipConfig, simulate
 
 #: the stacked training tick at least this many times faster than the per-node loop.
@@ -49,7 +56,7 @@ def bench_step(n: int, repeats: int, loop: bool) -> dict:
     flat = init_stacked(n, gen)
     x = torch.rand(n, 64, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (n, 64), generator=gen)
-    out = {"n_nodes": n}
+    out = {"n_nodes": n, "tick_gflop": lenet5_train_flops_per_image() * x.shape[1] * n / 1e9}
     for engine in ("grouped", "vmap"):
         out[f"step_s_{engine}"] = _time(lambda: stacked_gradients(flat, x, y, engine), repeats)
     if loop:
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv if argv is not None else [])
     torch.set_num_threads(args.threads)
+    peak = matmul_peak_gflops()
     results = []
     for n in args.nodes:
         need = n * BYTES_PER_NODE
@@ -99,6 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
         row = bench_step(n, args.repeats, loop=n <= 100)
         row.update(bench_round(n, 8))
         row["threads"] = args.threads
+        row["peak_gflops"] = peak
+        row["floor_s"] = row["tick_gflop"] / peak
         row["load_average_1min"] = os.getloadavg()[0]
         print(json.dumps(row))
         if "speedup_grouped_vs_loop" in row:
@@ -106,6 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{row['step_s_loop']:.2f} s: {row['speedup_grouped_vs_loop']:.2f}x "
                   f"(target >= {TARGET_SPEEDUP:.0f}x, reached {row['speedup_grouped_vs_loop'] / TARGET_SPEEDUP:.2f} of it; "
                   f"{machine_note(args.threads, row['load_average_1min'])})")
+            print(f"N={n}: FLOP floor of a training tick {row['tick_gflop']:.1f} GFLOP at this machine's fp32 GEMM "
+                  f"peak ({peak:.0f} GFLOP/s, same run) = {row['floor_s']:.2f} s; the loop takes "
+                  f"{row['step_s_loop'] / row['floor_s']:.1f}x the floor, the stacked tick "
+                  f"{row['step_s_grouped'] / row['floor_s']:.1f}x; no formulation can beat the loop by more "
+                  f"than {row['step_s_loop'] / row['floor_s']:.1f}x here")
         results.append(row)
     atomic_write_text("bench_out/gossip.json", json.dumps(results, indent=1))
     return {"results": results}

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.options import machine_note, parser
+from benchmarks.options import machine_note, matmul_peak_gflops, parser
 from etl.io import atomic_write_text
 from federation.core.graphs import neighbour_table
 from federation.data.image_shards import make_graph, make_shards, subsample
@@ -85,19 +85,6 @@ def eval_macs(spec, n_clients: int, n_images: int) -> float:
     """Multiply-adds of evaluating ``n_clients`` encoder + head predictors on ``n_images`` images
     (:func:`federation.engine.image_model.predict_flops_per_image` / 2)."""
     return predict_flops_per_image(spec) / 2 * n_clients * n_images
-
-
-def matmul_peak_gflops(size: int = 2048, repeats: int = 3) -> float:
-    """This machine's dense fp32 GEMM rate at the current torch thread count, GFLOP/s: the best of
-    ``repeats`` products of two ``size x size`` matrices (2 size^3 FLOPs each, MKL via ``torch.mm``)."""
-    a, b = torch.rand(size, size), torch.rand(size, size)
-    a @ b   # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * size ** 3 / best / 1e9
 
 
 def flop_floor(spec, shards, peak_gflops: float) -> dict[str, float]:

@@ -30,3 +30,22 @@ def machine_note(threads: int, load: float | None = None) -> str:
     if load > threads + 0.5:
         return f"other work was running (run queue {load:.1f} on {cpus} CPUs, {ours}): not an idle-machine figure"
     return f"no other work running (run queue {load:.1f} on {cpus} CPUs, {ours})"
+
+
+def matmul_peak_gflops(size: int = 2048, repeats: int = 3) -> float:
+    """This machine's dense fp32 GEMM rate at the current torch thread count, GFLOP/s: the best of
+    ``repeats`` products of two ``size x size`` matrices (2 size^3 FLOPs each, MKL via ``torch.mm``).
+    The floor a benchmark prints beside its measured time (FLOPs / this rate) is the time no
+    formulation of the same arithmetic beats on this machine."""
+    import time
+
+    import torch
+
+    a, b = torch.rand(size, size), torch.rand(size, size)
+    a @ b   # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size ** 3 / best / 1e9

@@ -88,3 +88,18 @@ def test_engines_agree_and_inactive_nodes_are_untouched():
     assert torch.equal(flat[idle], before[idle]) and torch.equal(mom[idle], mom_before[idle])
     assert not torch.equal(flat[active], before[active])
     assert iters.tolist() == [0, 6, 7, 1, 2]
+
+
+def test_train_flops_per_image_are_hand_counted_and_torchs_count():
+    """2 (3 F - F_conv1) with F = 288,000 + 1,600,000 + 400,000 + 5,000 multiply-adds, and the
+    same as torch's FLOP counter over one forward and backward pass of three images."""
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from federation.gossip.model import LENET5_SHAPES, forward_single, lenet5_train_flops_per_image
+
+    assert lenet5_train_flops_per_image() == 2 * (3 * 2_293_000 - 288_000) == 13_182_000
+    p = {k: torch.randn(*v, requires_grad=True) for k, v in LENET5_SHAPES.items()}
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(forward_single(p, torch.rand(3, 1, 28, 28)), torch.tensor([1, 2, 3])).backward()
+    assert counter.get_total_flops() == 3 * lenet5_train_flops_per_image()

@@ -27,6 +27,10 @@ LENET5_SHAPES: dict[str, tuple[int, ...]] = {
     "ip2.bias": (10,),
 }
 
+#: Output positions of each layer on a 28 x 28 image: conv1 24 x 24, conv2 8 x 8 (after the first
+#: 2 x 2 max-pool), the inner products one each.
+LENET5_POSITIONS: dict[str, int] = {"conv1": 24 * 24, "conv2": 8 * 8, "ip1": 1, "ip2": 1}
+
 #: The four trainable layers of LeNet-5 as the paper names them (Fig. 2, Fig. 7).
 LAYERS: tuple[str, ...] = ("conv1", "conv2", "ip1", "ip2")
 
@@ -82,6 +86,16 @@ class ParamLayout:
 
 
 LENET5_LAYOUT = ParamLayout.from_shapes(LENET5_SHAPES)
+
+
+def lenet5_train_flops_per_image() -> int:
+    """FLOPs (2 per multiply-add) of one training image through LeNet-5: the forward pass, then a
+    weight gradient for every layer and an input gradient for every layer but conv1, each as many
+    multiply-adds as the layer's forward: 2 (3 F - F_conv1), F = sum over layers of output
+    positions x weights (conv1 288,000, conv2 1,600,000, ip1 400,000, ip2 5,000 multiply-adds).
+    Pooling, ReLU and the loss are left out (a few thousand operations)."""
+    macs = {layer: LENET5_POSITIONS[layer] * math.prod(LENET5_SHAPES[f"{layer}.weight"]) for layer in LAYERS}
+    return 2 * (3 * sum(macs.values()) - macs["conv1"])
 
 
 def xavier_bound(shape: tuple[int, ...]) -> float:
