@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
         res["runs"][name] = {**ordered[len(ordered) // 2], "x_zcat_each": [rep[name]["x_zcat"] for rep in reps]}
     if cache.exists():
         res["cache_mb"] = round(sum(p.stat().st_size for p in cache.iterdir()) / 1e6, 1)
-    (OUT / "etl.json").write_text(json.dumps(res, indent=2))
     res["repeat"] = args.repeat
+    (OUT / "etl.json").write_text(json.dumps(res, indent=2))
     print(f"chartevents: {rows:,} rows, {res['chartevents_gz_mb']} MB gzip CSV, {res['cores']} cores"
           + (f"; Parquet cache {res['cache_mb']} MB" if "cache_mb" in res else ""))
     print("| run | wall s | x zcat (target) | CPU s | peak RSS MB (target <= 3 GB) | v3.1 (433 M rows) wall | load 1 min |")

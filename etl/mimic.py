@@ -383,10 +383,9 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
                                        "of the cohort is 0"), stacklevel=1)
         tables = check_keys(con, tables, KEYS, types, att, mimic_dir)
-        pat = tables["patients"]
-        release = mimic_release(con, pat.loaded_as, tables["admissions"].loaded_as,
-                                          "race" in tables["admissions"].columns,
-                                          "Parquet" if pat.is_parquet else pat.path.name.split(".", 1)[1])
+        pat, adm = tables["patients"], tables["admissions"]
+        release = mimic_release(con, pat.loaded_as, adm.loaded_as, "race" in adm.columns,
+                                "Parquet" if pat.is_parquet else pat.path.name.split(".", 1)[1])
         timings["checks_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         s = {name: t.scan_sql(types) for name, t in tables.items()}
