@@ -37,7 +37,7 @@ BLOCK_BYTES = 8 << 20
 PARSE_WORKERS = 2
 #: Most parse jobs held ahead of the consumer (their text and batches: about 12 MiB each); fewer
 #: under a small ``--memory-limit``.
-MAX_AHEAD = 48
+MAX_AHEAD = 8
 #: Text without a line end this long is not a chartevents row: the stream leaves the file to DuckDB.
 MAX_LINE_BYTES = 64 << 20
 #: stay_id ranges the vital rows are split into (sorted and reduced one at a time).
@@ -340,20 +340,24 @@ class ChartBatches:
         self._read = 0  # compressed bytes read
         self._used = False
         names = list(table.columns)
-        self._opts = (
-            pacsv.ParseOptions(delimiter=",", quote_char='"', double_quote=True, escape_char=False,
-                               newlines_in_values=False, ignore_empty_lines=False),
-            # charttime stays text here; charttime_us converts it (VitalPass._vital_rows)
-            pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
-                                 null_values=[""], quoted_strings_can_be_null=True))
+        # the parse options of text with a '"' (DuckDB's quoting rules) and of text without one: a
+        # job's text holds no quote character in MIMIC-IV's chartevents, and Arrow then tokenises
+        # about a fifth faster with quoting off, which reads such text exactly as quoting on does
+        self._parse_opts = {quoted: pacsv.ParseOptions(delimiter=",", quote_char='"' if quoted else False,
+                                                      double_quote=quoted, escape_char=False,
+                                                      newlines_in_values=False, ignore_empty_lines=False)
+                            for quoted in (True, False)}
+        # charttime stays text here; charttime_us converts it (VitalPass._vital_rows)
+        self._convert_opts = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
+                                                  null_values=[""], quoted_strings_can_be_null=True)
         self._read_opts = [pacsv.ReadOptions(column_names=names, skip_rows=skip, block_size=2 * BLOCK_BYTES,
                                              use_threads=False) for skip in (0, 1)]
         self._thread = threading.Thread(target=self._produce, name="chartevents-read", daemon=True)
         self._thread.start()
 
-    def _parse(self, text: pa.Buffer, header: bool) -> pa.Table:
+    def _parse(self, text: pa.Buffer, header: bool, quoted: bool) -> pa.Table:
         return pacsv.read_csv(pa.BufferReader(text), read_options=self._read_opts[header],
-                              parse_options=self._opts[0], convert_options=self._opts[1])
+                              parse_options=self._parse_opts[quoted], convert_options=self._convert_opts)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -381,7 +385,8 @@ class ChartBatches:
                         self._read = raw.tell()
                         buf = rest + block if rest else block
                         if not block:
-                            if buf and not self._put(self._pool.submit(self._parse, pa.py_buffer(buf), header)):
+                            if buf and not self._put(self._pool.submit(self._parse, pa.py_buffer(buf), header,
+                                                                       b'"' in buf)):
                                 return
                             break
                         cut = buf.rfind(b"\n") + 1
@@ -390,7 +395,8 @@ class ChartBatches:
                                 raise StreamUnreadable(f"no line end in {MAX_LINE_BYTES >> 20} MiB of text")
                             rest = buf
                             continue
-                        job = self._pool.submit(self._parse, pa.py_buffer(buf).slice(0, cut), header)
+                        job = self._pool.submit(self._parse, pa.py_buffer(buf).slice(0, cut), header,
+                                                buf.find(b'"', 0, cut) >= 0)
                         if not self._put(job):
                             return
                         header, rest = False, buf[cut:]

@@ -142,6 +142,35 @@ def test_parse_jobs_cut_at_any_byte_give_the_same_rows(tmp_path, monkeypatch):
     assert not {n for n in names if n.startswith(("chartevents-read", "chartevents-parse"))}, names
 
 
+def test_jobs_with_and_without_quotes_read_as_duckdb_does(tmp_path, monkeypatch):
+    """A job whose text holds a '"' is parsed with DuckDB's quoting rules, one without with quoting
+    off: the quoted ``value`` cells of the first rows (a comma and a doubled quote inside) keep
+    their columns, and every job gives DuckDB's reading of the whole file."""
+    import duckdb
+
+    lines = ["subject_id,stay_id,charttime,itemid,value,valuenum"]
+    lines += [f'1,3000000{k % 3},2150-01-01 1{k % 10}:00:00,220045,"a, ""b""",{60 + k}' for k in range(3)]
+    lines += [f"1,3000000{k % 3},2150-01-02 1{k % 10}:00:00,220045,x,{70 + k}" for k in range(40)]
+    path = tmp_path / "m/icu/chartevents.csv.gz"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    monkeypatch.setattr(chart_stream, "BLOCK_BYTES", 200)
+    seen: list[bool] = []
+    parse = chart_stream.ChartBatches._parse
+
+    def spy(self, text, header, quoted):
+        seen.append(quoted)
+        return parse(self, text, header, quoted)
+
+    monkeypatch.setattr(chart_stream.ChartBatches, "_parse", spy)
+    got = pa.Table.from_batches(list(chart_stream.ChartBatches(locate(path.parent.parent, "icu", "chartevents", COLS, TYPES))))
+    assert seen[0] and not seen[-1] and len(seen) > 3
+    want = duckdb.sql(f"SELECT stay_id, charttime::VARCHAR AS charttime, itemid, valuenum "
+                      f"FROM read_csv('{path}', header=true, quote='\"', escape='\"')").fetchall()
+    assert list(zip(*(got.column(c).to_pylist() for c in ("stay_id", "charttime", "itemid", "valuenum")))) == want
+    assert got.column("valuenum").to_pylist()[:4] == [60.0, 61.0, 62.0, 70.0]
+
+
 def test_vital_items_are_read_from_the_sql():
     it = chart_stream.vital_items()
     assert len(it.itemid) == 15 and it.vitals == ("dbp", "heart_rate", "mbp", "resp_rate", "sbp", "spo2", "temperature")
