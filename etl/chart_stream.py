@@ -272,14 +272,18 @@ class _Buffer:
         self.held = 0
 
     def add(self, stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.ndarray) -> None:
-        # partition numbers as uint8 (16 partitions): NumPy's stable sort is then a radix sort
-        part = np.searchsorted(self.bounds, stay, side="right").astype(np.uint8)
         if len(self.bounds):
+            # a stay's rows come together: its partition is looked up once per run of equal
+            # stay_ids; partition numbers as uint8, so NumPy's stable sort is a radix sort
+            first = np.flatnonzero(np.r_[True, stay[1:] != stay[:-1]])
+            part = np.repeat(np.searchsorted(self.bounds, stay[first], side="right").astype(np.uint8),
+                             np.diff(np.r_[first, len(stay)]))
             order = np.argsort(part, kind="stable")
-            cuts = np.searchsorted(part[order], np.arange(1, len(self.parts)))
-            for k, idx in enumerate(np.split(order, cuts)):
-                if len(idx):
-                    self.parts[k].append((stay[idx], t[idx], code[idx], val[idx]))
+            cols = [a.take(order) for a in (stay, t, code, val)]
+            ends = np.cumsum(np.bincount(part, minlength=len(self.parts)))
+            for k, (a, b) in enumerate(zip(np.r_[0, ends[:-1]], ends)):
+                if b > a:
+                    self.parts[k].append(tuple(c[a:b] for c in cols))
         else:
             self.parts[0].append((stay, t, code, val))
         self.held += len(stay) * ROW_BYTES
@@ -563,6 +567,11 @@ class VitalPass:
         self.window = window
         self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
         self.items = items or vital_items()
+        it = self.items
+        # an item's valid range as lo < value < hi_open: an inclusive upper bound becomes the next
+        # double above it (value <= hi exactly when value < nextafter(hi, +inf))
+        self._hi_open = np.where(it.hi_incl, np.nextafter(it.hi, np.inf), it.hi)
+        self._code = (it.vital << 4) | np.arange(len(it.itemid), dtype=np.uint8)  # vital << 4 | item index
         self.rows = self.vital_rows = self.out_rows = 0
         self.seconds: dict[str, float] = {}
 
@@ -570,7 +579,7 @@ class VitalPass:
         """Index into ``self.items`` of each row's itemid, -1 for other items and nulls: one
         lookup in a table over 0 .. the largest vital itemid (MIMIC-IV's are six digits)."""
         if self._lut is None:
-            self._lut = np.full(int(self.items.itemid.max()) + 2, -1, np.int16)  # last entry: every larger id
+            self._lut = np.full(int(self.items.itemid.max()) + 2, -1, np.intp)  # last entry: every larger id
             self._lut[self.items.itemid] = np.arange(len(self.items.itemid))
         ids = itemid.fill_null(-1) if itemid.null_count else itemid
         return self._lut.take(ids.to_numpy(), mode="clip")
@@ -583,22 +592,25 @@ class VitalPass:
         ok = ix >= 0
         j = np.where(ok, ix, 0)
         with np.errstate(invalid="ignore"):
-            ok &= (val > it.lo[j]) & ((val < it.hi[j]) | (it.hi_incl[j] & (val == it.hi[j])))
-        if not ok.any():
-            return None
-        sel = np.flatnonzero(ok)
-        stay_col, t_col = batch.column("stay_id").take(pa.array(sel)), charttime.take(pa.array(sel))
-        if stay_col.null_count or t_col.null_count:
-            raise StreamUnreadable("a vital row without stay_id or charttime")
-        t = t_col.cast(pa.int64()).to_numpy()
-        code = (it.vital[j[sel]] << 4) | j[sel].astype(np.uint8)
-        stay, val = stay_col.to_numpy(), val[sel]
+            ok &= (val > it.lo.take(j)) & (val < self._hi_open.take(j))
+        stay_col = batch.column("stay_id")
+        if stay_col.null_count or charttime.null_count:
+            # some row lacks a stay_id or a charttime: refused when it is a valid vital row
+            sel = np.flatnonzero(ok)
+            stay_col, charttime = stay_col.take(pa.array(sel)), charttime.take(pa.array(sel))
+            if stay_col.null_count or charttime.null_count:
+                raise StreamUnreadable("a vital row without stay_id or charttime")
+            ok = ok[sel]
+        else:
+            sel = None
+        stay, t = stay_col.to_numpy(), charttime.to_numpy().view(np.int64)
         if self.window is not None:
-            inside = window_mask(stay, t, self.window)
-            stay, t, code, val = stay[inside], t[inside], code[inside], val[inside]
-            if not len(stay):
-                return None
-        return (stay, t, code, val)
+            ok &= window_mask(stay, t, self.window)
+        keep = np.flatnonzero(ok)
+        if not len(keep):
+            return None
+        rows = keep if sel is None else sel.take(keep)
+        return stay.take(keep), t.take(keep), self._code.take(j.take(rows)), val.take(rows)
 
     def run(self, sink: Callable[[pa.Table], None]) -> None:
         """Read the file once and call ``sink(part)`` with each partition's relation, in

@@ -54,6 +54,7 @@ ROWS = [
     (30000001, T1, 220210, 0.0), (30000001, T1, 220210, None),     # resp rate 0 and empty: not valid
     (30000001, T1, 220046, 50.0),                                 # not a vital itemid
     (30000002, T0, 220045, 70.0),
+    (30000001, T1, 220277, 100.00000000000001),                   # the double next above spo2's 100: not valid
 ]
 
 
@@ -74,6 +75,28 @@ def test_hand_computed_vitals_per_charttime(tmp_path):
     got = _pass(_csv(tmp_path / "s/icu/chartevents.csv.gz", single))
     assert got.rows() == [(30000001, "heart_rate", t0, 80.0, 2, 1), (30000001, "spo2", t1, 100.0, 1, 1),
                           (30000001, "temperature", t1, (98.6 - 32) / 1.8, 1, 1), (30000002, "heart_rate", t0, 70.0, 1, 1)]
+
+
+def test_rows_without_stay_or_charttime(tmp_path):
+    """A row with no stay_id is read when it is not a valid vital row (DuckDB's scan never joins
+    it); a valid vital row without one, or any row without a charttime (text the timestamp
+    conversion refuses), is left to DuckDB's scan."""
+    def csv(extra: str) -> Path:
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}/icu/chartevents.csv.gz"
+        path.parent.mkdir(parents=True)
+        text = "subject_id,stay_id,charttime,itemid,value,valuenum\n" + "".join(
+            f"1,{st},{t},{i},x,{'' if v is None else v}\n" for st, t, i, v in ROWS) + extra
+        path.write_bytes(gzip.compress(text.encode()))
+        return path
+
+    hand = _pass(_csv(tmp_path / "h/icu/chartevents.csv.gz", ROWS))
+    assert hand["vital"].to_list() == ["heart_rate", "sbp", "spo2", "temperature", "heart_rate"]
+    for extra in (f"1,,{T0},220046,x,50\n", f"1,,{T0},220045,x,300\n", f"1,,{T0},220277,x,\n"):
+        assert _pass(csv(extra), bounds=(30000002,)).equals(hand)
+    for extra, why in ((f"1,,{T0},220045,x,80\n", "without stay_id or charttime"),
+                       ("1,30000001,,220046,x,50\n", "charttime not written")):
+        with pytest.raises(chart_stream.StreamUnreadable, match=why):
+            _pass(csv(extra))
 
 
 def test_partitions_and_spilling_change_nothing(tmp_path):
