@@ -77,6 +77,35 @@ class CacheResult:
     reason: str = ""
 
 
+def _cache_dir(table: Table, setting: str) -> Path | None:
+    """The folder ``--chart-cache`` names for ``table``; None when nothing is cached ("off", or
+    "auto" and a source under :data:`AUTO_MIN_BYTES`)."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        return default_cache_dir() if table.path.stat().st_size >= AUTO_MIN_BYTES else None
+    return Path(setting).expanduser()
+
+
+def may_hold(table: Table, setting: str) -> bool:
+    """Whether the cache may hold a valid entry for ``table``: its manifest exists and names the
+    source's size and mtime. A cheap look (no hashing, no query), for deciding whether to start
+    reading the source before the entry is checked; :func:`use_cache` decides.
+
+    Raises:
+        OSError: the source cannot be stat'ed.
+    """
+    cache_dir = _cache_dir(table, setting)
+    if cache_dir is None:
+        return False
+    try:
+        source = json.loads(_entry(cache_dir, table.path)[1].read_text()).get("source", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    st = table.path.stat()
+    return source.get("size") == st.st_size and source.get("mtime_ns") == st.st_mtime_ns
+
+
 def _entry(cache_dir: Path, source: Path) -> tuple[Path, Path]:
     key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
     return cache_dir / f"{source.name.split('.')[0]}-{key}.parquet", cache_dir / f"{source.name.split('.')[0]}-{key}.json"
@@ -147,14 +176,9 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
             the file).
     """
     t0 = time.perf_counter()
-    if setting == "off":
+    cache_dir = _cache_dir(table, setting)
+    if cache_dir is None:
         return CacheResult(None, "off")
-    if setting == "auto":
-        if table.path.stat().st_size < AUTO_MIN_BYTES:
-            return CacheResult(None, "off")
-        cache_dir = default_cache_dir()
-    else:
-        cache_dir = Path(setting).expanduser()
     parquet, manifest_path = _entry(cache_dir, table.path)
     want = {"format": FORMAT, "query_sha256": query_sha256(query, order_by), "columns": list(columns),
             "types": [types[c] for c in columns], "scope_sha256": scope, "source": fingerprint(table.path)}

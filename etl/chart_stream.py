@@ -38,6 +38,12 @@ PARSE_WORKERS = 2
 #: Most parse jobs held ahead of the consumer (their text and batches: about 12 MiB each); fewer
 #: under a small ``--memory-limit``.
 MAX_AHEAD = 8
+#: Most parse jobs held while a reading started early waits for its consumer (the ETL checks the
+#: small tables meanwhile); fewer under a small ``--memory-limit``.
+EARLY_AHEAD = 48
+#: Nice value added to the threads of a reading started early (Linux): they take the cores the
+#: checks of the small tables leave idle, and slow those checks little.
+EARLY_NICE = 10
 #: Text without a line end this long is not a chartevents row: the stream leaves the file to DuckDB.
 MAX_LINE_BYTES = 64 << 20
 #: stay_id ranges the vital rows are split into (sorted and reduced one at a time).
@@ -329,16 +335,22 @@ class ChartBatches:
         table: the located chartevents (``read_path``: the file DuckDB would read).
         memory_limit: ``--memory-limit``; bounds ``ahead``.
         progress: show the rich progress line while the batches are consumed.
+        early: the reading starts before its consumer is ready (the ETL still checks the other
+            tables): up to :data:`EARLY_AHEAD` jobs wait until the first batch is taken, and on
+            Linux the reading threads run :data:`EARLY_NICE` nice levels below the process, so
+            that they use the cores the checks leave idle.
 
     Iterating raises :class:`StreamUnreadable` for text the stream does not read (a damaged or
     truncated gzip, a malformed row): the caller scans the file with DuckDB instead.
     """
 
-    def __init__(self, table: Table, memory_limit: str = "2GB", progress: bool = False) -> None:
+    def __init__(self, table: Table, memory_limit: str = "2GB", progress: bool = False, early: bool = False) -> None:
         self.table, self.progress = table, progress
         self.rows = 0
-        ahead = min(MAX_AHEAD, max(4, memory_bytes(memory_limit) // SPILL_SHARE // (12 << 20)))
-        self._jobs: queue.Queue = queue.Queue(ahead)
+        fit = max(4, memory_bytes(memory_limit) // SPILL_SHARE // (12 << 20))
+        self._ahead = min(MAX_AHEAD, fit)
+        self._jobs: queue.Queue = queue.Queue(min(EARLY_AHEAD, fit) if early else self._ahead)
+        self._nice = EARLY_NICE if early and sys.platform == "linux" else 0
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="chartevents-parse")
         self._read = 0  # compressed bytes read
@@ -359,6 +371,17 @@ class ChartBatches:
         self._thread = threading.Thread(target=self._produce, name="chartevents-read", daemon=True)
         self._thread.start()
 
+    def _lower(self) -> None:
+        """Raise the calling thread's nice value by the reading's (Linux only: there
+        ``setpriority`` on a thread id sets that thread's, and the threads it starts, ISA-L's
+        inflating thread and the parse threads, inherit it)."""
+        if self._nice:
+            tid = threading.get_native_id()
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self._nice))
+            except OSError:
+                pass
+
     def _parse(self, text: pa.Buffer, header: bool, quoted: bool) -> pa.Table:
         return pacsv.read_csv(pa.BufferReader(text), read_options=self._read_opts[header],
                               parse_options=self._parse_opts[quoted], convert_options=self._convert_opts)
@@ -373,6 +396,7 @@ class ChartBatches:
         return False
 
     def _produce(self) -> None:
+        self._lower()
         path = self.table.read_path
         try:
             with path.open("rb") as raw:
@@ -414,6 +438,8 @@ class ChartBatches:
         if self._used:
             raise RuntimeError("ChartBatches is read once")
         self._used = True
+        with self._jobs.mutex:  # the consumer is here: only the usual few jobs wait from now on
+            self._jobs.maxsize = self._ahead
         bar = _Progress(self.progress, f"chartevents ({self.table.path.name})", self.table.read_path.stat().st_size)
         try:
             while True:
@@ -552,6 +578,8 @@ class VitalPass:
             these stays charted in [start, end], bounds included (the cache entry's exact window,
             or the kept stays' within a second, which SQL then applies exactly). None: every
             stay, the whole file.
+        batches: the file's :class:`ChartBatches`, when its reading was started before (the
+            pass consumes and closes them); by default the pass starts the reading itself.
 
     Attributes after :meth:`run`: ``rows`` (data rows parsed), ``vital_rows`` (valid vital rows
     kept), ``out_rows`` (rows of the relation), ``seconds`` (``read_s``: inflate, parse and
@@ -560,8 +588,10 @@ class VitalPass:
 
     def __init__(self, table: Table, bounds: np.ndarray, memory_limit: str, scratch: Path,
                  progress: bool = False, items: VitalItems | None = None,
-                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+                 window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                 batches: ChartBatches | None = None) -> None:
         self.table, self.bounds, self.scratch, self.progress = table, np.asarray(bounds, np.int64), scratch, progress
+        self.batches = batches
         self.memory_limit = memory_limit
         self._lut: np.ndarray | None = None
         self.window = window
@@ -622,7 +652,8 @@ class VitalPass:
         """
         buf = _Buffer(self.bounds, self.budget, self.scratch)
         t0 = time.perf_counter()
-        batches = ChartBatches(self.table, self.memory_limit, progress=self.progress)
+        batches, self.batches = self.batches or ChartBatches(self.table, self.memory_limit), None
+        batches.progress = self.progress
         try:
             try:
                 for batch in batches:

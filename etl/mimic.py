@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl import charlson, chart_stream, progress
-from etl.chart_cache import use_cache
+from etl.chart_cache import may_hold, use_cache
 from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.pipeline import (
@@ -234,7 +234,8 @@ def windows_sha256(window: tuple[np.ndarray, ...]) -> str:
 
 def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions, scratch: Path,
                   parquet: Path | None = None, timings: dict | None = None,
-                  cache_window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> int:
+                  cache_window: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                  batches: chart_stream.ChartBatches | None = None) -> int:
     """One streamed pass over a CSV chartevents (:class:`etl.chart_stream.VitalPass`): the vitals
     per charttime of :func:`cached_vitalsign_sql` (rows inside ``cache_window``, the
     :func:`stay_windows` of ``all_stays`` from :data:`EARLIEST_VITALS_HOURS`), written to
@@ -242,7 +243,8 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     the kept stays into the temp table ``vital_per_stay`` (vital_window.sql + vital_per_stay.sql,
     partition by partition; each stay lies in one partition). Returns the rows of the relation
     (of the kept stays' windows when no ``parquet``); the pass's stage times go into ``timings``
-    (``chartevents_read_s``, ``chartevents_reduce_write_s``).
+    (``chartevents_read_s``, ``chartevents_reduce_write_s``). ``batches``: the file's reading when
+    it was started early (:func:`start_chartevents`).
 
     Raises:
         etl.chart_stream.StreamUnreadable: the caller scans the file with DuckDB instead (the
@@ -261,7 +263,7 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     vp = chart_stream.VitalPass(table, bounds, opts.memory_limit, scratch / "chartevents_spill",
                                 progress=chart_stream.progress_wanted(),
                                 items=chart_stream.vital_items(vitalsign_sql("chartevents")),
-                                window=window if parquet is None else cache_window)
+                                window=window if parquet is None else cache_window, batches=batches)
     # an empty table built from no batches: Schema.empty_table() imports pandas (0.3 s) before the
     # read starts, where the first batch's arrays import it while the reading threads run
     con.register("chart_part", pa.Table.from_batches([], schema=chart_stream.SCHEMA))
@@ -299,23 +301,37 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
     return vp.out_rows
 
 
+def start_chartevents(table: Table, opts: EtlOptions) -> chart_stream.ChartBatches | None:
+    """Start reading a CSV chartevents before the other tables are checked, when the run is going
+    to read it (:class:`etl.chart_stream.ChartBatches` with ``early``): its inflating and parsing
+    then use the cores the checks leave idle. None for a Parquet source, or when a cache entry for
+    it may be valid (:func:`etl.chart_cache.may_hold`): a cached run reads no chartevents.
+    The caller closes what it gets when the run ends before :func:`chartevents_vitals` takes it."""
+    if not chart_stream.streamable(table) or may_hold(table, opts.chart_cache):
+        return None
+    return chart_stream.ChartBatches(table, opts.memory_limit, early=True)
+
+
 def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, types: dict[str, str],
                        opts: EtlOptions, att: Attrition, note: str, scratch: Path, cache_info: dict | None,
-                       timings: dict | None = None) -> pl.DataFrame:
+                       timings: dict | None = None,
+                       batches: chart_stream.ChartBatches | None = None) -> pl.DataFrame:
     """The first-day vitals of the kept stays from chartevents, reading the source at most once.
 
     A valid cache entry is read (:func:`etl.chart_cache.use_cache`); otherwise a CSV source is
     read by the streamed pass (:func:`stream_vitals`), which writes the cache entry when one is
     asked for; a Parquet source, or a file the stream cannot read, is scanned by DuckDB (the
-    concept SQL, and DuckDB's one-line errors).
+    concept SQL, and DuckDB's one-line errors). ``batches``: the source's reading started by
+    :func:`start_chartevents`, given to the first streamed pass (the caller closes it).
     """
+    early = [batches] if batches is not None else []
     streamable = chart_stream.streamable(table)
     built: list[int] = []
     cache_window = stay_windows(con, "all_stays", EARLIEST_VITALS_HOURS) if opts.chart_cache != "off" else None
 
     def build(path: Path) -> int:
         built.append(stream_vitals(con, table, opts, scratch, parquet=path, timings=timings,
-                                   cache_window=cache_window))
+                                   cache_window=cache_window, batches=early.pop() if early else None))
         return built[-1]
 
     def cached(build=None):
@@ -339,7 +355,7 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
         return first_day_vitals(con, None, opts, att, note, vitalsign=cache.relation)
     if streamable:
         try:
-            stream_vitals(con, table, opts, scratch, timings=timings)
+            stream_vitals(con, table, opts, scratch, timings=timings, batches=early.pop() if early else None)
             info["read_by"] = "stream"
             return first_day_vitals(con, None, opts, att, note, streamed=True)
         except chart_stream.StreamUnreadable:
@@ -369,8 +385,12 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
     att = Attrition()
     timings: dict[str, float] = {}
     watched = list(tables.values())  # the tables an error may name (duckdb_errors)
-    with contextlib.closing(con), duckdb_errors(watched, types):
+    with contextlib.ExitStack() as stack, contextlib.closing(con), duckdb_errors(watched, types):
         t0 = time.perf_counter()
+        # chartevents' reading starts now and runs beside the checks (closed at the end, if unused)
+        batches = start_chartevents(tables["chartevents"], opts)
+        if batches is not None:
+            stack.callback(batches.close)
         progress.step("checking the input tables", 0)
         # each keyed table is read once, from a copy inflated by ISA-L (an error names the
         # source file): checked as read, then converted; the copies go once loaded
@@ -413,7 +433,9 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         vitals = chartevents_vitals(
             con, tables["chartevents"], s["chartevents"], types, opts, att,
             f"identical duplicate rows collapsed in {inputs['chartevents']} (vital rows in the window)", scratch,
-            cache_info, timings)
+            cache_info, timings, batches)
+        if batches is not None:
+            batches.close()  # consumed, or not needed (a valid cache entry)
         timings["chartevents_s"] = time.perf_counter() - t0
         progress.step("Charlson comorbidities")
 

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 import etl.mimic
-from etl.chart_cache import default_cache_dir, fingerprint, use_cache
+from etl.chart_cache import default_cache_dir, fingerprint, may_hold, use_cache
 from etl.errors import InputError
 from etl.mimic import REQUIRED, TYPES, VITALSIGN_ORDER, EtlOptions, run_etl, vitalsign_sql
 from etl.sources import connect, locate
@@ -310,3 +310,28 @@ def test_auto_skips_small_sources_and_other_sources_refuse_the_option(mimic_demo
         EtlOptions(min_center_stays=10, chart_cache="off").validate("eicu")
     with pytest.raises(InputError, match="--chart-cache does not apply to --source meds"):
         EtlOptions(chart_cache="off").validate("meds")
+
+
+def test_chartevents_reading_starts_early_only_when_the_run_reads_it(mimic_demo_dir, tmp_path):
+    """``start_chartevents`` starts the source's reading before the checks unless a cache entry may
+    be valid: no manifest, cache off or a changed source -> a reading; a written entry -> none."""
+    demo = _demo_copy(mimic_demo_dir, tmp_path / "demo")
+    table = locate(demo, "icu", "chartevents", REQUIRED[("icu", "chartevents")], TYPES)
+    cache = str(tmp_path / "cache")
+
+    def started(setting: str) -> bool:
+        batches = etl.mimic.start_chartevents(table, EtlOptions(**OPTS, chart_cache=setting))
+        if batches is not None:
+            batches.close()
+        return batches is not None
+
+    assert not may_hold(table, cache) and started(cache) and started("off")
+    run_etl(demo, tmp_path / "a", EtlOptions(**OPTS, chart_cache=cache))
+    assert may_hold(table, cache) and not started(cache)
+    assert started("off") and not may_hold(table, "off")
+    ce = demo / "icu/chartevents.csv.gz"
+    os.utime(ce, ns=(ce.stat().st_atime_ns, ce.stat().st_mtime_ns + 10**9))
+    assert not may_hold(table, cache) and started(cache)
+    rep = run_etl(demo, tmp_path / "b", EtlOptions(**OPTS, chart_cache=cache))
+    assert rep["chartevents_cache"]["status"] == "rebuilt" and rep["chartevents_cache"]["read_by"] == "stream"
+    assert _frames(tmp_path / "a")[0].equals(_frames(tmp_path / "b")[0])

@@ -269,3 +269,7 @@ def test_small_tables_read_from_an_isal_copy_give_the_errors_of_the_gzip(mimic_d
     assert outcomes[0] == outcomes[1]
     code, lines = outcomes[0]
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {src / rel}.csv.gz: "), lines
+    # chartevents' reading, started before the checks, stopped with the run
+    import threading
+
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("chartevents-read", "chartevents-parse"))]

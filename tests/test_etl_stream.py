@@ -165,6 +165,33 @@ def test_parse_jobs_cut_at_any_byte_give_the_same_rows(tmp_path, monkeypatch):
     assert not {n for n in names if n.startswith(("chartevents-read", "chartevents-parse"))}, names
 
 
+def test_a_reading_started_early_holds_more_jobs_at_a_lower_priority(tmp_path):
+    """Before its first batch is taken, a reading started early holds up to EARLY_AHEAD jobs and,
+    on Linux, its threads run EARLY_NICE nice levels lower; then the usual MAX_AHEAD; the same batches."""
+    import os
+    import sys
+    import threading
+    import time
+
+    rows = [(30000000 + k // 50, T0, 220045, float(60 + k % 50)) for k in range(3000)]
+    path = _csv(tmp_path / "m/icu/chartevents.csv.gz", rows)
+    table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
+    usual = pa.Table.from_batches(list(chart_stream.ChartBatches(table)))
+    early = chart_stream.ChartBatches(table, early=True)
+    assert early._jobs.maxsize == chart_stream.EARLY_AHEAD
+    deadline = time.monotonic() + 30
+    while early._jobs.qsize() < 2 and time.monotonic() < deadline:  # the last job and the end mark
+        time.sleep(0.01)
+    if sys.platform == "linux":
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        tids = [t.native_id for t in threading.enumerate() if t.name.startswith(("chartevents-read", "chartevents-parse"))]
+        assert tids and {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {min(19, base + chart_stream.EARLY_NICE)}
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    got = pa.Table.from_batches(list(early))
+    assert early._jobs.maxsize == chart_stream.MAX_AHEAD
+    assert got.equals(usual) and got.num_rows == 3000
+
+
 def test_jobs_with_and_without_quotes_read_as_duckdb_does(tmp_path, monkeypatch):
     """A job whose text holds a '"' is parsed with DuckDB's quoting rules, one without with quoting
     off: the quoted ``value`` cells of the first rows (a comma and a doubled quote inside) keep
