@@ -122,6 +122,12 @@ def charttime_us(text: pa.Array) -> pa.Array:
         raise StreamUnreadable(f"charttime: {str(exc)[:160]}") from None
 
 
+def _values(arr: pa.Array, dtype: type) -> np.ndarray:
+    """The values of a fixed-width Arrow array without nulls as a NumPy view (no copy; Arrow's
+    ``to_numpy`` imports pandas, 0.2-0.4 s, the first time)."""
+    return np.frombuffer(arr.buffers()[1], dtype, len(arr), arr.offset * np.dtype(dtype).itemsize)
+
+
 #: 'YYYY-MM-DD hh:mm:ss': its separators (position, byte) and its fields (first and end position).
 _SEPARATORS = ((4, ord("-")), (7, ord("-")), (10, ord(" ")), (13, ord(":")), (16, ord(":")))
 _FIELDS = ((0, 4), (5, 7), (8, 10), (11, 13), (14, 16), (17, 19))
@@ -181,7 +187,9 @@ def _charttime_fixed(text: pa.Array) -> pa.Array | None:
     if np.any(day > np.diff(starts)[ym]):
         return None
     us = ((starts[ym] + (day - 1)) * 86400 + (hour * 3600 + minute * 60 + second)) * 1_000_000
-    return pa.array(us if runs is None else np.repeat(us, runs), pa.timestamp("us"))
+    us = np.ascontiguousarray(us if runs is None else np.repeat(us, runs), np.int64)
+    # wrapped without a copy (pa.array would import pandas for a timestamp type)
+    return pa.Array.from_buffers(pa.timestamp("us"), n, [None, pa.py_buffer(us)])
 
 
 #: glibc ``mallopt`` settings for a process that streams chartevents (:func:`hold_freed_memory`):
@@ -526,14 +534,14 @@ def reduce_partition(stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.
         key = ((stay - smin).astype(np.uint64) << np.uint64(bt + 8)) | (tt.astype(np.uint64) << np.uint64(8)) \
             | code.astype(np.uint64)
         order = np.argsort(key, kind="stable")
-        key = key[order]
+        key = key.take(order)
         same_row = key[1:] == key[:-1]
+        val = val.take(order)
     else:  # ranges too wide to pack: sort on the columns
         order = np.lexsort((code, tt, stay))
         key = None
-        s_, t_, c_ = stay[order], tt[order], code[order]
-        same_row = (s_[1:] == s_[:-1]) & (t_[1:] == t_[:-1]) & (c_[1:] == c_[:-1])
-    stay, t, code, val = stay[order], t[order], code[order], val[order]
+        stay, t, tt, code, val = (a.take(order) for a in (stay, t, tt, code, val))
+        same_row = (stay[1:] == stay[:-1]) & (tt[1:] == tt[:-1]) & (code[1:] == code[:-1])
     if same_row.any():  # runs of one (stay, charttime, item): order their values
         starts = np.flatnonzero(np.r_[True, ~same_row])
         lengths = np.diff(np.r_[starts, n])
@@ -545,11 +553,17 @@ def reduce_partition(stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.
     new_row = np.r_[True, ~same_row | (val[1:] != val[:-1])]
     d = np.flatnonzero(new_row)
     n_rows_d = np.diff(np.r_[d, n])
-    item = code[d] & 15
-    vd = val[d]
+    if key is not None:  # the distinct rows' columns read back from the sorted key
+        kd = key.take(d)
+        sd = (kd >> np.uint64(bt + 8)).astype(np.int64) + smin
+        td = ((kd >> np.uint64(8)) & np.uint64((1 << bt) - 1)).astype(np.int64) * unit + tmin
+        cd = (kd & np.uint64(255)).astype(np.uint8)
+    else:
+        sd, td, cd = stay.take(d), t.take(d), code.take(d)
+    item = cd & 15
+    vd = val.take(d)
     vd = np.where(items.f2c[item], (vd - 32) / 1.8, vd)
-    vital = code[d] >> 4
-    sd, td = stay[d], t[d]
+    vital = cd >> 4
     new_group = np.r_[True, (sd[1:] != sd[:-1]) | (td[1:] != td[:-1]) | (vital[1:] != vital[:-1])]
     if new_group.all():  # one distinct row per group (the common case): its value and count
         g, n_distinct, mean, n_rows = slice(None), np.ones(len(d), np.int64), vd, n_rows_d
@@ -612,13 +626,13 @@ class VitalPass:
             self._lut = np.full(int(self.items.itemid.max()) + 2, -1, np.intp)  # last entry: every larger id
             self._lut[self.items.itemid] = np.arange(len(self.items.itemid))
         ids = itemid.fill_null(-1) if itemid.null_count else itemid
-        return self._lut.take(ids.to_numpy(), mode="clip")
+        return self._lut.take(_values(ids, np.int32), mode="clip")
 
     def _vital_rows(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...] | None:
         it = self.items
         charttime = charttime_us(batch.column("charttime"))  # every row: DuckDB's scan converts them all
         ix = self._item_index(batch.column("itemid"))
-        val = batch.column("valuenum").fill_null(np.nan).to_numpy(zero_copy_only=False)
+        val = _values(batch.column("valuenum").fill_null(np.nan), np.float64)
         ok = ix >= 0
         j = np.where(ok, ix, 0)
         with np.errstate(invalid="ignore"):
@@ -633,7 +647,7 @@ class VitalPass:
             ok = ok[sel]
         else:
             sel = None
-        stay, t = stay_col.to_numpy(), charttime.to_numpy().view(np.int64)
+        stay, t = _values(stay_col, np.int64), _values(charttime, np.int64)
         if self.window is not None:
             ok &= window_mask(stay, t, self.window)
         keep = np.flatnonzero(ok)

@@ -221,6 +221,28 @@ def test_jobs_with_and_without_quotes_read_as_duckdb_does(tmp_path, monkeypatch)
     assert got.column("valuenum").to_pylist()[:4] == [60.0, 61.0, 62.0, 70.0]
 
 
+def test_packed_key_and_column_sort_reduce_alike(monkeypatch):
+    """reduce_partition sorts on one packed 64-bit key and reads the distinct rows' stay, charttime
+    and vital back from it; ranges too wide to pack are sorted on the columns: both give the same
+    table, with whole-second and microsecond charttimes."""
+    rng = np.random.default_rng(5)
+    n = 6000
+    items = chart_stream.vital_items()
+    stay = rng.integers(30_000_000, 30_000_060, n)
+    hours = np.datetime64("2150-01-01T00:00:00", "us").astype(np.int64) + rng.integers(0, 48, n) * 3_600_000_000
+    j = rng.integers(0, len(items.itemid), n).astype(np.uint8)
+    code = (items.vital[j] << 4) | j
+    val = rng.integers(1, 40, n).astype(np.float64)
+    for t in (hours, hours + rng.integers(0, 2, n)):
+        packed = chart_stream.reduce_partition(stay, t, code, val.copy(), items)
+        with monkeypatch.context() as m:
+            m.setattr(chart_stream, "_bits", lambda k: 40)  # 40 + 40 + 8 bits: too wide to pack
+            columns = chart_stream.reduce_partition(stay, t, code, val.copy(), items)
+        assert packed.num_rows > 1000 and packed.column("n_distinct").to_numpy().max() > 1
+        assert packed.equals(columns)
+        assert packed.column("n_rows").to_numpy().sum() == n
+
+
 def test_vital_items_are_read_from_the_sql():
     it = chart_stream.vital_items()
     assert len(it.itemid) == 15 and it.vitals == ("dbp", "heart_rate", "mbp", "resp_rate", "sbp", "spo2", "temperature")
