@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from etl.errors import InputError
 from etl.io import atomic_write_text, file_digest, user_cache_dir
 from etl.sources import Table, sql_path
 
@@ -99,8 +100,10 @@ def may_hold(table: Table, setting: str) -> bool:
     if cache_dir is None:
         return False
     try:
-        source = json.loads(_entry(cache_dir, table.path)[1].read_text()).get("source", {})
-    except (OSError, ValueError, AttributeError):
+        source = _read_manifest(_entry(cache_dir, table.path)[1]).get("source")
+    except OSError:
+        return False
+    if not isinstance(source, dict):
         return False
     st = table.path.stat()
     return source.get("size") == st.st_size and source.get("mtime_ns") == st.st_mtime_ns
@@ -109,6 +112,19 @@ def may_hold(table: Table, setting: str) -> bool:
 def _entry(cache_dir: Path, source: Path) -> tuple[Path, Path]:
     key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
     return cache_dir / f"{source.name.split('.')[0]}-{key}.parquet", cache_dir / f"{source.name.split('.')[0]}-{key}.json"
+
+
+def _read_manifest(path: Path) -> dict:
+    """The manifest at ``path``; ``{}`` when it is not JSON or not a JSON object.
+
+    Raises:
+        OSError: it cannot be read.
+    """
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
 def _parquet_rows(con: duckdb.DuckDBPyConnection, path: Path) -> int | None:
@@ -126,7 +142,8 @@ def _mismatch(manifest: dict, want: dict, con: duckdb.DuckDBPyConnection, parque
             return {"query_sha256": "cached query changed (itemids, valid ranges or ETL version)",
                     "scope_sha256": "cached stays changed (stay_id or intime)"}.get(k, f"cache {k} changed")
     for k in ("size", "mtime_ns", "sha256_ends"):
-        if manifest.get("source", {}).get(k) != want["source"][k]:
+        source = manifest.get("source")
+        if not isinstance(source, dict) or source.get(k) != want["source"][k]:
             return f"source {k.replace('_ns', '').replace('sha256_ends', 'content hash')} changed"
     if not parquet.is_file():
         return "cache file missing"
@@ -185,8 +202,8 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
     status, reason = "written", ""
     if manifest_path.is_file():
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError):
+            manifest = _read_manifest(manifest_path)
+        except OSError:
             manifest = {}
         reason = _mismatch(manifest, want, con, parquet)
         if not reason:
@@ -210,8 +227,12 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
         if fingerprint(table.path) != want["source"]:  # the source changed while it was read
             parquet.unlink(missing_ok=True)
             return CacheResult(None, "unwritable", None, time.perf_counter() - t0, "source changed while copied")
-        atomic_write_text(manifest_path, json.dumps({**want, "rows": int(rows), "sha256": file_digest(parquet),
-                                                     "source_name": table.path.name}, indent=1))
+        try:
+            atomic_write_text(manifest_path, json.dumps({**want, "rows": int(rows), "sha256": file_digest(parquet),
+                                                         "source_name": table.path.name}, indent=1))
+        except InputError:  # a full disk or a folder made read-only meanwhile: no entry without its manifest
+            parquet.unlink(missing_ok=True)
+            return CacheResult(None, "unwritable", None, time.perf_counter() - t0, f"cannot write {manifest_path}")
     except OSError as exc:
         return CacheResult(None, "unwritable", None, time.perf_counter() - t0,
                            f"{exc.__class__.__name__} writing {cache_dir}")

@@ -41,8 +41,9 @@ MAX_AHEAD = 8
 #: Most parse jobs held while a reading started early waits for its consumer (the ETL checks the
 #: small tables meanwhile); fewer under a small ``--memory-limit``.
 EARLY_AHEAD = 48
-#: Nice value added to the threads of a reading started early (Linux): they take the cores the
-#: checks of the small tables leave idle, and slow those checks little.
+#: Nice value added to the threads that parse the jobs of a reading started early (Linux): they
+#: take the cores the checks of the small tables leave idle, and slow those checks little. Jobs
+#: cut once the consumer is there are parsed at the process's own priority.
 EARLY_NICE = 10
 #: Text without a line end this long is not a chartevents row: the stream leaves the file to DuckDB.
 MAX_LINE_BYTES = 64 << 20
@@ -345,8 +346,8 @@ class ChartBatches:
         progress: show the rich progress line while the batches are consumed.
         early: the reading starts before its consumer is ready (the ETL still checks the other
             tables): up to :data:`EARLY_AHEAD` jobs wait until the first batch is taken, and on
-            Linux the reading threads run :data:`EARLY_NICE` nice levels below the process, so
-            that they use the cores the checks leave idle.
+            Linux the jobs cut before then are parsed by threads :data:`EARLY_NICE` nice levels
+            below the process, so that they use the cores the checks leave idle.
 
     Iterating raises :class:`StreamUnreadable` for text the stream does not read (a damaged or
     truncated gzip, a malformed row): the caller scans the file with DuckDB instead.
@@ -358,9 +359,16 @@ class ChartBatches:
         fit = max(4, memory_bytes(memory_limit) // SPILL_SHARE // (12 << 20))
         self._ahead = min(MAX_AHEAD, fit)
         self._jobs: queue.Queue = queue.Queue(min(EARLY_AHEAD, fit) if early else self._ahead)
-        self._nice = EARLY_NICE if early and sys.platform == "linux" else 0
         self._stop = threading.Event()
+        self._consumer = threading.Event()  # set when the first batch is asked for
         self._pool = ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="chartevents-parse")
+        # the jobs cut before the consumer is there: parsed at a lower priority (Linux), by threads
+        # of their own, since an unprivileged thread cannot raise its priority again
+        self._early_pool = (ThreadPoolExecutor(PARSE_WORKERS, thread_name_prefix="chartevents-early",
+                                               initializer=_lower, initargs=(EARLY_NICE,))
+                            if early and sys.platform == "linux" else None)
+        if not early:
+            self._consumer.set()
         self._read = 0  # compressed bytes read
         self._used = False
         names = list(table.columns)
@@ -379,16 +387,9 @@ class ChartBatches:
         self._thread = threading.Thread(target=self._produce, name="chartevents-read", daemon=True)
         self._thread.start()
 
-    def _lower(self) -> None:
-        """Raise the calling thread's nice value by the reading's (Linux only: there
-        ``setpriority`` on a thread id sets that thread's, and the threads it starts, ISA-L's
-        inflating thread and the parse threads, inherit it)."""
-        if self._nice:
-            tid = threading.get_native_id()
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self._nice))
-            except OSError:
-                pass
+    def _submit(self, text: pa.Buffer, header: bool, quoted: bool):
+        pool = self._pool if self._early_pool is None or self._consumer.is_set() else self._early_pool
+        return pool.submit(self._parse, text, header, quoted)
 
     def _parse(self, text: pa.Buffer, header: bool, quoted: bool) -> pa.Table:
         return pacsv.read_csv(pa.BufferReader(text), read_options=self._read_opts[header],
@@ -404,7 +405,6 @@ class ChartBatches:
         return False
 
     def _produce(self) -> None:
-        self._lower()
         path = self.table.read_path
         try:
             with path.open("rb") as raw:
@@ -421,8 +421,7 @@ class ChartBatches:
                         self._read = raw.tell()
                         buf = rest + block if rest else block
                         if not block:
-                            if buf and not self._put(self._pool.submit(self._parse, pa.py_buffer(buf), header,
-                                                                       b'"' in buf)):
+                            if buf and not self._put(self._submit(pa.py_buffer(buf), header, b'"' in buf)):
                                 return
                             break
                         cut = buf.rfind(b"\n") + 1
@@ -431,15 +430,18 @@ class ChartBatches:
                                 raise StreamUnreadable(f"no line end in {MAX_LINE_BYTES >> 20} MiB of text")
                             rest = buf
                             continue
-                        job = self._pool.submit(self._parse, pa.py_buffer(buf).slice(0, cut), header,
-                                                buf.find(b'"', 0, cut) >= 0)
+                        job = self._submit(pa.py_buffer(buf).slice(0, cut), header, buf.find(b'"', 0, cut) >= 0)
                         if not self._put(job):
                             return
                         header, rest = False, buf[cut:]
                 finally:
                     text.close()
             self._put(None)
-        except BaseException as exc:  # handed to the consumer
+        except (StreamUnreadable, MemoryError) as exc:  # handed to the consumer
+            self._put(exc)
+        except Exception as exc:  # a damaged gzip (ISA-L's IsalError, EOFError, OSError): DuckDB words it
+            self._put(StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}"))
+        except BaseException as exc:
             self._put(exc)
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
@@ -448,6 +450,7 @@ class ChartBatches:
         self._used = True
         with self._jobs.mutex:  # the consumer is here: only the usual few jobs wait from now on
             self._jobs.maxsize = self._ahead
+        self._consumer.set()
         bar = _Progress(self.progress, f"chartevents ({self.table.path.name})", self.table.read_path.stat().st_size)
         try:
             while True:
@@ -484,6 +487,18 @@ class ChartBatches:
             if item is not None and not isinstance(item, BaseException):
                 item.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._early_pool is not None:
+            self._early_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _lower(nice: int) -> None:
+    """Raise the calling thread's nice value by ``nice`` (Linux: ``setpriority`` on a thread id
+    sets that thread's alone); a refusal leaves it as it is."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:
+        pass
 
 
 def window_mask(stay: np.ndarray, t: np.ndarray, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:

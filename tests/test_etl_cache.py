@@ -278,6 +278,41 @@ def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
     assert doc["source"] == fingerprint(src) and doc["rows"] == 3
 
 
+@pytest.mark.parametrize("doc", ["[]", "null", "3", '"text"', '{"source": null}', '{"source": []}',
+                                 '{"source": {"size": "x"}}', "{"])
+def test_manifest_of_another_shape_is_rebuilt(tmp_path, doc):
+    """A manifest that is not a JSON object, or whose source is not one, is an entry to rebuild,
+    for the early look (may_hold) and for use_cache alike."""
+    src = _src(tmp_path)
+    cache = tmp_path / "cache"
+    _use(src, cache)
+    manifest = next(cache.glob("*.json"))
+    table = locate(src.parent.parent, "icu", "chartevents", COLS, TYPES)
+    assert may_hold(table, str(cache))
+    manifest.write_text(doc)
+    assert not may_hold(table, str(cache))
+    res, rows = _use(src, cache)
+    assert res.status == "rebuilt" and res.rows == 3 and [r[3] for r in rows] == [81.0, 90.0, 17.0]
+    assert json.loads(manifest.read_text())["source"] == fingerprint(src) and may_hold(table, str(cache))
+
+
+def test_manifest_that_cannot_be_written_leaves_no_entry(tmp_path, monkeypatch):
+    """The manifest's write fails (a full disk): the run reads the source, and no cache file is
+    left without its manifest."""
+    import etl.chart_cache
+
+    def full(path, text, exclusive=False):
+        raise InputError(f"cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(etl.chart_cache, "atomic_write_text", full)
+    src = _src(tmp_path)
+    cache = tmp_path / "cache"
+    res, rows = _use(src, cache)
+    assert res.status == "unwritable" and res.relation is None and res.reason.startswith("cannot write ")
+    assert [r[3] for r in rows] == [81.0, 90.0, 17.0]
+    assert list(cache.iterdir()) == []
+
+
 def test_parquet_source_is_cached_and_checked_like_a_csv(tmp_path):
     src = _src(tmp_path)
     want = _use(src, "off")[1]  # read from the source, no cache

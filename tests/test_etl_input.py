@@ -273,3 +273,40 @@ def test_small_tables_read_from_an_isal_copy_give_the_errors_of_the_gzip(mimic_d
     import threading
 
     assert not [t.name for t in threading.enumerate() if t.name.startswith(("chartevents-read", "chartevents-parse"))]
+
+
+def _overwrite_until(raw: bytes, error: str) -> bytes:
+    """``raw`` (a gzip file) with 64 bytes of 0xff written at the first tenth (of nine) at which
+    ISA-L's inflation raises the exception class named ``error``."""
+    import io
+
+    from isal import igzip_threaded
+
+    for tenth in range(1, 10):
+        damaged = bytearray(raw)
+        at = len(raw) * tenth // 10
+        damaged[at: at + 64] = b"\xff" * 64
+        try:
+            with igzip_threaded.open(io.BytesIO(bytes(damaged)), "rb", threads=1) as f:
+                while f.read(1 << 20):
+                    pass
+        except Exception as exc:
+            if exc.__class__.__name__ == error:
+                return bytes(damaged)
+    raise AssertionError(f"no overwrite gives {error}")
+
+
+@pytest.mark.parametrize("error", ["IsalError", "BadGzipFile"])
+def test_damaged_deflate_stream_in_chartevents_names_the_file(mimic_demo_dir, tmp_path, capsys, error):
+    """Bytes overwritten inside chartevents' deflate stream (an invalid block: ISA-L's IsalError;
+    or a wrong CRC: BadGzipFile) in the reading thread hand the file to DuckDB, whose one line
+    names it: no traceback, exit 2, no output."""
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    path.write_bytes(_overwrite_until(path.read_bytes(), error))
+    code, err = _cli(capsys, "etl", "--mimic-dir", str(src), "--out", str(tmp_path / "o"),
+                     "--window-years", "20", "--min-center-stays", "1", "--chart-cache", "off")
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: {path}: "), lines[0]
+    assert not (tmp_path / "o").exists()

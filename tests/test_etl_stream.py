@@ -165,9 +165,10 @@ def test_parse_jobs_cut_at_any_byte_give_the_same_rows(tmp_path, monkeypatch):
     assert not {n for n in names if n.startswith(("chartevents-read", "chartevents-parse"))}, names
 
 
-def test_a_reading_started_early_holds_more_jobs_at_a_lower_priority(tmp_path):
+def test_a_reading_started_early_holds_more_jobs_at_a_lower_priority(tmp_path, monkeypatch):
     """Before its first batch is taken, a reading started early holds up to EARLY_AHEAD jobs and,
-    on Linux, its threads run EARLY_NICE nice levels lower; then the usual MAX_AHEAD; the same batches."""
+    on Linux, parses them on threads EARLY_NICE nice levels lower; the jobs cut once the consumer
+    is there are parsed at the process's priority, with the usual MAX_AHEAD; the same batches."""
     import os
     import sys
     import threading
@@ -177,19 +178,34 @@ def test_a_reading_started_early_holds_more_jobs_at_a_lower_priority(tmp_path):
     path = _csv(tmp_path / "m/icu/chartevents.csv.gz", rows)
     table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
     usual = pa.Table.from_batches(list(chart_stream.ChartBatches(table)))
+    monkeypatch.setattr(chart_stream, "BLOCK_BYTES", 2000)  # about 45 jobs
+    monkeypatch.setattr(chart_stream, "EARLY_AHEAD", 4)
+    parse, seen = chart_stream.ChartBatches._parse, []
+
+    def spy(self, text, header, quoted):
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return parse(self, text, header, quoted)
+
+    monkeypatch.setattr(chart_stream.ChartBatches, "_parse", spy)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
     early = chart_stream.ChartBatches(table, early=True)
-    assert early._jobs.maxsize == chart_stream.EARLY_AHEAD
+    assert early._jobs.maxsize == 4
     deadline = time.monotonic() + 30
-    while early._jobs.qsize() < 2 and time.monotonic() < deadline:  # the last job and the end mark
+    while not (early._jobs.qsize() == 4 and all(f.done() for f in list(early._jobs.queue))):
+        assert time.monotonic() < deadline
         time.sleep(0.01)
-    if sys.platform == "linux":
-        base = os.getpriority(os.PRIO_PROCESS, 0)
-        tids = [t.native_id for t in threading.enumerate() if t.name.startswith(("chartevents-read", "chartevents-parse"))]
-        assert tids and {os.getpriority(os.PRIO_PROCESS, tid) for tid in tids} == {min(19, base + chart_stream.EARLY_NICE)}
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    first = "chartevents-early" if sys.platform == "linux" else "chartevents-parse"
+    assert all(name.startswith(first) for name, p in seen) and len(seen) >= 4
     got = pa.Table.from_batches(list(early))
     assert early._jobs.maxsize == chart_stream.MAX_AHEAD
-    assert got.equals(usual) and got.num_rows == 3000
+    assert got.equals(usual) and got.num_rows == 3000 and len(seen) > 30
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    by_pool = {}
+    for name, p in seen:
+        by_pool.setdefault(name.split("_")[0], set()).add(p)
+    if sys.platform == "linux":  # the four queued jobs and the one the reading held: early
+        assert sum(name.startswith("chartevents-early") for name, p in seen) == 5
+        assert by_pool == {"chartevents-early": {min(19, base + chart_stream.EARLY_NICE)}, "chartevents-parse": {base}}
 
 
 def test_jobs_with_and_without_quotes_read_as_duckdb_does(tmp_path, monkeypatch):
