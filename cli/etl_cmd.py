@@ -100,12 +100,16 @@ def etl_command(
         min_center_stays=min_center_stays if min_center_stays is not None else (10 if source == "eicu" else 50),
         vitals_from_hours=vitals_from_hours, comorbidity_source=comorbidity_source,
         split_fractions=_fractions(split), n_centers=n_centers, alpha=alpha, seed=seed,
-        threads=threads, memory_limit=memory_limit, task=task, chart_cache=chart_cache,
+        threads=threads, memory_limit=memory_limit, task=task, chart_cache=chart_cache.strip(),
     )
     if meds_splits is not None and source != "meds":
         raise InputError("--meds-splits does not apply to --source " + source + "; leave it out")
     if source not in SOURCES:
         raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
+    opts.validate(source)
+    if source == "mimic" and opts.chart_cache not in ("auto", "off"):  # the cache holds stay_id rows too
+        project.check_out_ignored(Path(opts.chart_cache).expanduser(), "--chart-cache", "chartevents.parquet",
+                                  "the chartevents cache holds stay_id rows")
     from etl import progress
     from etl.chart_stream import hold_freed_memory
 

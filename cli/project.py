@@ -128,14 +128,17 @@ def check_output(path: Path, force: bool) -> None:
         raise InputError(f"{path} exists; give --force to replace it, or another --output")
 
 
-def check_out_ignored(out: Path) -> None:
-    """Refuse an ETL output folder inside a git work tree that does not ignore it: cohort.parquet
-    holds subject_id, hadm_id and stay_id and must never be committed. Nothing is checked where
-    git is not installed or ``out`` is outside any work tree.
+def check_out_ignored(out: Path, option: str = "--out", probe_file: str = "cohort.parquet",
+                      holds: str = "cohort.parquet holds patient identifiers") -> None:
+    """Refuse a folder of patient rows inside a git work tree that does not ignore it: an ETL
+    output folder (cohort.parquet holds subject_id, hadm_id and stay_id) or the chartevents cache
+    (stay_id rows) must never be committed. ``probe_file`` is the file name asked of
+    ``git check-ignore``; ``option`` and ``holds`` word the error. Nothing is checked where git is
+    not installed or ``out`` is outside any work tree.
 
     Raises:
         InputError: ``out`` is inside a git work tree and ``git check-ignore`` does not ignore it
-            (one line naming the folder, the work tree and the ``.gitignore`` line to add).
+            (one line naming the option, the folder, the work tree and the ``.gitignore`` line to add).
     """
     import shutil
     import subprocess
@@ -152,11 +155,11 @@ def check_out_ignored(out: Path) -> None:
         return
     root = Path(top.stdout.strip()).resolve()
     rel = target.relative_to(root).as_posix() if target != root else "."
-    ignored = subprocess.run([git, "-C", str(root), "check-ignore", "-q", f"{rel}/cohort.parquet"],
+    ignored = subprocess.run([git, "-C", str(root), "check-ignore", "-q", f"{rel}/{probe_file}"],
                              capture_output=True).returncode == 0
     if not ignored:
-        raise InputError(f"--out {out}: not ignored by git in the work tree {root} (cohort.parquet holds patient "
-                         f"identifiers); add /{rel}/ to its .gitignore, or write outside the repository")
+        raise InputError(f"{option} {out}: not ignored by git in the work tree {root} ({holds}); "
+                         f"add /{rel}/ to its .gitignore, or write outside the repository")
 
 
 def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:

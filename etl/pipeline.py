@@ -120,8 +120,12 @@ class EtlOptions:
         if self.window_years < 1:
             raise InputError(f"--window-years must be >= 1, got {self.window_years}")
         get_task(self.task, source)
-        if not str(self.chart_cache).strip():
+        cache = str(self.chart_cache).strip()
+        if not cache:
             raise InputError("--chart-cache must be auto, off or a folder, got an empty value")
+        if cache.lower() in ("auto", "off") and cache not in ("auto", "off"):
+            raise InputError(f"--chart-cache {cache}: the settings are written auto and off; "
+                             f"give ./{cache} for a folder of that name")
         self._refuse_unused(source)
 
     def _refuse_unused(self, source: str) -> None:

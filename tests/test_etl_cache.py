@@ -347,6 +347,22 @@ def test_auto_skips_small_sources_and_other_sources_refuse_the_option(mimic_demo
         EtlOptions(chart_cache="off").validate("meds")
 
 
+@pytest.mark.parametrize("value", ["OFF", "Auto", " off "])
+def test_chart_cache_settings_are_written_in_lower_case(mimic_demo_dir, tmp_path, monkeypatch, value):
+    """``--chart-cache OFF`` is refused (it would name a folder ./OFF); blanks around a setting
+    are not part of it."""
+    from tests.cli_helpers import run_main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "o"), "--window-years", "20",
+            "--min-center-stays", "1", "--chart-cache", value]
+    if value.strip() == "off":
+        assert run_main(args) == 0
+    else:
+        assert run_main(args) == 2 and not (tmp_path / "o").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["o"] if value.strip() == "off" else [])
+
+
 def test_chartevents_reading_starts_early_only_when_the_run_reads_it(mimic_demo_dir, tmp_path):
     """``start_chartevents`` starts the source's reading before the checks unless a cache entry may
     be valid: no manifest, cache off or a changed source -> a reading; a written entry -> none."""

@@ -97,6 +97,11 @@ def test_etl_refuses_an_unignored_folder_in_a_git_work_tree(mimic_demo_dir: Path
 
     check_out_ignored(repo / "cohort")
     check_out_ignored(tmp_path / "outside")  # outside any work tree
+    # the chartevents cache (stay_id rows) is held to the same rule
+    assert _main([*args, "--out", str(tmp_path / "o"), "--chart-cache", str(repo / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --chart-cache {repo / 'cache'}: not ignored by git")
+    assert "stay_id" in err and "/cache/" in err and not (repo / "cache").exists() and not (tmp_path / "o").exists()
     # this repository ignores the README's suggested folders
     for folder in ("cohort", "cohort-los3", "report"):
         assert subprocess.run([git, "-C", str(REPO), "check-ignore", "-q", f"{folder}/x"]).returncode == 0, folder
