@@ -130,7 +130,6 @@ def main(argv: list[str] | None = None) -> None:
     import signal
     import warnings
 
-    _register()
     _received["signal"] = None
     formatwarning, warnings.formatwarning = warnings.formatwarning, _warning_line
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -138,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     if previous[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT stays ignored
         signal.signal(signal.SIGINT, _on_sigint)
     try:
+        _register()  # the command modules' imports (a second or more): a Ctrl-C here exits 130 too
         with _signal_watcher():
             rv = app(args=argv, standalone_mode=False)
     except BaseException as exc:

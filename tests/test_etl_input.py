@@ -63,6 +63,35 @@ def test_signal_during_a_duckdb_query_exits_interrupted(mimic_demo_dir, tmp_path
     assert not out.exists() and not [q for q in tmp_path.iterdir() if ".tmp-" in q.name]
 
 
+# A child `abps` whose command modules' imports are slow: "ready" on stderr, then a sleep, inside
+# cli.app._register (where torch, DuckDB and the like are imported).
+_SLOW_IMPORTS = """
+import sys, time
+import cli.app as app
+real = app._register
+def slow():
+    print("ready", file=sys.stderr, flush=True)
+    time.sleep(60)
+    real()
+app._register = slow
+app.main(sys.argv[1:])
+"""
+
+
+def test_ctrl_c_while_the_commands_are_imported_exits_interrupted(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_IMPORTS, "etl", "--help"], stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path, env=_env())
+    try:
+        assert p.stderr.readline().strip() == "ready"
+        p.send_signal(signal.SIGINT)
+        err = p.stderr.read()
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 130 and "Traceback" not in err and err.strip() == "error: interrupted", err[-800:]
+
+
 def _cli(capsys, *args: str) -> tuple[int, str]:
     from cli.app import main
 
