@@ -512,7 +512,9 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
     culprit = next((t for t in tables if str(t.path) in text or str(t.read_path) in text), None)
     kind = "unreadable gzip" if ("gzip" in text.lower() or "zlib" in text.lower()) else "malformed data"
     if kind != "unreadable gzip" or culprit is None:
-        for t in tables:  # DuckDB does not always name the file: probe each gzip stream
+        # DuckDB does not always name the file: probe each gzip stream, the smallest first (a
+        # damaged small table is named without inflating chartevents)
+        for t in sorted(tables, key=_size):
             if t.path.suffix == ".gz" and (culprit is None or culprit is t) and not _gzip_ok(t.path):
                 culprit, kind = t, "unreadable gzip"
                 break
@@ -550,13 +552,23 @@ def _duckdb_unreadable(tables: list[Table]) -> Table | None:
     return None
 
 
-def _gzip_ok(path: Path) -> bool:
+def _size(table: Table) -> int:
     try:
-        with gzip.open(path, "rb") as fh:
+        return table.read_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _gzip_ok(path: Path) -> bool:
+    """Whether ``path`` inflates to its end (ISA-L; error path only)."""
+    from isal import igzip, isal_zlib
+
+    try:
+        with igzip.open(path, "rb") as fh:
             while fh.read(1 << 24):
                 pass
         return True
-    except (OSError, EOFError, zlib.error):
+    except (OSError, EOFError, ValueError, isal_zlib.error):
         return False
 
 

@@ -323,3 +323,28 @@ def _run(capsys, argv: list[str]) -> tuple[int, str]:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     return code, capsys.readouterr().err
+
+
+def test_an_unnamed_gzip_error_probes_the_smallest_table_first(tmp_path, monkeypatch):
+    """DuckDB's error names no file: the gzip streams are probed smallest first, so a damaged small
+    table is named without inflating chartevents (the largest)."""
+    import gzip
+
+    import etl.sources as sources
+    from etl.mimic import REQUIRED, TYPES
+
+    for rel in TABLES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(MIMIC_DEMO / f"{rel}.csv.gz", tmp_path / f"{rel}.csv.gz")
+    bad = tmp_path / "icu/icustays.csv.gz"
+    raw = gzip.compress(gzip.decompress(bad.read_bytes()))
+    bad.write_bytes(raw[: len(raw) // 2])
+    tables = [sources.locate(tmp_path, *rel.split("/"), REQUIRED[tuple(rel.split("/"))], TYPES)
+              for rel in reversed(TABLES)]  # chartevents first
+    probed = []
+    real = sources._gzip_ok
+    monkeypatch.setattr(sources, "_gzip_ok", lambda path: probed.append(path.name) or real(path))
+    err = sources.wrap_duckdb_error(duckdb.IOException("Input is not readable"), tables)
+    assert str(err).startswith(f"{bad}: unreadable gzip (")
+    assert "chartevents.csv.gz" not in probed and probed[-1] == "icustays.csv.gz"
+    assert probed == sorted(probed, key=lambda n: next(t.path for t in tables if t.path.name == n).stat().st_size)
