@@ -89,9 +89,10 @@ def _watch_signals(fd: int) -> None:
             return
         if not data:
             return
-        sources = sys.modules.get("etl.sources")
-        if sources is not None and {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
-            sources.interrupt_all()
+        # still being imported when the signal came: it has no query running yet
+        interrupt_all = getattr(sys.modules.get("etl.sources"), "interrupt_all", None)
+        if interrupt_all is not None and {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
+            interrupt_all()
 
 
 @contextlib.contextmanager

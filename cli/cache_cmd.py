@@ -9,6 +9,7 @@ import shutil
 import typer
 
 from cli.app import cache_app
+from etl.errors import InputError
 
 #: the kinds of cached artefacts (etl.io.user_cache_dir): the ETL's chartevents Parquet cache and
 #: the engine's compiled kernels
@@ -31,6 +32,8 @@ def cache_clear() -> None:
         d = user_cache_dir(kind)
         if not d.exists():
             continue
+        if d.is_symlink() or not d.is_dir():
+            raise InputError(f"{d}: not a folder of the cache (a link or a file); remove it yourself if it should go")
         freed += sum(f.stat().st_size for f in _files(d))
         shutil.rmtree(d)
         typer.echo(f"removed {d}")
@@ -63,7 +66,7 @@ def cache_list() -> None:
                 entry = manifest.with_suffix(".parquet")
                 mib = entry.stat().st_size / 2**20 if entry.is_file() else 0.0
                 typer.echo(f"  {entry.name}: {m.get('source_name', '?')}, {int(m['rows']):,} rows, {mib:.1f} MiB")
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
                 typer.echo(f"  {manifest.name}: unreadable manifest (the entry is rebuilt when next needed)")
     typer.echo(f"cache list: {total / 2**20:.1f} MiB in all")
 

@@ -122,7 +122,7 @@ def _read_manifest(path: Path) -> dict:
     """
     try:
         manifest = json.loads(path.read_text())
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return {}
     return manifest if isinstance(manifest, dict) else {}
 

@@ -36,6 +36,8 @@ COMORBIDITY_SOURCES = ("same-admission", "earlier-admissions")
 #: the chartevents cache holds the rows from here to intime + 24 h).
 EARLIEST_VITALS_HOURS = -48.0
 SOURCES = ("mimic", "eicu", "meds")
+#: Most DuckDB threads ``--threads`` accepts (each is an OS thread; more than the cores gains nothing).
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -111,8 +113,8 @@ class EtlOptions:
         if len(self.split_fractions) != 3:
             raise InputError(f"--split: expected three fractions (train, val, test), got {len(self.split_fractions)}")
         check_fractions("--split", self.split_fractions)
-        if self.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {self.threads}")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise InputError(f"--threads must be between 1 and {MAX_THREADS}, got {self.threads}")
         if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", self.memory_limit.strip()):
             raise InputError(f"--memory-limit must look like 2GB or 512MB, got '{self.memory_limit}'")
         if self.seed < 0:

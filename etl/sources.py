@@ -253,7 +253,11 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
     con.execute("SET TimeZone = 'UTC'")
     con.execute(f"SET threads = {int(threads)}")
     if memory_limit is not None:
-        con.execute(f"SET memory_limit = '{memory_limit.strip()}'")
+        try:
+            con.execute(f"SET memory_limit = '{memory_limit.strip()}'")
+        except duckdb.Error as exc:  # e.g. a value past DuckDB's range
+            con.close()
+            raise InputError(f"--memory-limit {memory_limit.strip()}: {_first(str(exc))[:160]}") from None
     if scratch is not None:
         con.execute(f"SET temp_directory = '{sql_path(scratch / 'duckdb_tmp')}'")
     con.execute("SET preserve_insertion_order = false")

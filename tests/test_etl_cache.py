@@ -279,7 +279,7 @@ def test_damaged_or_foreign_cache_file_is_rebuilt(tmp_path):
 
 
 @pytest.mark.parametrize("doc", ["[]", "null", "3", '"text"', '{"source": null}', '{"source": []}',
-                                 '{"source": {"size": "x"}}', "{"])
+                                 '{"source": {"size": "x"}}', "{", "[" * 100000])
 def test_manifest_of_another_shape_is_rebuilt(tmp_path, doc):
     """A manifest that is not a JSON object, or whose source is not one, is an entry to rebuild,
     for the early look (may_hold) and for use_cache alike."""

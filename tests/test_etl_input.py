@@ -112,6 +112,8 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
     ("--vitals-from-hours", "nan", "--vitals-from-hours"),
     ("--alpha", "nan", "--alpha"),
     ("--alpha", "inf", "--alpha"),
+    ("--threads", "100000", "--threads must be between 1 and 1024"),
+    ("--memory-limit", "99999999TB", "--memory-limit 99999999TB: "),
 ])
 def test_non_finite_or_bad_float_options_are_refused(mimic_demo_dir, tmp_path, capsys, option, value, needle):
     extra = ("--partition", "dirichlet") if option == "--alpha" else ()
@@ -339,3 +341,31 @@ def test_damaged_deflate_stream_in_chartevents_names_the_file(mimic_demo_dir, tm
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"error: {path}: "), lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_signal_watcher_survives_a_signal_while_etl_sources_is_imported(monkeypatch):
+    """A signal that arrives while etl.sources is half imported (no ``interrupt_all`` yet) is
+    skipped by the watcher thread, which goes on to interrupt the queries of a later signal."""
+    import types
+
+    import cli.app
+
+    calls = []
+    half = types.ModuleType("etl.sources")
+    monkeypatch.setitem(sys.modules, "etl.sources", half)
+    r, w = os.pipe()
+    import threading
+
+    t = threading.Thread(target=cli.app._watch_signals, args=(r,), daemon=True)
+    t.start()
+    os.write(w, bytes([signal.SIGINT]))
+    time.sleep(0.2)
+    half.interrupt_all = lambda: calls.append(1)
+    os.write(w, bytes([signal.SIGTERM]))
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.close(w)
+    t.join(timeout=5)
+    os.close(r)
+    assert calls == [1] and not t.is_alive()

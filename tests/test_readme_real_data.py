@@ -131,3 +131,25 @@ def test_cache_clear_removes_the_caches(tmp_path: Path, monkeypatch, capsys) -> 
     make = (REPO / "Makefile").read_text()
     clean = make.split("\nclean:", 1)[1].split("\n\n", 1)[0]
     assert "$(ABPS) cache clear" in clean and clean.index("cache clear") < clean.index("rm -rf $(VENV)")
+
+
+def test_cache_list_and_clear_on_odd_entries(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Manifests of another shape are listed as unreadable; a cache folder that is a link or a
+    file is refused by ``cache clear`` with one line, and what it points to is left alone."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("ABPS_CACHE_DIR", str(root))
+    (root / "chartevents").mkdir(parents=True)
+    docs = {"c1.json": "[]", "c2.json": '"x"', "c3.json": '{"rows": 1e999}', "c4.json": "[" * 100000}
+    for name, text in docs.items():
+        (root / "chartevents" / name).write_text(text)
+    assert _main(["cache", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0].strip() for ln in listed if "unreadable manifest" in ln] == sorted(docs)
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (real / "keep.parquet").write_bytes(b"z")
+    (root / "kernels").symlink_to(real)
+    assert _main(["cache", "clear"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {root / 'kernels'}: not a folder of the cache")
+    assert (real / "keep.parquet").is_file()
