@@ -127,6 +127,10 @@ def etl_command(
             typer.echo(f"warning: {w.message}", err=True)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    cache = rep.get("chartevents_cache") or {}
+    if cache.get("status") == "unwritable":  # the run read the source instead; said, not only reported
+        typer.echo(f"warning: --chart-cache {opts.chart_cache}: not written ({cache.get('reason') or 'unwritable'}); "
+                   "chartevents was read from the source", err=True)
     dup = [r for r in rep["attrition"] if r.get("unit") == "rows"]
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "

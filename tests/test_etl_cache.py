@@ -347,6 +347,22 @@ def test_auto_skips_small_sources_and_other_sources_refuse_the_option(mimic_demo
         EtlOptions(chart_cache="off").validate("meds")
 
 
+def test_a_cache_folder_that_cannot_be_written_is_said_on_the_console(mimic_demo_dir, tmp_path, capsys):
+    """``--chart-cache FILE`` (a file, not a folder): the run reads the source, and says so in one
+    warning line as well as in the report."""
+    from tests.cli_helpers import run_main
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    args = ["etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "o"), "--window-years", "20",
+            "--min-center-stays", "1", "--chart-cache", str(blocker)]
+    assert run_main(args) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "--chart-cache" in ln]
+    assert len(lines) == 1 and lines[0].startswith(f"warning: --chart-cache {blocker}: not written (")
+    assert "read from the source" in lines[0]
+    assert json.loads((tmp_path / "o/cohort_report.json").read_text())["chartevents_cache"]["status"] == "unwritable"
+
+
 @pytest.mark.parametrize("value", ["OFF", "Auto", " off "])
 def test_chart_cache_settings_are_written_in_lower_case(mimic_demo_dir, tmp_path, monkeypatch, value):
     """``--chart-cache OFF`` is refused (it would name a folder ./OFF); blanks around a setting
