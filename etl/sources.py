@@ -267,10 +267,10 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
 def _csv_header(path: Path) -> tuple[str, ...]:
     try:
         if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8", newline="") as fh:
+            with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as fh:
                 line = fh.readline()
         else:
-            with path.open("r", encoding="utf-8", newline="") as fh:
+            with path.open("r", encoding="utf-8-sig", newline="") as fh:
                 line = fh.readline()
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: unreadable ({_reason(exc)})") from None

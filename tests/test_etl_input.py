@@ -369,3 +369,23 @@ def test_signal_watcher_survives_a_signal_while_etl_sources_is_imported(monkeypa
     t.join(timeout=5)
     os.close(r)
     assert calls == [1] and not t.is_alive()
+
+
+@pytest.mark.parametrize("rel", ["hosp/patients", "hosp/admissions", "icu/icustays", "icu/chartevents",
+                                 "hosp/diagnoses_icd"])
+def test_a_utf8_byte_order_mark_before_the_header_is_read_as_no_mark(mimic_demo_dir, tmp_path, rel):
+    """Spreadsheet programs write a UTF-8 BOM (EF BB BF) before the header; DuckDB and Arrow skip
+    it, so the header check must too: the same cohort as without the mark."""
+    import gzip
+
+    import polars as pl
+
+    from etl.mimic import EtlOptions, run_etl
+
+    ref = tmp_path / "ref"
+    run_etl(mimic_demo_dir, ref, EtlOptions(**WIDE))
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / f"{rel}.csv.gz"
+    path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + gzip.decompress(path.read_bytes()), compresslevel=1))
+    run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert pl.read_parquet(tmp_path / "o/cohort.parquet").equals(pl.read_parquet(ref / "cohort.parquet"))
