@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -30,7 +31,9 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     copied, into the new folder before the swap).
 
     Raises:
-        InputError: ``out`` (or a parent) is a file, or the folder cannot be created or written.
+        InputError: ``out`` (or a parent) is a file, or the folder cannot be created or written,
+            or the block failed because the file system refused a write (full, over quota, past
+            the file size limit: :func:`write_refused`).
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -46,13 +49,55 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the renamed output gets normal permissions
     try:
-        yield tmp
+        try:
+            yield tmp
+        except Exception as exc:
+            if not isinstance(exc, InputError) and (reason := write_refused(tmp, exc)) is not None:
+                raise InputError(f"--out {out}: cannot write there ({reason})") from None
+            raise
         try:
             _commit_dir(tmp, out)
         except OSError as exc:
             raise InputError(f"--out {out}: cannot replace it ({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: errno values of a file system that refuses a write: full, over quota, past the file size
+#: limit, read-only.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+#: Bytes :func:`write_refused` tries to write when an error does not say why it failed.
+PROBE_BYTES = 1 << 20
+
+
+def write_refused(folder: Path, exc: BaseException) -> str | None:
+    """Why writing under ``folder`` failed, when ``exc`` (raised while a command wrote there)
+    comes from a file system that refuses writes; None otherwise.
+
+    Libraries word a full disk in their own ways (Polars: "parquet: ... File too large (os error
+    27)" or "Invalid thrift: transport error"; DuckDB: "IO Error: ..."), so an error that carries
+    no :data:`WRITE_ERRNOS` OSError is checked by writing :data:`PROBE_BYTES` into ``folder``
+    (removed after): a refused probe gives its reason.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return os.strerror(e.errno)
+        e = e.__cause__ or e.__context__
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        with probe.open("wb") as fh:
+            fh.write(b"\0" * PROBE_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as err:
+        return os.strerror(err.errno) if err.errno in WRITE_ERRNOS else None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None
 
 
 def _link_or_copy(src: str, dst: str) -> None:

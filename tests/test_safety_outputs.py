@@ -9,6 +9,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,53 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_results(cohort, tmp_path
         one_line_error(code, err, str(out), "No space left on device")
         assert out.read_text() == '{"previous": true}\n'
         assert sorted(p.name for p in small.iterdir()) == ["filler", "results.json"]  # no temporary left
+
+
+@needs_root
+def test_a_full_disk_under_etl_out_is_one_line_and_keeps_the_previous_cohort(mimic_demo_dir, tmp_path, capsys):
+    """The disk fills while `abps etl` writes its Parquet files (Polars words that as "File out of
+    specification" or "Invalid thrift"): one line naming --out and the reason, the previous
+    cohort folder intact, no temporary folder left."""
+    args = ("etl", "--mimic-dir", str(mimic_demo_dir), "--window-years", "20", "--min-center-stays", "1")
+    assert cli(capsys, *args, "--out", str(tmp_path / "ref"))[0] == 0
+    with _tmpfs(tmp_path / "small", "1m") as small:
+        out = small / "cohort"
+        shutil.copytree(tmp_path / "ref", out)
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        filler = small / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        os.truncate(filler, filler.stat().st_size - 8192)  # room for the temporary folder, not the files
+        code, _, err = cli(capsys, *args, "--out", str(out), "--chart-cache", "off")
+        one_line_error(code, err, f"--out {out}: cannot write there (No space left on device)")
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert sorted(p.name for p in small.iterdir()) == ["cohort", "filler"]
+
+
+def test_write_refused_reads_the_errno_or_probes_the_folder(tmp_path):
+    import errno
+
+    from etl.io import write_refused
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "full")
+        except OSError as inner:
+            raise RuntimeError("parquet: underlying IO error") from inner
+    except RuntimeError as exc:
+        assert write_refused(tmp_path, exc) == os.strerror(errno.ENOSPC)
+    # an error that is not a refused write, in a folder that takes the probe: not a write failure
+    assert write_refused(tmp_path, ValueError("bad value")) is None
+    assert list(tmp_path.iterdir()) == []  # the probe file is removed
+    # the probe meets a file size limit (RLIMIT_FSIZE): its reason
+    code = ("import resource, pathlib, sys; from etl.io import write_refused; "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); "
+            f"print(write_refused(pathlib.Path({str(tmp_path)!r}), ValueError('x')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.stdout.strip() == os.strerror(errno.EFBIG), r.stderr[-500:]
 
 
 # ---------------------------------------------------------------------------------- commits
