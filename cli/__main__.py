@@ -1,5 +1,5 @@
 """``python -m cli``: the ``abps`` command (how ``abps launch`` starts its peers with the same interpreter)."""
 
-from cli.app import main
+from cli.entry import main
 
 main()

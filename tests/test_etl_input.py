@@ -92,6 +92,42 @@ def test_ctrl_c_while_the_commands_are_imported_exits_interrupted(tmp_path):
     assert rc == 130 and "Traceback" not in err and err.strip() == "error: interrupted", err[-800:]
 
 
+# the console script's entry, with the import of cli.app held up after writing "ready"
+_SLOW_APP = """
+import builtins, sys, time
+real = builtins.__import__
+def slow(name, *a, **k):
+    if name == "cli.app":
+        sys.stderr.write("ready\\n"); sys.stderr.flush(); time.sleep(60)
+    return real(name, *a, **k)
+builtins.__import__ = slow
+from cli.entry import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_exits_interrupted(tmp_path):
+    """Before cli.app.main sets its handlers (typer, rich and pydantic load first)."""
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_APP, "--help"], stderr=subprocess.PIPE, text=True,
+                         cwd=tmp_path, env=_env())
+    try:
+        assert p.stderr.readline().strip() == "ready"
+        p.send_signal(signal.SIGINT)
+        err = p.stderr.read()
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 130 and err.strip() == "error: interrupted", err[-800:]
+
+
+def test_the_console_script_is_the_entry_module():
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["abps"] == "cli.entry:main"
+
+
 def _cli(capsys, *args: str) -> tuple[int, str]:
     from cli.app import main
 
