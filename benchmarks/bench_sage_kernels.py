@@ -16,6 +16,7 @@ from benchmarks.options import parser
 from etl.io import atomic_write_text
 from federation.engine.image_model import (
     FMNIST_SPEC,
+    StackedModel,
     _grouped_head,
     grouped_classify,
     grouped_forward,
@@ -202,6 +203,36 @@ def sage_shared_encoder(clients: int, images: int, repeats: int) -> dict[str, An
     return out
 
 
+def shared_evaluation_chunks(clients: int, images: int, repeats: int) -> dict[str, Any]:
+    """The evaluation of every client on the same images (fp32 and int8) in the engine's default
+    chunks against chunks of 1,000 images; the predictions must be the same."""
+    import inspect
+
+    from federation.images.int8 import predict_shared_int8
+
+    model = StackedModel(FMNIST_SPEC, clients, seed=3)
+    g = torch.Generator().manual_seed(3)
+    model.params = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in model.params.items()}
+    enc = {k: v for k, v in model.params.items() if not k.startswith("decoder.")}
+    x = torch.randint(0, 256, (images, 1, 28, 28), dtype=torch.uint8, generator=g)
+    fp32 = inspect.signature(StackedModel.predict_shared_inputs).parameters["chunk"].default
+    int8 = inspect.signature(predict_shared_int8).parameters["chunk"].default
+    fns = {f"fp32_chunk_{fp32}": lambda: model.predict_shared_inputs(x),
+           "fp32_chunk_1000": lambda: model.predict_shared_inputs(x, chunk=1000),
+           f"int8_chunk_{int8}": lambda: predict_shared_int8(enc, x),
+           "int8_chunk_1000": lambda: predict_shared_int8(enc, x, chunk=1000)}
+    same = {"fp32": float((fns[f"fp32_chunk_{fp32}"]() == fns["fp32_chunk_1000"]()).double().mean()),
+            "int8": float((fns[f"int8_chunk_{int8}"]() == fns["int8_chunk_1000"]()).double().mean())}
+    timed = _timed(fns, repeats)
+    out: dict[str, Any] = {}
+    for kind, default in (("fp32", fp32), ("int8", int8)):
+        out[f"{kind}_evaluation"] = {"workload": f"{clients} predictors x {images} shared images, {kind}",
+                                     "same_predictions": same[kind],
+                                     f"chunk_{default}": timed[f"{kind}_chunk_{default}"],
+                                     "chunk_1000": timed[f"{kind}_chunk_1000"]}
+    return out
+
+
 def gossip_training_step(nodes: int, batch: int, repeats: int, compiled: bool = False) -> dict[str, Any]:
     """Forward + backward of n LeNet-5 nodes' cross-entropy, each on its own batch (``compiled``:
     also the grouped form under ``torch.compile``)."""
@@ -228,7 +259,7 @@ def gossip_training_step(nodes: int, batch: int, repeats: int, compiled: bool = 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line entry: run the three comparisons, print JSON and one line per candidate
+    """Command-line entry: run the comparisons, print JSON and one line per candidate
     (``--compile 1`` adds ``torch.compile`` of the grouped training steps: about 100 s to compile)."""
     ap = parser(__doc__, clients=50, batch=64, images=1000, repeats=3, threads=2, compile=0)
     a = ap.parse_args(argv)
@@ -236,6 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res = {"threads": a.threads, "torch": torch.__version__,
            "sage_training_step": sage_training_step(a.clients, a.batch, a.repeats, bool(a.compile)),
            "sage_shared_encoder": sage_shared_encoder(a.clients, a.images, a.repeats),
+           **shared_evaluation_chunks(a.clients, a.images, a.repeats),
            "gossip_training_step": gossip_training_step(a.clients, a.batch, a.repeats, bool(a.compile))}
     print(json.dumps(res, indent=1))
     for name, r in res.items():

@@ -1,8 +1,9 @@
 """Run every ``benchmarks/bench_*.py`` module's ``main()`` in name order (``make bench``).
 
-``python -m benchmarks.run [NAME ...] [-- ARG ...]`` runs only the modules whose name contains one
-of the given substrings (``flower``, ``engine``, ``abps``, ``etl``, ``scale``, ``table1``, ``sage``,
-``sage_kernels``, ``gossip``, ``int8``, ``compile``, ``platforms``); arguments after ``--`` go to each selected benchmark's own option parser (e.g.
+``python -m benchmarks.run [NAME ...] [-- ARG ...]`` runs only the selected modules: a NAME that
+is a benchmark's own (``flower``, ``engine``, ``abps``, ``etl``, ``scale``, ``table1``, ``sage``,
+``sage_kernels``, ``gossip``, ``int8``, ``compile``, ``platforms``) selects that one (``sage`` is not
+also ``sage_kernels``), any other NAME every module whose name contains it; arguments after ``--`` go to each selected benchmark's own option parser (e.g.
 ``python -m benchmarks.run engine -- --centers 20 --rounds 2`` for a reduced run), without them every
 benchmark runs its full default workload.
 Each benchmark prints its figures with their targets and the ratios measured in the same run
@@ -23,14 +24,24 @@ def discover() -> list[str]:
     return [f"benchmarks.{p.stem}" for p in sorted(here.glob("bench_*.py"))]
 
 
+def select(names: list[str], wanted: list[str]) -> list[str]:
+    """The modules of ``names`` that ``wanted`` selects (module doc), in ``names`` order; all of
+    them when ``wanted`` is empty."""
+    if not wanted:
+        return list(names)
+    chosen: set[str] = set()
+    for w in wanted:
+        exact = [n for n in names if n.rsplit(".", 1)[-1] == f"bench_{w}"]
+        chosen.update(exact or [n for n in names if w in n])
+    return [n for n in names if n in chosen]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the selected benchmarks; returns the number that raised."""
     args = list(sys.argv[1:] if argv is None else argv)
     wanted, extra = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
     failures = 0
-    for name in discover():
-        if wanted and not any(w in name for w in wanted):
-            continue
+    for name in select(discover(), wanted):
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         argv_saved = sys.argv

@@ -100,6 +100,18 @@ def test_run_forwards_arguments_after_double_dash(monkeypatch, tmp_path, capsys)
     assert (tmp_path / "bench_out" / "bench_engine.json").exists()
 
 
+def test_a_benchmark_named_exactly_is_selected_alone():
+    """``sage`` is bench_sage only, not also bench_sage_kernels (whose options differ); a word that
+    names no benchmark selects every module containing it."""
+    from benchmarks import run
+
+    names = run.discover()
+    assert run.select(names, ["sage"]) == ["benchmarks.bench_sage"]
+    assert run.select(names, ["sage_kernels", "etl"]) == ["benchmarks.bench_etl", "benchmarks.bench_sage_kernels"]
+    assert run.select(names, ["sag"]) == ["benchmarks.bench_sage", "benchmarks.bench_sage_kernels"]
+    assert run.select(names, []) == names
+
+
 def test_table1_benchmark_refuses_unknown_methods_before_any_work(tmp_path):
     from benchmarks import bench_table1
 
