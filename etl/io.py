@@ -52,7 +52,10 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
         try:
             yield tmp
         except Exception as exc:
-            if not isinstance(exc, InputError) and (reason := write_refused(tmp, exc)) is not None:
+            # an InputError is bad input unless a refused write caused it (atomic_write_text's
+            # "cannot write <temporary path>": the user knows --out, not the temporary folder)
+            reason = refused_errno(exc) if isinstance(exc, InputError) else write_refused(tmp, exc)
+            if reason is not None:
                 raise InputError(f"--out {out}: cannot write there ({reason})") from None
             raise
         try:
@@ -70,6 +73,20 @@ WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 PROBE_BYTES = 1 << 20
 
 
+def refused_errno(exc: BaseException) -> str | None:
+    """The reason of the first OSError with one of :data:`WRITE_ERRNOS` among ``exc`` and the
+    exceptions it was raised from or while handling (``raise ... from None`` keeps the latter);
+    None when there is none."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return os.strerror(e.errno)
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def write_refused(folder: Path, exc: BaseException) -> str | None:
     """Why writing under ``folder`` failed, when ``exc`` (raised while a command wrote there)
     comes from a file system that refuses writes; None otherwise.
@@ -79,13 +96,9 @@ def write_refused(folder: Path, exc: BaseException) -> str | None:
     no :data:`WRITE_ERRNOS` OSError is checked by writing :data:`PROBE_BYTES` into ``folder``
     (removed after): a refused probe gives its reason.
     """
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
-            return os.strerror(e.errno)
-        e = e.__cause__ or e.__context__
+    reason = refused_errno(exc)
+    if reason is not None:
+        return reason
     probe = folder / f".write-probe-{os.getpid()}"
     try:
         with probe.open("wb") as fh:

@@ -187,6 +187,32 @@ def test_a_full_disk_under_etl_out_is_one_line_and_keeps_the_previous_cohort(mim
         assert sorted(p.name for p in small.iterdir()) == ["cohort", "filler"]
 
 
+def test_a_refused_write_worded_by_atomic_write_text_names_out_not_the_temporary_folder(tmp_path):
+    """atomic_write_text words a full disk as "cannot write <temporary path>: ..."; inside a folder
+    output that becomes the --out line. Any other InputError passes unchanged."""
+    import errno
+
+    from etl.errors import InputError
+    from etl.io import atomic_output_dir, atomic_write_text
+
+    out = tmp_path / "o"
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(InputError) as e, atomic_output_dir(out) as tmp:
+        real = os.replace
+        try:
+            os.replace = full  # the rename of atomic_write_text's temporary file
+            atomic_write_text(tmp / "cohort_report.json", "{}")
+        finally:
+            os.replace = real
+    assert str(e.value) == f"--out {out}: cannot write there ({os.strerror(errno.ENOSPC)})"
+    with pytest.raises(InputError, match="^bad value in x.csv$"), atomic_output_dir(out):
+        raise InputError("bad value in x.csv")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_write_refused_reads_the_errno_or_probes_the_folder(tmp_path):
     import errno
 
