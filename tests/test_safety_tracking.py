@@ -95,3 +95,20 @@ def test_threads_option_reaches_the_image_benchmarks(tmp_path, monkeypatch, benc
     cfg.write_text(f"benchmark: {bench}\nname: t\n")
     main(["train", "--config", str(cfg), "--threads", "3", "--output", str(tmp_path / "r.json")])
     assert got[key] == 3
+
+
+def test_mlflow_logs_no_traceback_once_quieted():
+    """MLflow logs the database error it is about to raise with its traceback (a store on a full
+    disk printed 40 lines before the command's own one-line error): quiet_mlflow drops records
+    that carry an exception, and keeps other errors and warnings."""
+    code = ("import logging, mlflow; from federation.run.tracking import quiet_mlflow\n"
+            "n = lambda: sum(len(h.filters) for h in logging.getLogger('mlflow').handlers)\n"
+            "a = n(); quiet_mlflow(); b = n(); quiet_mlflow(); print(b - a, n() - b)\n"
+            "log = logging.getLogger('mlflow.store.db.utils')\n"
+            "try:\n    1 / 0\nexcept ZeroDivisionError:\n    log.exception('caught before raising')\n"
+            "log.error('an error without a traceback'); log.warning('a warning')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-800:]
+    assert "Traceback" not in r.stderr and "caught before raising" not in r.stderr, r.stderr
+    assert "an error without a traceback" in r.stderr and "a warning" in r.stderr, r.stderr
+    assert r.stdout.split() == ["1", "0"]  # one filter, however often it is called

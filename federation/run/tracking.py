@@ -90,14 +90,25 @@ def experiment_name(given: str | None, default: str) -> str:
     return given or os.environ.get(EXPERIMENT_ENV, "").strip() or default
 
 
+def _no_caught_traceback(record) -> bool:
+    """Logging filter: False for a record that carries an exception (MLflow logs the database
+    error it is about to raise, with its traceback; the command words that error in one line)."""
+    return record.exc_info is None
+
+
 def quiet_mlflow() -> None:
-    """Keep MLflow's INFO lines (database creation and upgrades, run links) and library deprecation
-    warnings off the console; warnings and errors still show."""
+    """Keep MLflow's INFO lines (database creation and upgrades, run links), the tracebacks it logs
+    before raising (:func:`_no_caught_traceback`) and library deprecation warnings off the console;
+    warnings and other errors still show. Call it after MLflow is imported (its handler is made then)."""
     import logging
     import warnings
 
     for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.WARNING)
+        for handler in logger.handlers:
+            if _no_caught_traceback not in handler.filters:
+                handler.addFilter(_no_caught_traceback)
     for mod in ("mlflow", "starlette", "pydantic", "alembic", "sqlalchemy"):
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=mod)
         warnings.filterwarnings("ignore", category=FutureWarning, module=mod)
