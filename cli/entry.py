@@ -1,21 +1,34 @@
 """The ``abps`` console script and ``python -m cli``.
 
 Loading the command line (typer, rich, pydantic: about a tenth of a second) happens before
-:func:`cli.app.main` installs its signal handlers; a Ctrl-C in that time exits 130 with the same
-one line as later, not Python's traceback. Only the interpreter's own start-up (tens of
-milliseconds, before any of this project's code runs) is outside it.
+:func:`cli.app.main` installs its signal handlers; a Ctrl-C (SIGINT) or a SIGTERM in that time
+exits 130 or 143 with the same one line as later, not Python's traceback or a silent death. Only
+the interpreter's own start-up (tens of milliseconds, before any of this project's code runs) is
+outside it.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+
+
+class _Terminated(BaseException):
+    """A SIGTERM while the command line loads."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
+    raise _Terminated
 
 
 def main() -> None:
     """Load :mod:`cli.app` and run its ``main`` (exit codes: :func:`cli.app.main`)."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from cli.app import main as run
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated) as exc:
         print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(143 if isinstance(exc, _Terminated) else 130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     run()

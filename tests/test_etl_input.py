@@ -106,19 +106,20 @@ sys.exit(main())
 """
 
 
-def test_ctrl_c_while_the_command_line_loads_exits_interrupted(tmp_path):
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_command_line_loads_exits_interrupted(tmp_path, sig, code):
     """Before cli.app.main sets its handlers (typer, rich and pydantic load first)."""
     p = subprocess.Popen([sys.executable, "-c", _SLOW_APP, "--help"], stderr=subprocess.PIPE, text=True,
                          cwd=tmp_path, env=_env())
     try:
         assert p.stderr.readline().strip() == "ready"
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         err = p.stderr.read()
         rc = p.wait(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert rc == 130 and err.strip() == "error: interrupted", err[-800:]
+    assert rc == code and err.strip() == "error: interrupted", err[-800:]
 
 
 def test_the_console_script_is_the_entry_module():
