@@ -347,6 +347,10 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
         kinds = ("VARCHAR",) * len(cols)
     for col in required:
         if col not in cols:
+            marked = [c for c in cols if c.replace("\ufeff", "").strip() == col]
+            if marked:  # the name is there behind an invisible character (a byte order mark inside the header)
+                raise InputError(f"{path}: column '{col}' is written with an invisible character in the header "
+                                 f"({', '.join(f'U+{ord(ch):04X}' for ch in sorted(set(marked[0]) - set(col)))})")
             raise InputError(f"{path}: missing column '{col}'")
     if len(set(cols)) != len(cols):
         raise InputError(f"{path}: a column name appears twice in the header")

@@ -426,3 +426,18 @@ def test_a_utf8_byte_order_mark_before_the_header_is_read_as_no_mark(mimic_demo_
     path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + gzip.decompress(path.read_bytes()), compresslevel=1))
     run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
     assert pl.read_parquet(tmp_path / "o/cohort.parquet").equals(pl.read_parquet(ref / "cohort.parquet"))
+
+
+def test_a_byte_order_mark_inside_the_header_is_named(mimic_demo_dir, tmp_path):
+    import gzip
+
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "hosp/patients.csv.gz"
+    text = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(text.replace(b",gender", b",\xef\xbb\xbfgender", 1), compresslevel=1))
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: column 'gender' is written with an invisible character in the header (U+FEFF)"
