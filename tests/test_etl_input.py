@@ -19,6 +19,28 @@ def _env() -> dict[str, str]:
     return {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "ABPS_STATE": os.environ["ABPS_STATE"]}
 
 
+def _signal_when_ready(script: str, args: tuple[str, ...], sig: int, cwd: Path,
+                       settle: float = 0.0) -> tuple[bool, int, str]:
+    """Run ``python -c script args``, wait for its "ready" line on stderr (at most 120 s), wait
+    ``settle`` seconds more, send ``sig``; (ready seen, exit code, the rest of stderr)."""
+    p = subprocess.Popen([sys.executable, "-c", script, *args], stderr=subprocess.PIPE, text=True, cwd=cwd,
+                         env=_env())
+    try:
+        ready, deadline = False, time.monotonic() + 120
+        for line in p.stderr:
+            ready = line.strip() == "ready"
+            if ready or time.monotonic() > deadline:
+                break
+        time.sleep(settle)
+        p.send_signal(sig)
+        err = p.stderr.read()
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return ready, rc, err
+
+
 # A child `abps etl` whose first-day vitals step first runs a DuckDB query that never ends on its
 # own, on the ETL's connection, after writing "ready" to stderr: a signal sent then always
 # arrives while DuckDB is executing (with --threads 1 the main thread runs the query's tasks and
@@ -43,21 +65,9 @@ def test_signal_during_a_duckdb_query_exits_interrupted(mimic_demo_dir, tmp_path
     """With --threads 2 the main thread waits on DuckDB's workers and never sees the signal itself:
     cli.app's watcher thread interrupts the query."""
     out = tmp_path / "o"
-    p = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD, "etl", "--mimic-dir", str(mimic_demo_dir),
-                          "--out", str(out), "--window-years", "20", "--min-center-stays", "1", "--threads", threads],
-                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
-    try:
-        deadline = time.monotonic() + 120
-        for line in p.stderr:
-            if line.strip() == "ready" or time.monotonic() > deadline:
-                break
-        time.sleep(0.3)
-        p.send_signal(sig)
-        err = p.stderr.read()
-        rc = p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    _, rc, err = _signal_when_ready(_BUSY_CHILD, ("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(out),
+                                                  "--window-years", "20", "--min-center-stays", "1",
+                                                  "--threads", threads), sig, tmp_path, settle=0.3)
     assert rc == code, err[-800:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted"
     assert not out.exists() and not [q for q in tmp_path.iterdir() if ".tmp-" in q.name]
@@ -79,16 +89,8 @@ app.main(sys.argv[1:])
 
 
 def test_ctrl_c_while_the_commands_are_imported_exits_interrupted(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", _SLOW_IMPORTS, "etl", "--help"], stderr=subprocess.PIPE, text=True,
-                         cwd=tmp_path, env=_env())
-    try:
-        assert p.stderr.readline().strip() == "ready"
-        p.send_signal(signal.SIGINT)
-        err = p.stderr.read()
-        rc = p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    ready, rc, err = _signal_when_ready(_SLOW_IMPORTS, ("etl", "--help"), signal.SIGINT, tmp_path)
+    assert ready
     assert rc == 130 and "Traceback" not in err and err.strip() == "error: interrupted", err[-800:]
 
 
@@ -109,16 +111,8 @@ sys.exit(main())
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_while_the_command_line_loads_exits_interrupted(tmp_path, sig, code):
     """Before cli.app.main sets its handlers (typer, rich and pydantic load first)."""
-    p = subprocess.Popen([sys.executable, "-c", _SLOW_APP, "--help"], stderr=subprocess.PIPE, text=True,
-                         cwd=tmp_path, env=_env())
-    try:
-        assert p.stderr.readline().strip() == "ready"
-        p.send_signal(sig)
-        err = p.stderr.read()
-        rc = p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    ready, rc, err = _signal_when_ready(_SLOW_APP, ("--help",), sig, tmp_path)
+    assert ready
     assert rc == code and err.strip() == "error: interrupted", err[-800:]
 
 
