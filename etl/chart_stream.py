@@ -123,10 +123,39 @@ def charttime_us(text: pa.Array) -> pa.Array:
         raise StreamUnreadable(f"charttime: {str(exc)[:160]}") from None
 
 
-def _values(arr: pa.Array, dtype: type) -> np.ndarray:
-    """The values of a fixed-width Arrow array without nulls as a NumPy view (no copy; Arrow's
-    ``to_numpy`` imports pandas, 0.2-0.4 s, the first time)."""
-    return np.frombuffer(arr.buffers()[1], dtype, len(arr), arr.offset * np.dtype(dtype).itemsize)
+def _values(arr: pa.Array, dtype: type, fill=None) -> np.ndarray:
+    """The values of a fixed-width Arrow array as NumPy, nulls replaced by ``fill``: a view
+    without a copy when there is no null. Read from the buffers because Arrow's ``to_numpy``,
+    ``fill_null`` and ``pa.scalar`` import pandas (0.3-0.4 s of the consumer's thread) the first
+    time they are called.
+
+    Raises:
+        ValueError: the array holds nulls and ``fill`` is None.
+    """
+    values = np.frombuffer(arr.buffers()[1], dtype, len(arr), arr.offset * np.dtype(dtype).itemsize)
+    if not arr.null_count:
+        return values
+    if fill is None:
+        raise ValueError("an array with nulls needs a fill value")
+    valid = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), count=arr.offset + len(arr),
+                          bitorder="little")[arr.offset:].view(bool)
+    return np.where(valid, values, np.asarray(fill, dtype))
+
+
+def _arrow(values: np.ndarray, type: pa.DataType | None = None) -> pa.Array:
+    """A NumPy array (no nulls) as an Arrow array of ``type`` (default: its dtype's), booleans
+    bit-packed, built from its buffers: ``pa.array`` imports pandas the first time (:func:`_values`)."""
+    values = np.ascontiguousarray(values)
+    if values.dtype == bool:
+        return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
+    return pa.Array.from_buffers(type or pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def _strings(texts: tuple[str, ...]) -> pa.Array:
+    """Arrow strings of ``texts`` (:func:`_arrow`'s reason)."""
+    data = [t.encode() for t in texts]
+    offsets = np.r_[0, np.cumsum([len(d) for d in data], dtype=np.int64)].astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
 
 
 #: 'YYYY-MM-DD hh:mm:ss': its separators (position, byte) and its fields (first and end position).
@@ -371,6 +400,7 @@ class ChartBatches:
             self._consumer.set()
         self._read = 0  # compressed bytes read
         self._used = False
+        self._spare: queue.SimpleQueue[bytearray] = queue.SimpleQueue()  # text buffers of parsed jobs
         names = list(table.columns)
         # the parse options of text with a '"' (DuckDB's quoting rules) and of text without one
         # (most jobs: the open MIMIC-IV demo's chartevents holds no quote character), which Arrow
@@ -387,13 +417,29 @@ class ChartBatches:
         self._thread = threading.Thread(target=self._produce, name="chartevents-read", daemon=True)
         self._thread.start()
 
-    def _submit(self, text: pa.Buffer, header: bool, quoted: bool):
+    def _submit(self, text: bytearray, size: int, header: bool):
         pool = self._pool if self._early_pool is None or self._consumer.is_set() else self._early_pool
-        return pool.submit(self._parse, text, header, quoted)
+        return pool.submit(self._parse, text, size, header, text.find(b'"', 0, size) >= 0)
 
-    def _parse(self, text: pa.Buffer, header: bool, quoted: bool) -> pa.Table:
-        return pacsv.read_csv(pa.BufferReader(text), read_options=self._read_opts[header],
-                              parse_options=self._parse_opts[quoted], convert_options=self._convert_opts)
+    def _parse(self, text: bytearray, size: int, header: bool, quoted: bool) -> pa.Table:
+        """Arrow's table of the first ``size`` bytes of ``text``; ``text`` is then handed back for
+        the next job's inflation (the table holds copies of the values, not views of the text)."""
+        try:
+            return pacsv.read_csv(pa.BufferReader(pa.py_buffer(text).slice(0, size)),
+                                  read_options=self._read_opts[header], parse_options=self._parse_opts[quoted],
+                                  convert_options=self._convert_opts)
+        finally:
+            if self._spare.qsize() < self._ahead + PARSE_WORKERS:
+                self._spare.put(text)
+
+    def _text_buffer(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes: one a finished job handed back, else a new one
+        (a new bytearray is zero-filled, which costs about as much as inflating 1 MiB of text)."""
+        try:
+            buf = self._spare.get_nowait()
+        except queue.Empty:
+            return bytearray(size)
+        return buf if len(buf) >= size else bytearray(size)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -405,35 +451,43 @@ class ChartBatches:
         return False
 
     def _produce(self) -> None:
+        """Inflate the file into job buffers (ISA-L's reader writes the text straight into each
+        job's buffer, with the GIL released), cut each at its last line end and queue its parse."""
         path = self.table.read_path
         try:
             with path.open("rb") as raw:
                 if path.name.endswith(".gz"):
-                    from isal import igzip_threaded
+                    from isal import igzip
 
-                    text = igzip_threaded.open(raw, "rb", threads=1, block_size=4 << 20)
+                    # the reader under igzip.open's buffered file (docs/decisions.md, "ETL: text
+                    # inflated into the parse jobs' buffers"): its readinto inflates straight into
+                    # the buffer it is given
+                    text = igzip._IGzipReader(raw, 1 << 20)
                 else:
                     text = raw
                 try:
                     header, rest = True, b""
                     while not self._stop.is_set():
-                        block = text.read(BLOCK_BYTES)
+                        buf = self._text_buffer(len(rest) + BLOCK_BYTES)
+                        held = len(rest)
+                        buf[:held] = rest
+                        got = text.readinto(memoryview(buf)[held:held + BLOCK_BYTES])
                         self._read = raw.tell()
-                        buf = rest + block if rest else block
-                        if not block:
-                            if buf and not self._put(self._submit(pa.py_buffer(buf), header, b'"' in buf)):
+                        end = held + got
+                        if not got:
+                            if end and not self._put(self._submit(buf, end, header)):
                                 return
                             break
-                        cut = buf.rfind(b"\n") + 1
+                        cut = buf.rfind(b"\n", 0, end) + 1
                         if not cut:
-                            if len(buf) > MAX_LINE_BYTES:
+                            if end > MAX_LINE_BYTES:
                                 raise StreamUnreadable(f"no line end in {MAX_LINE_BYTES >> 20} MiB of text")
-                            rest = buf
+                            rest = bytes(buf[:end])
                             continue
-                        job = self._submit(pa.py_buffer(buf).slice(0, cut), header, buf.find(b'"', 0, cut) >= 0)
-                        if not self._put(job):
+                        rest = bytes(buf[cut:end])
+                        if not self._put(self._submit(buf, cut, header)):
                             return
-                        header, rest = False, buf[cut:]
+                        header = False
                 finally:
                     text.close()
             self._put(None)
@@ -518,9 +572,9 @@ def window_mask(stay: np.ndarray, t: np.ndarray, window: tuple[np.ndarray, np.nd
 
 def in_window(part: pa.Table, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
     """The rows of ``part`` (stay_id, charttime columns) inside ``window`` (:func:`window_mask`)."""
-    stay = part.column("stay_id").to_numpy()
-    t = part.column("charttime").cast(pa.int64()).to_numpy()
-    return part.filter(pa.array(window_mask(stay, t, window)))
+    stay = _values(part.column("stay_id").combine_chunks(), np.int64)
+    t = _values(part.column("charttime").combine_chunks(), np.int64)  # microseconds
+    return part.filter(_arrow(window_mask(stay, t, window)))
 
 
 def _bits(n: int) -> int:
@@ -587,9 +641,8 @@ def reduce_partition(stay: np.ndarray, t: np.ndarray, code: np.ndarray, val: np.
         n_distinct = np.diff(np.r_[g, len(d)])
         mean = np.add.reduceat(vd, g) / n_distinct
         n_rows = np.add.reduceat(n_rows_d, g)
-    names = pa.array(items.vitals, pa.string())
-    return pa.table([pa.array(sd[g]), names.take(pa.array(vital[g])), pa.array(td[g], pa.timestamp("us")),
-                     pa.array(mean), pa.array(n_rows.astype(np.int64)), pa.array(n_distinct.astype(np.int64))],
+    return pa.table([_arrow(sd[g]), _strings(items.vitals).take(_arrow(vital[g])), _arrow(td[g], pa.timestamp("us")),
+                     _arrow(mean), _arrow(n_rows.astype(np.int64)), _arrow(n_distinct.astype(np.int64))],
                     schema=SCHEMA)
 
 
@@ -640,14 +693,13 @@ class VitalPass:
         if self._lut is None:
             self._lut = np.full(int(self.items.itemid.max()) + 2, -1, np.intp)  # last entry: every larger id
             self._lut[self.items.itemid] = np.arange(len(self.items.itemid))
-        ids = itemid.fill_null(-1) if itemid.null_count else itemid
-        return self._lut.take(_values(ids, np.int32), mode="clip")
+        return self._lut.take(_values(itemid, np.int32, -1), mode="clip")
 
     def _vital_rows(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...] | None:
         it = self.items
         charttime = charttime_us(batch.column("charttime"))  # every row: DuckDB's scan converts them all
         ix = self._item_index(batch.column("itemid"))
-        val = _values(batch.column("valuenum").fill_null(np.nan), np.float64)
+        val = _values(batch.column("valuenum"), np.float64, np.nan)
         ok = ix >= 0
         j = np.where(ok, ix, 0)
         with np.errstate(invalid="ignore"):
@@ -656,7 +708,7 @@ class VitalPass:
         if stay_col.null_count or charttime.null_count:
             # some row lacks a stay_id or a charttime: refused when it is a valid vital row
             sel = np.flatnonzero(ok)
-            stay_col, charttime = stay_col.take(pa.array(sel)), charttime.take(pa.array(sel))
+            stay_col, charttime = stay_col.take(_arrow(sel)), charttime.take(_arrow(sel))
             if stay_col.null_count or charttime.null_count:
                 raise StreamUnreadable("a vital row without stay_id or charttime")
             ok = ok[sel]

@@ -264,8 +264,8 @@ def stream_vitals(con: duckdb.DuckDBPyConnection, table: Table, opts: EtlOptions
                                 progress=chart_stream.progress_wanted(),
                                 items=chart_stream.vital_items(vitalsign_sql("chartevents")),
                                 window=window if parquet is None else cache_window, batches=batches)
-    # an empty table built from no batches: Schema.empty_table() imports pandas (0.3 s) before the
-    # read starts, where the first batch's arrays import it while the reading threads run
+    # an empty table built from no batches: Schema.empty_table() imports pandas (0.3-0.4 s of this
+    # thread, with the GIL held); the streamed pass builds its Arrow arrays without it
     con.register("chart_part", pa.Table.from_batches([], schema=chart_stream.SCHEMA))
     per_stay = concept_sql("mimic", "vital_per_stay", vitalsign="chart_part")
     con.execute("CREATE OR REPLACE TEMP TABLE vital_per_stay AS " + per_stay)

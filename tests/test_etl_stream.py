@@ -27,7 +27,7 @@ OPTS = dict(window_years=20, min_center_stays=1, seed=7)
 def _csv(path: Path, rows: list[tuple]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "subject_id,stay_id,charttime,itemid,value,valuenum\n"
-    text += "".join(f"1,{s},{t},{i},x,{'' if v is None else v}\n" for s, t, i, v in rows)
+    text += "".join(f"1,{s},{t},{'' if i is None else i},x,{'' if v is None else v}\n" for s, t, i, v in rows)
     path.write_bytes(gzip.compress(text.encode()))
     return path
 
@@ -149,7 +149,12 @@ def test_parse_jobs_cut_at_any_byte_give_the_same_rows(tmp_path, monkeypatch):
     table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
     whole = pa.Table.from_batches(list(chart_stream.ChartBatches(table)))
     monkeypatch.setattr(chart_stream, "BLOCK_BYTES", 61)
+    given, text_buffer = [], chart_stream.ChartBatches._text_buffer
+    monkeypatch.setattr(chart_stream.ChartBatches, "_text_buffer",
+                        lambda self, size: given.append(text_buffer(self, size)) or given[-1])
     cut = pa.Table.from_batches(list(chart_stream.ChartBatches(table)))
+    # the batches are held while later jobs' text is inflated into the buffers of earlier ones
+    assert len(given) > 100 and len({id(b) for b in given}) < len(given) / 2
     assert whole.num_rows == cut.num_rows == 400 and cut.equals(whole)
     assert cut.column("stay_id").to_pylist() == [r[0] for r in rows]
     assert cut.column("valuenum").to_pylist() == [r[3] for r in rows]
@@ -182,9 +187,9 @@ def test_a_reading_started_early_holds_more_jobs_at_a_lower_priority(tmp_path, m
     monkeypatch.setattr(chart_stream, "EARLY_AHEAD", 4)
     parse, seen = chart_stream.ChartBatches._parse, []
 
-    def spy(self, text, header, quoted):
+    def spy(self, text, size, header, quoted):
         seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-        return parse(self, text, header, quoted)
+        return parse(self, text, size, header, quoted)
 
     monkeypatch.setattr(chart_stream.ChartBatches, "_parse", spy)
     base = os.getpriority(os.PRIO_PROCESS, 0)
@@ -224,9 +229,9 @@ def test_jobs_with_and_without_quotes_read_as_duckdb_does(tmp_path, monkeypatch)
     seen: list[bool] = []
     parse = chart_stream.ChartBatches._parse
 
-    def spy(self, text, header, quoted):
+    def spy(self, text, size, header, quoted):
         seen.append(quoted)
-        return parse(self, text, header, quoted)
+        return parse(self, text, size, header, quoted)
 
     monkeypatch.setattr(chart_stream.ChartBatches, "_parse", spy)
     got = pa.Table.from_batches(list(chart_stream.ChartBatches(locate(path.parent.parent, "icu", "chartevents", COLS, TYPES))))
@@ -432,3 +437,47 @@ def test_freed_memory_is_held_under_glibc_only() -> None:
     import platform
 
     assert chart_stream.hold_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_values_read_from_buffers_equal_arrows_own():
+    """_values / _arrow / _strings give what to_numpy / pa.array give, for slices with nulls."""
+    ints = pa.array([5, None, 7, 8, None, 10], pa.int32())
+    floats = pa.array([1.5, None, 2.5, None, 4.0, 0.0])
+    for arr in (ints, ints.slice(1), ints.slice(3, 2), floats, floats.slice(2), floats.slice(1, 1)):
+        fill = -1 if pa.types.is_integer(arr.type) else np.nan
+        want = np.asarray(arr.fill_null(fill).to_numpy(zero_copy_only=False))
+        got = chart_stream._values(arr, np.int32 if pa.types.is_integer(arr.type) else np.float64, fill)
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError):
+        chart_stream._values(ints, np.int32)
+    mask = np.array([True, False, False, True, True, False, True, False, True, True])
+    assert chart_stream._arrow(mask).equals(pa.array(mask))
+    assert chart_stream._arrow(np.arange(4), pa.timestamp("us")).equals(pa.array(np.arange(4), pa.timestamp("us")))
+    assert chart_stream._strings(("dbp", "heart_rate", "")).equals(pa.array(["dbp", "heart_rate", ""]))
+
+
+def test_the_streamed_pass_does_not_import_pandas(tmp_path):
+    """pyarrow imports pandas on the first pa.array, pa.scalar or to_numpy (0.3-0.4 s with the
+    GIL held): the streamed pass, its window cut and its reduction use none of them."""
+    import subprocess
+    import sys
+
+    path = _csv(tmp_path / "m/icu/chartevents.csv.gz", ROWS + [(30000003, T0, None, None)])
+    code = f"""
+import sys, numpy as np
+from etl import chart_stream
+from etl.mimic import REQUIRED, TYPES
+from etl.sources import locate
+from pathlib import Path
+table = locate(Path({str(path.parent.parent)!r}), "icu", "chartevents", REQUIRED[("icu", "chartevents")], TYPES)
+window = (np.array([30000001, 30000002]), np.array([0, 0]), np.array([2**62, 2**62]))
+vp = chart_stream.VitalPass(table, np.array([30000002]), "2GB", Path({str(tmp_path / "spill")!r}), window=window)
+parts = []
+vp.run(lambda part: parts.append(chart_stream.in_window(part, window)))
+assert sum(p.num_rows for p in parts) > 0 and vp.rows == {len(ROWS) + 1}
+print("pandas" in sys.modules)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "False"
