@@ -158,6 +158,18 @@ def test_parse_jobs_cut_at_any_byte_give_the_same_rows(tmp_path, monkeypatch):
     assert whole.num_rows == cut.num_rows == 400 and cut.equals(whole)
     assert cut.column("stay_id").to_pylist() == [r[0] for r in rows]
     assert cut.column("valuenum").to_pylist() == [r[3] for r in rows]
+    # the same text as plain CSV, and as a gzip of several members (as bgzip and `cat a.gz b.gz` write)
+    text = gzip.decompress(path.read_bytes())
+    plain = tmp_path / "p/icu/chartevents.csv"
+    plain.parent.mkdir(parents=True)
+    plain.write_bytes(text)
+    members = tmp_path / "g/icu/chartevents.csv.gz"
+    members.parent.mkdir(parents=True)
+    members.write_bytes(b"".join(gzip.compress(text[k:k + 997]) for k in range(0, len(text), 997)))
+    for other in (plain, members):
+        got = pa.Table.from_batches(list(chart_stream.ChartBatches(locate(other.parent.parent, "icu", "chartevents",
+                                                                           COLS, TYPES))))
+        assert got.equals(whole)
     reading = chart_stream.ChartBatches(table)
     next(iter(reading))
     reading.close()
