@@ -22,7 +22,16 @@ def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
 
 
 def main() -> None:
-    """Load :mod:`cli.app` and run its ``main`` (exit codes: :func:`cli.app.main`)."""
+    """Load :mod:`cli.app` and run its ``main`` (exit codes: :func:`cli.app.main`).
+
+    The objects alive after the imports, and again when the command ends, are moved out of the
+    garbage collector's reach (``gc.freeze``): they live until the process exits, so the
+    collections during the command and the interpreter's last one at the exit need not walk them
+    (0.15-0.2 s less at the end of an ``abps etl``; docs/decisions.md). Only this process entry
+    does it, never a library call.
+    """
+    import gc
+
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from cli.app import main as run
@@ -31,4 +40,8 @@ def main() -> None:
         sys.exit(143 if isinstance(exc, _Terminated) else 130)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    run()
+    gc.freeze()
+    try:
+        run()
+    finally:
+        gc.freeze()

@@ -116,6 +116,32 @@ def test_a_signal_while_the_command_line_loads_exits_interrupted(tmp_path, sig, 
     assert rc == code and err.strip() == "error: interrupted", err[-800:]
 
 
+def test_the_entry_freezes_the_objects_that_live_to_the_exit(monkeypatch):
+    """cli.entry.main moves the imports' objects out of the collector's reach before the command,
+    and the command's when it ends, also when it exits with an error."""
+    import gc
+
+    import cli.app
+    import cli.entry
+
+    seen = []
+
+    def command():
+        seen.append(gc.get_freeze_count())
+        gc.unfreeze()
+        _ = [[] for _ in range(100)]
+        raise SystemExit(2)
+
+    monkeypatch.setattr(cli.app, "main", command)
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit):
+            cli.entry.main()
+        assert seen and seen[0] > 1000 and gc.get_freeze_count() > 100
+    finally:
+        gc.unfreeze()
+
+
 def test_the_console_script_is_the_entry_module():
     import tomllib
 
