@@ -59,7 +59,17 @@ SCHEMA = pa.schema([("stay_id", pa.int64()), ("vital", pa.string()), ("charttime
 
 
 class StreamUnreadable(Exception):
-    """The stream met something it does not read the way DuckDB does; the caller scans with DuckDB."""
+    """The stream met something it does not read the way DuckDB does; the caller scans with DuckDB.
+
+    Attributes:
+        text: for a parse job Arrow refused, the job's text behind the file's header line (a CSV
+            of its own; etl.mimic asks DuckDB about it before scanning the whole file), else None.
+        rows_before: data rows of the file before that text.
+    """
+
+    def __init__(self, message: str, text: bytes | None = None) -> None:
+        super().__init__(message)
+        self.text, self.rows_before = text, 0
 
 
 @dataclass(frozen=True)
@@ -401,6 +411,7 @@ class ChartBatches:
         self._read = 0  # compressed bytes read
         self._used = False
         self._spare: queue.SimpleQueue[bytearray] = queue.SimpleQueue()  # text buffers of parsed jobs
+        self._header_line = b""  # the file's first line, set before the first job is queued
         names = list(table.columns)
         # the parse options of text with a '"' (DuckDB's quoting rules) and of text without one
         # (most jobs: the open MIMIC-IV demo's chartevents holds no quote character), which Arrow
@@ -428,6 +439,9 @@ class ChartBatches:
             return pacsv.read_csv(pa.BufferReader(pa.py_buffer(text).slice(0, size)),
                                   read_options=self._read_opts[header], parse_options=self._parse_opts[quoted],
                                   convert_options=self._convert_opts)
+        except pa.ArrowInvalid as exc:
+            raise StreamUnreadable(f"ArrowInvalid: {str(exc)[:160]}",
+                                   (b"" if header else self._header_line) + bytes(text[:size])) from None
         finally:
             if self._spare.qsize() < self._ahead + PARSE_WORKERS:
                 self._spare.put(text)
@@ -485,6 +499,8 @@ class ChartBatches:
                             rest = bytes(buf[:end])
                             continue
                         rest = bytes(buf[cut:end])
+                        if header:
+                            self._header_line = bytes(buf[:buf.find(b"\n", 0, cut) + 1])
                         if not self._put(self._submit(buf, cut, header)):
                             return
                         header = False
@@ -517,7 +533,8 @@ class ChartBatches:
                     self.rows += batch.num_rows
                     bar.update(self._read, self.rows)
                     yield batch
-        except StreamUnreadable:
+        except StreamUnreadable as exc:
+            exc.rows_before = self.rows
             raise
         except (pa.ArrowException, OSError, EOFError, ValueError) as exc:
             raise StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}") from None

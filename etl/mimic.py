@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import shutil
 import time
 import warnings
@@ -36,7 +37,17 @@ from etl.pipeline import (
     scalar,
 )
 from etl.schema import CARE_UNITS, VITAL_COLUMNS
-from etl.sources import Table, check_flags, check_range, duckdb_errors, inflated, load_checked, locate, require_rows
+from etl.sources import (
+    Table,
+    check_flags,
+    check_range,
+    duckdb_errors,
+    inflated,
+    load_checked,
+    locate,
+    require_rows,
+    wrap_duckdb_error,
+)
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 __all__ = ["EtlOptions", "run_etl", "build_cohort", "VITAL_COLUMNS", "REQUIRED", "KEYS", "TYPES"]
@@ -312,6 +323,38 @@ def start_chartevents(table: Table, opts: EtlOptions) -> chart_stream.ChartBatch
     return chart_stream.ChartBatches(table, opts.memory_limit, early=True)
 
 
+def refuse_as_duckdb(con: duckdb.DuckDBPyConnection, table: Table, exc: chart_stream.StreamUnreadable,
+                     types: dict[str, str], scratch: Path) -> None:
+    """Raise the error DuckDB's scan of the whole file would raise, when DuckDB refuses the text
+    the stream refused (``exc.text``: one parse job's rows behind the header), without DuckDB
+    reading the file (on MIMIC-IV v3.1, a full scan to the last row and a second one to name
+    the column). Return when there is no such text or DuckDB reads it: the caller then scans
+    the file with DuckDB, which reads it or words its error.
+
+    The message names the source file and, as :func:`etl.sources.wrap_duckdb_error` words it,
+    the column (found in that text) or the line (counted in the whole file).
+
+    Raises:
+        InputError: DuckDB refuses the text.
+    """
+    if exc.text is None:
+        return
+    probe = scratch / "chartevents-unreadable.csv"
+    probe.write_bytes(exc.text)
+    part = replace(table, read_from=probe, loaded_as=None)
+    try:
+        con.execute(f"SELECT count(stay_id), count(charttime), count(itemid), sum(valuenum) "
+                    f"FROM {part.scan_sql(types)}").fetchall()
+    except duckdb.Error as err:
+        wrapped = str(wrap_duckdb_error(err, [part], types))
+        line = re.search(r"near line (\d+)", wrapped)
+        if line:  # a line of the text -> its line in the file (both count the header as line 1)
+            wrapped = wrapped.replace(line.group(0), f"near line {int(line.group(1)) + exc.rows_before}", 1)
+        raise InputError(wrapped) from None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, types: dict[str, str],
                        opts: EtlOptions, att: Attrition, note: str, scratch: Path, cache_info: dict | None,
                        timings: dict | None = None,
@@ -340,7 +383,8 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
 
     try:
         cache = cached(build if streamable else None)
-    except chart_stream.StreamUnreadable:
+    except chart_stream.StreamUnreadable as exc:
+        refuse_as_duckdb(con, table, exc, types, scratch)
         streamable, built = False, []
         con.execute("DROP TABLE IF EXISTS vital_per_stay")
         cache = cached()
@@ -358,7 +402,8 @@ def chartevents_vitals(con: duckdb.DuckDBPyConnection, table: Table, scan: str, 
             stream_vitals(con, table, opts, scratch, timings=timings, batches=early.pop() if early else None)
             info["read_by"] = "stream"
             return first_day_vitals(con, None, opts, att, note, streamed=True)
-        except chart_stream.StreamUnreadable:
+        except chart_stream.StreamUnreadable as exc:
+            refuse_as_duckdb(con, table, exc, types, scratch)
             con.execute("DROP TABLE IF EXISTS vital_per_stay")
     info["read_by"] = "duckdb"
     return first_day_vitals(con, scan, opts, att, note)

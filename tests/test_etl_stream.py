@@ -493,3 +493,68 @@ print("pandas" in sys.modules)
                          cwd=Path(__file__).resolve().parents[1])
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("damage", ["value", "columns"])
+def test_a_row_duckdb_refuses_too_is_worded_without_a_scan_of_the_file(damage, mimic_demo_dir, tmp_path, monkeypatch):
+    """A late row that Arrow refuses (a valuenum that is not a number; a row with a column too
+    many) and DuckDB refuses too: the error is DuckDB's wording of the whole file (the same
+    line, naming the file and the column or the line), found by DuckDB reading that job's text
+    alone, never the file."""
+    from etl import mimic, sources
+    from etl.errors import InputError
+
+    demo = tmp_path / "demo"
+    for sub in ("hosp", "icu"):
+        shutil.copytree(mimic_demo_dir / sub, demo / sub, symlinks=True)
+    ce = demo / "icu/chartevents.csv.gz"
+    lines = gzip.decompress(ce.read_bytes()).decode().splitlines()
+    k = lines[0].split(",").index("valuenum")
+    row = len(lines) - 40
+    cells = lines[row].split(",")
+    if damage == "value":
+        cells[k] = "abc"
+    else:
+        cells.append("1")
+    lines[row] = ",".join(cells)
+    ce.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
+    monkeypatch.setattr(chart_stream, "BLOCK_BYTES", 1 << 20)  # the bad row in a late job
+
+    scanned: list[Path] = []
+    diagnose = sources.diagnose
+
+    def spy(tables, types):
+        scanned.extend(t.read_path for t in tables)
+        return diagnose(tables, types)
+
+    monkeypatch.setattr(sources, "diagnose", spy)
+    with pytest.raises(InputError) as probed:
+        run_etl(demo, tmp_path / "o1", EtlOptions(**OPTS, chart_cache="off"))
+    assert str(ce) in str(probed.value) and ce not in scanned
+    assert "abc" not in str(probed.value)  # no row content
+    monkeypatch.setattr(mimic, "refuse_as_duckdb", lambda *a: None)  # DuckDB scans the whole file
+    with pytest.raises(InputError) as scanned_whole:
+        run_etl(demo, tmp_path / "o2", EtlOptions(**OPTS, chart_cache="off"))
+    assert str(probed.value) == str(scanned_whole.value)
+    assert ("column 'valuenum'" if damage == "value" else "malformed data") in str(probed.value)
+
+
+def test_a_line_of_the_refused_text_is_counted_in_the_whole_file(tmp_path, monkeypatch):
+    """DuckDB counts the lines of the text it was given; the message counts the file's."""
+    from etl import mimic
+    from etl.errors import InputError
+
+    path = _csv(tmp_path / "m/icu/chartevents.csv.gz", ROWS)
+    table = locate(path.parent.parent, "icu", "chartevents", COLS, TYPES)
+    monkeypatch.setattr(mimic, "wrap_duckdb_error",
+                        lambda err, tables, types: InputError(f"{tables[0].path}: malformed data near line 3 (E)"))
+    exc = chart_stream.StreamUnreadable("x", b"subject_id,stay_id,charttime,itemid,value,valuenum\n1,2,3\n")
+    exc.rows_before = 1000
+    import duckdb
+
+    with duckdb.connect() as con, pytest.raises(InputError, match=r"chartevents.csv.gz: malformed data near line 1003 "):
+        mimic.refuse_as_duckdb(con, table, exc, TYPES, tmp_path)
+    assert not list(tmp_path.glob("*.csv"))  # the text's file is gone
+    exc.text = None
+    with duckdb.connect() as con:
+        assert mimic.refuse_as_duckdb(con, table, exc, TYPES, tmp_path) is None
