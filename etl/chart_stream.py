@@ -63,7 +63,8 @@ class StreamUnreadable(Exception):
 
     Attributes:
         text: for a parse job Arrow refused, the job's text behind the file's header line (a CSV
-            of its own; etl.mimic asks DuckDB about it before scanning the whole file), else None.
+            of its own; etl.mimic asks DuckDB about it before scanning the whole file), when no
+            '"' comes before the job's end (its lines are then whole rows), else None.
         rows_before: data rows of the file before that text.
     """
 
@@ -412,6 +413,7 @@ class ChartBatches:
         self._used = False
         self._spare: queue.SimpleQueue[bytearray] = queue.SimpleQueue()  # text buffers of parsed jobs
         self._header_line = b""  # the file's first line, set before the first job is queued
+        self._unquoted = True  # no '"' in the jobs queued so far
         names = list(table.columns)
         # the parse options of text with a '"' (DuckDB's quoting rules) and of text without one
         # (most jobs: the open MIMIC-IV demo's chartevents holds no quote character), which Arrow
@@ -430,18 +432,23 @@ class ChartBatches:
 
     def _submit(self, text: bytearray, size: int, header: bool):
         pool = self._pool if self._early_pool is None or self._consumer.is_set() else self._early_pool
-        return pool.submit(self._parse, text, size, header, text.find(b'"', 0, size) >= 0)
+        quoted = text.find(b'"', 0, size) >= 0
+        # no '"' from the file's start to this job's end: its lines are whole rows (a quoted value
+        # may hold a line end, and a cut inside it would give a text DuckDB refuses on its own)
+        self._unquoted = self._unquoted and not quoted
+        return pool.submit(self._parse, text, size, header, quoted, self._unquoted)
 
-    def _parse(self, text: bytearray, size: int, header: bool, quoted: bool) -> pa.Table:
+    def _parse(self, text: bytearray, size: int, header: bool, quoted: bool, rows_whole: bool = False) -> pa.Table:
         """Arrow's table of the first ``size`` bytes of ``text``; ``text`` is then handed back for
-        the next job's inflation (the table holds copies of the values, not views of the text)."""
+        the next job's inflation (the table holds copies of the values, not views of the text).
+        ``rows_whole``: the text is whole rows (no quote before it), given with the refusal."""
         try:
             return pacsv.read_csv(pa.BufferReader(pa.py_buffer(text).slice(0, size)),
                                   read_options=self._read_opts[header], parse_options=self._parse_opts[quoted],
                                   convert_options=self._convert_opts)
         except pa.ArrowInvalid as exc:
-            raise StreamUnreadable(f"ArrowInvalid: {str(exc)[:160]}",
-                                   (b"" if header else self._header_line) + bytes(text[:size])) from None
+            whole = (b"" if header else self._header_line) + bytes(text[:size]) if rows_whole else None
+            raise StreamUnreadable(f"ArrowInvalid: {str(exc)[:160]}", whole) from None
         finally:
             if self._spare.qsize() < self._ahead + PARSE_WORKERS:
                 self._spare.put(text)
