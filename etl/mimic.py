@@ -345,6 +345,8 @@ def refuse_as_duckdb(con: duckdb.DuckDBPyConnection, table: Table, exc: chart_st
     try:
         con.execute(f"SELECT count(stay_id), count(charttime), count(itemid), sum(valuenum) "
                     f"FROM {part.scan_sql(types)}").fetchall()
+    except duckdb.InterruptException:  # a Ctrl-C stays an interrupt (duckdb_errors)
+        raise
     except duckdb.Error as err:
         wrapped = str(wrap_duckdb_error(err, [part], types))
         line = re.search(r"near line (\d+)", wrapped)
