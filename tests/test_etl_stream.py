@@ -43,6 +43,15 @@ def _pass(path: Path, bounds=(), budget: int | None = None) -> pl.DataFrame:
     return pl.from_arrow(pa.concat_tables(parts)) if parts else pl.DataFrame()
 
 
+def _demo_copy(mimic_demo_dir: Path, tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A copy of the demo under tmp_path/demo: its folder, its chartevents path and that file's lines."""
+    demo = tmp_path / "demo"
+    for sub in ("hosp", "icu"):
+        shutil.copytree(mimic_demo_dir / sub, demo / sub, symlinks=True)
+    ce = demo / "icu/chartevents.csv.gz"
+    return demo, ce, gzip.decompress(ce.read_bytes()).decode().splitlines()
+
+
 T0, T1 = "2150-01-01 10:00:00", "2150-01-01 11:00:00"
 ROWS = [
     (30000001, T0, 220045, 80.0), (30000001, T0, 220045, 80.0),   # identical rows: one distinct, n_rows 2
@@ -299,11 +308,7 @@ def test_demo_is_streamed_with_the_bytes_of_the_duckdb_scan(mimic_demo_dir, tmp_
 def test_text_the_stream_does_not_read_goes_to_duckdb(mimic_demo_dir, tmp_path):
     """``12.0`` in stay_id is a whole number DuckDB's scan accepts and Arrow's integer parser
     refuses: the run falls back to DuckDB and gives the demo's cohort."""
-    demo = tmp_path / "demo"
-    for sub in ("hosp", "icu"):
-        shutil.copytree(mimic_demo_dir / sub, demo / sub, symlinks=True)
-    ce = demo / "icu/chartevents.csv.gz"
-    lines = gzip.decompress(ce.read_bytes()).decode().splitlines()
+    demo, ce, lines = _demo_copy(mimic_demo_dir, tmp_path)
     head = lines[0].split(",")
     k = head.index("stay_id")
     cells = lines[1].split(",")
@@ -504,11 +509,7 @@ def test_a_row_duckdb_refuses_too_is_worded_without_a_scan_of_the_file(damage, m
     from etl import mimic, sources
     from etl.errors import InputError
 
-    demo = tmp_path / "demo"
-    for sub in ("hosp", "icu"):
-        shutil.copytree(mimic_demo_dir / sub, demo / sub, symlinks=True)
-    ce = demo / "icu/chartevents.csv.gz"
-    lines = gzip.decompress(ce.read_bytes()).decode().splitlines()
+    demo, ce, lines = _demo_copy(mimic_demo_dir, tmp_path)
     k = lines[0].split(",").index("valuenum")
     row = len(lines) - 40
     cells = lines[row].split(",")
@@ -564,11 +565,7 @@ def test_a_quoted_value_with_line_ends_across_a_cut_is_read_as_duckdb_reads_it(m
     """A quoted value holding line ends, cut between two parse jobs: Arrow refuses both halves,
     the text of neither is whole rows, so the file goes to DuckDB's scan, which reads it (the
     stream never words an error from a text cut inside a quoted value)."""
-    demo = tmp_path / "demo"
-    for sub in ("hosp", "icu"):
-        shutil.copytree(mimic_demo_dir / sub, demo / sub, symlinks=True)
-    ce = demo / "icu/chartevents.csv.gz"
-    lines = gzip.decompress(ce.read_bytes()).decode().splitlines()
+    demo, ce, lines = _demo_copy(mimic_demo_dir, tmp_path)
     k = lines[0].split(",").index("value")
     block = 1 << 20
     at, row = len(lines[0]) + 1, 1
