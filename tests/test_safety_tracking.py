@@ -112,3 +112,21 @@ def test_mlflow_logs_no_traceback_once_quieted():
     assert "Traceback" not in r.stderr and "caught before raising" not in r.stderr, r.stderr
     assert "an error without a traceback" in r.stderr and "a warning" in r.stderr, r.stderr
     assert r.stdout.split() == ["1", "0"]  # one filter, however often it is called
+
+
+def test_a_folder_store_is_refused_with_the_way_out_in_one_line(tmp_path, monkeypatch):
+    """MLflow 3 refuses ``file:`` stores with advice that runs past the 300 characters a store error
+    keeps; the line names the store and the sqlite URI to give instead. MLflow's own opt-out
+    (MLFLOW_ALLOW_FILE_STORE) is honoured, and an MLflow that still writes folder stores opens one."""
+    from etl.errors import InputError
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    uri = f"file:{tmp_path}/mlruns"
+    try:
+        tracking.open_client(uri)
+    except InputError as err:
+        msg = str(err)
+        assert "\n" not in msg and msg.startswith(f"MLflow store {uri}: ")
+        assert "--tracking-uri sqlite:///" in msg and "MLFLOW_ALLOW_FILE_STORE=true" in msg
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert tracking.open_client(uri).search_experiments(max_results=1) is not None

@@ -218,6 +218,10 @@ def _store_error(uri: str, exc: BaseException) -> InputError:
     """One line naming the store for an MLflow / SQLAlchemy / OS failure on it (their messages run to
     a hundred lines)."""
     text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    if "MLFLOW_ALLOW_FILE_STORE" in text:  # MLflow 3 refuses folder stores; its advice ends past 300 characters
+        return InputError(f"MLflow store {uri}: MLflow no longer writes folder stores (./mlruns); give "
+                          "--tracking-uri sqlite:///<folder>/mlflow.db (or set MLFLOW_ALLOW_FILE_STORE=true "
+                          "to keep using the folder)")
     return InputError(f"MLflow store {uri}: {text[:300]}")
 
 
