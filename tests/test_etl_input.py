@@ -134,12 +134,17 @@ def test_the_entry_freezes_the_objects_that_live_to_the_exit(monkeypatch):
 
     monkeypatch.setattr(cli.app, "main", command)
     gc.unfreeze()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with pytest.raises(SystemExit):
             cli.entry.main()
         assert seen and seen[0] > 1000 and gc.get_freeze_count() > 100
+        # and it leaves the process ignoring the signals that would end it by the signal
+        assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in handlers)
     finally:
         gc.unfreeze()
+        for sig, handler in handlers.items():  # this test process is not exiting
+            signal.signal(sig, handler)
 
 
 def test_the_console_script_is_the_entry_module():
@@ -461,3 +466,31 @@ def test_a_byte_order_mark_inside_the_header_is_named(mimic_demo_dir, tmp_path):
     with pytest.raises(InputError) as e:
         run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
     assert str(e.value) == f"{path}: column 'gender' is written with an invisible character in the header (U+FEFF)"
+
+
+# the console script's entry with a command that succeeds, then receives a signal: right after
+# cli.app.main has put Python's handlers back (argv[1] == "returning"), or at the exit (atexit)
+_SIGNAL_AFTER = """
+import atexit, os, signal, sys
+import cli.app
+when = sys.argv[1]
+def command():
+    if when == "returning":
+        os.kill(os.getpid(), signal.SIGINT)
+if when == "exit":
+    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), os.kill(os.getpid(), signal.SIGTERM)))
+cli.app.main = command
+from cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize(("when", "code", "line"), [("returning", 130, "error: interrupted"), ("exit", 0, "")])
+def test_a_signal_after_the_command_has_returned(tmp_path, when, code, line):
+    """A Ctrl-C as the command returns exits 130 with the one line; a signal once the entry has
+    returned is ignored: the command's exit code stands (not a silent death by the signal)."""
+    script = tmp_path / "after.py"
+    script.write_text(_SIGNAL_AFTER)
+    p = subprocess.run([sys.executable, str(script), when], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert p.returncode == code and p.stderr.strip() == line, (p.returncode, p.stderr[-800:])
