@@ -236,3 +236,27 @@ print("ok", s["model_bytes"])
     res = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr[-2000:]
+
+
+def test_every_documented_etl_output_folder_is_ignored_by_git():
+    """``abps etl`` refuses an ``--out`` inside a git work tree that does not ignore it (the cohort
+    holds patient identifiers): every ``abps etl ... --out PATH`` the README, the docs and the
+    config comments show, run from the repository's root, names a folder this repository ignores.
+    Placeholders (upper case, absolute paths, ``D/...``) are the reader's own folders."""
+    texts = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((REPO / "configs").glob("*.yaml"))]
+    outs = {}
+    for path in texts:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if "abps etl" not in line:
+                continue
+            command = re.split(r"`|\babps |&&|;", line.split("abps etl", 1)[1])[0]  # to the next command
+            for m in re.finditer(r"--out[ =](\S+)", command):
+                out = m.group(1).strip("`'\"")
+                if out.startswith(("/", "$")) or out != out.lower() or re.match(r"^[a-z]/", out):
+                    continue
+                outs.setdefault(out.rstrip("/"), path.relative_to(REPO))
+    assert len(outs) >= 5, outs  # the parser still finds the examples
+    for out, where in outs.items():
+        probe = out.replace("$h", "0") + "/cohort.parquet"
+        p = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=REPO)
+        assert p.returncode == 0, f"{where}: abps etl --out {out} is not ignored by .gitignore"
