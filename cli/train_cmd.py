@@ -198,8 +198,9 @@ def train(
     )
     from federation.core.evaluation import clinical_line
 
-    if (line := clinical_line(doc["seeds"])) is not None:
+    defined = s["final_auroc_mean"]["mean"] is not None
+    if (line := clinical_line(doc["seeds"], auroc_spread=defined)) is not None:
         typer.echo(line)
-    if scored < n / 2:
+    if defined and scored < n / 2:  # an undefined mean has said why in its own words
         typer.echo(f"warning: only {scored} of {n} centers have both classes in their test split; "
                    "the mean AUROC rests on few centers", err=True)

@@ -38,7 +38,8 @@ def test_mean_over_one_center_is_undefined_everywhere(demo_cohort, tmp_path, cap
     out = tmp_path / "r.json"
     main(["train", "--method", "fedavg", "--cohort", str(demo_cohort), "--seeds", "11", "22", "--rounds", "1",
           "--output", str(out), "--tracking-uri", uri, "--experiment", "small", "--no-progress"])
-    console = capsys.readouterr().out
+    captured = capsys.readouterr()
+    console = captured.out
     doc = json.loads(out.read_text())
     n = doc["n_centers"]
     seed = doc["seeds"]["11"]
@@ -50,6 +51,10 @@ def test_mean_over_one_center_is_undefined_everywhere(demo_cohort, tmp_path, cap
     assert f"AUROC undefined ({scored} of {n} centers whose test split holds both classes; " \
            "a mean needs at least 5" in console
     assert "across 2 seeds" in console and "1.0000" not in console
+    # the spread of the per-center AUROC rests on the same few centers: undefined too, and no
+    # warning about a mean that was not given
+    assert "AUROC worst-10 % undefined, Gini undefined; AUPRC " in console
+    assert "rests on few centers" not in captured.err
 
     main(["runs", "--experiment", "small", "--tracking-uri", uri])
     runs = capsys.readouterr().out

@@ -223,14 +223,18 @@ def log_clinical(tracker: Any, clinical: ClinicalEvaluation | None, step: int) -
                       "unassigned": clinical.subgroup_unassigned}, "clinical_subgroups.json")
 
 
-def clinical_line(seeds: dict[str, dict[str, Any]]) -> str | None:
+def clinical_line(seeds: dict[str, dict[str, Any]], auroc_spread: bool = True) -> str | None:
     """One line for ``abps train``: seed means of the headline clinical figures (results.json
-    ``seeds`` entries), or None when no seed carries them."""
+    ``seeds`` entries), or None when no seed carries them. ``auroc_spread=False`` (the mean AUROC
+    is undefined: too few centers can be scored, docs/decisions.md) words the worst-10 % and
+    the Gini of the per-center AUROC as undefined too: they rest on the same few centers."""
     docs = [s["clinical"] for s in seeds.values() if s.get("clinical")]
     if not docs:
         return None
 
     def mean(metric: str, stat: str) -> str:
+        if metric == "auroc" and not auroc_spread:
+            return "undefined"
         v = [d["distribution"][metric][stat] for d in docs if d["distribution"][metric][stat] is not None]
         return f"{sum(v) / len(v):.3f}" if v else "undefined"
 
