@@ -165,7 +165,10 @@ def runs(
     from federation.run.store_read import experiment_or_error, open_store
 
     with open_store(tracking_uri) as store:
-        experiment = default_experiment(experiment, tracking_uri, store)
+        given, experiment = experiment, default_experiment(experiment, tracking_uri, store)
+        if not given and store.experiment_id(experiment) is None:  # nothing trained into this store yet
+            typer.echo(f"no training runs yet in {store.uri} (abps train --goal diversity)")
+            return
         col = collect_runs(store.finished_runs(experiment_or_error(store, experiment)))
     if not col.cells:
         typer.echo(f"experiment {experiment}: no finished training runs yet (abps train --goal diversity)")

@@ -205,3 +205,17 @@ def test_runs_default_experiment_as_mlflow_lists_it(tmp_path: Path, monkeypatch,
     want = env_experiment or "cohort"  # the newest experiment holding a run
     assert default_experiment(None, uri) == want
     assert default_experiment(None, uri, store_read._ClientStore(uri)) == want
+
+
+def test_runs_before_any_training_says_so_and_makes_no_store(tmp_path: Path, capsys) -> None:
+    """``abps runs`` on a store that does not exist yet answers that nothing was trained into it
+    (exit 0) without creating it; an experiment the user names is still refused, naming it."""
+    from cli.app import main
+
+    uri = f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"
+    (first,) = _probe([["runs", "--tracking-uri", uri]], tmp_path)
+    assert first["code"] == 0 and first["stdout"].strip() == f"no training runs yet in {uri} (abps train --goal diversity)"
+    with pytest.raises(SystemExit) as exc:
+        main(["runs", "--tracking-uri", uri, "--experiment", "x"])
+    assert exc.value.code == 2 and "--experiment 'x': no such MLflow experiment" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()

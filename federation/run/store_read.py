@@ -180,8 +180,9 @@ def _open_sqlite(db: Path) -> sqlite3.Connection | None:
 @contextlib.contextmanager
 def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
     """The store at ``tracking_uri`` (None: :func:`~federation.run.tracking.default_tracking_uri`)
-    for reading runs: ``sqlite3`` on an existing local sqlite file MLflow wrote, else MLflow's
-    client (which also makes a missing sqlite store). Nothing is written to an existing store.
+    for reading runs: ``sqlite3`` on an existing local sqlite file MLflow wrote, no experiment at
+    all for a local sqlite file that does not exist (nothing is made), else MLflow's client.
+    Nothing is written to an existing store.
 
     Raises:
         InputError: the store is damaged or unreadable (one line naming it).
@@ -189,6 +190,9 @@ def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
     uri = tracking_uri or default_tracking_uri()
     db = _sqlite_path(uri)
     con = None
+    if db is not None and not db.exists():  # no store yet: nothing to read, and nothing made
+        yield _EmptyStore(uri)
+        return
     if db is not None and db.is_file() and db.stat().st_size > 0:
         check_store(uri)
         con = _open_sqlite(db)
@@ -199,6 +203,22 @@ def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
         yield _SqliteStore(uri, con)
     finally:
         con.close()
+
+
+class _EmptyStore:
+    """:class:`RunStore` of a local sqlite store that does not exist yet: no experiment, no run."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def experiment_id(self, name: str) -> str | None:  # noqa: ARG002
+        return None
+
+    def latest_experiment_with_runs(self) -> str | None:
+        return None
+
+    def finished_runs(self, experiment_id: str) -> list[StoredRun]:  # noqa: ARG002
+        return []
 
 
 def experiment_or_error(store: RunStore, name: str) -> str:
