@@ -89,7 +89,7 @@ def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
     # Pareto over (MB, AUROC) of runs with traffic: abps-x (9, .79) and abps (150, .78 < .79) -> only abps-x
     # dominates abps; fedavg (100, .72) is dominated by abps-x too
     assert doc["sections"]["table1"]["pareto_front"] == ["abps-x"]
-    assert any("abps: 1 run(s) of an older configuration ignored" in n for n in doc["notes"])
+    assert any("abps: 1 earlier run(s) with another configuration left out" in n for n in doc["notes"])
 
     md = (out / "table1.md").read_text()
     assert "| FedAvg | 0.720 ± 0.020 | 1.00× | 2 | 2.0 |" in md

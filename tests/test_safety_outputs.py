@@ -424,7 +424,7 @@ def test_runs_of_one_method_with_different_configs_are_not_pooled(cohort, tmp_pa
     code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
     assert code == 0
     # the latest configuration is shown (one seed), the other named in a note, never pooled silently
-    assert "fedavg: 1 run(s) of an older configuration ignored" in out
+    assert "fedavg: 1 earlier run(s) with another configuration left out" in out
     assert "finished runs (1)" in out  # the latest configuration's seed, not both runs of seed 1 pooled
 
 

@@ -145,7 +145,7 @@ def _targets(params: dict[str, str]) -> dict[str, tuple[float, ...]]:
 
 def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
     """One run per (label, seed): per label the configuration of its most recent run, then the most
-    recent run per seed. Returns (kept runs, notes on dropped older configurations)."""
+    recent run per seed. Returns (kept runs, notes on the runs of other configurations left out)."""
     by_label: dict[str, list[CellRun]] = {}
     for c in cells:
         by_label.setdefault(c.label, []).append(c)
@@ -156,7 +156,8 @@ def dedupe_cells(cells: Iterable[CellRun]) -> tuple[list[CellRun], list[str]]:
         latest = runs[-1].config_hash
         same = [c for c in runs if c.config_hash == latest]
         if len(same) < len(runs) and latest is not None:
-            notes.append(f"{label}: {len(runs) - len(same)} run(s) of an older configuration ignored")
+            notes.append(f"{label}: {len(runs) - len(same)} earlier run(s) with another configuration left out "
+                         "(a row shows its most recent configuration's runs)")
         per_seed: dict[int, CellRun] = {}
         for c in same:
             per_seed[c.seed] = c  # sorted by start time: the latest wins
