@@ -162,11 +162,15 @@ def check_out_ignored(out: Path, option: str = "--out", probe_file: str = "cohor
                          f"add /{rel}/ to its .gitignore, or write outside the repository")
 
 
+#: the largest run seed: torch's generators and NumPy's take a signed 64-bit seed
+MAX_SEED = 2**63 - 1
+
+
 def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
     """The ``--seeds`` values: the option's integers plus the extra arguments after them.
 
     Raises:
-        InputError: a non-integer, a negative or a repeated seed.
+        InputError: a non-integer, a seed outside 0 .. :data:`MAX_SEED`, or a repeated seed.
     """
     seeds = list(first or [])
     for tok in extra:
@@ -174,8 +178,8 @@ def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
             seeds.append(int(tok))
         except ValueError:
             raise InputError(f"unexpected argument {tok!r} (--seeds takes integers)") from None
-    if any(s < 0 for s in seeds):
-        raise InputError("--seeds must be non-negative integers")
+    if any(s < 0 or s > MAX_SEED for s in seeds):
+        raise InputError(f"--seeds must be integers from 0 to {MAX_SEED} (2^63 - 1, the largest a random stream takes)")
     if len(set(seeds)) != len(seeds):
         raise InputError("--seeds holds a seed twice")
     return seeds

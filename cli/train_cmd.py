@@ -27,6 +27,8 @@ def _parse_params(items: list[str]) -> dict[str, object]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise InputError(f"--param expects NAME=VALUE, got {item!r}")
+        if name.strip() in out:  # one value per name: a second one is not silently the one applied
+            raise InputError(f"--param {name.strip()}: given twice")
         try:
             out[name.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
@@ -76,7 +78,7 @@ def train(
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the cohort's folder name)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
-    threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads (0 = torch default)"),
+    threads: int = typer.Option(0, "--threads", min=0, max=1024, help="torch CPU threads (0 = torch default; at most 1024)"),
     param: list[str] | None = typer.Option(
         None, "--param", help="method parameter NAME=VALUE (YAML value), repeatable; e.g. --param goal=diversity"
     ),
@@ -104,8 +106,8 @@ def train(
         # results file defaults to the config's `output`, else results.json as for clinical runs
         cfg_seeds = file_cfg.get("seeds")
         if cfg_seeds is not None and (not isinstance(cfg_seeds, list) or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in cfg_seeds)):
-            raise InputError(f"{config}: seeds must be a list of non-negative integers")
+                isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= project.MAX_SEED for x in cfg_seeds)):
+            raise InputError(f"{config}: seeds must be a list of integers from 0 to {project.MAX_SEED}")
         from federation.run.tracking import experiment_name
 
         experiment = experiment_name(experiment, "") or None
@@ -149,7 +151,10 @@ def train(
     if goal is not None:
         if "goal" not in getattr(cls.Params, "model_fields", {}):
             raise InputError(f"--goal applies to the ABPS methods only, not {method!r}")
-        param = [*(param or []), f"goal={goal.strip().lower()}"]
+        given = _parse_params(param or []).get("goal")
+        if given is not None and str(given).strip().lower() != goal.strip().lower():
+            raise InputError(f"--goal {goal}: --param goal={given} names another goal; give one of them")
+        param = [*(p for p in (param or []) if p.partition("=")[0].strip() != "goal"), f"goal={goal.strip().lower()}"]
     if file_cfg is not None:  # the file alone first: a bad key is reported with the file's name
         check_config_file(config, lambda: build_config(method, cls.default_config, file_cfg))
     if param:

@@ -22,6 +22,9 @@ from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id,
 from federation.run.results import write_results
 from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
+#: the most torch CPU threads a config or ``--threads`` may ask for
+MAX_THREADS = 1024
+
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
              "threads", "checkpoint"}
 
@@ -50,6 +53,12 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     if unknown:
         raise InputError(f"vv config: unknown section(s) {sorted(unknown)}")
     checkpoint_config(config)
+    threads = config.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
+        raise InputError(f"vv config threads: an integer from 0 (torch's default) to {MAX_THREADS}, got {threads!r}")
+    track = config.get("tracking")
+    if track is not None and (not isinstance(track, dict) or not isinstance(track.get("enabled", True), bool)):
+        raise InputError("vv config tracking: a mapping (enabled: true | false, uri, experiment)")
     base = dict(config.get("simulation") or {})
     if rounds is not None:
         if rounds < 1:
@@ -149,6 +158,9 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
             checkpoint, or one of another run (config, data set, seeds, code version, MLflow store).
     """
     runs = expand_runs(config, rounds)
+    if not (config.get("tracking") or {}).get("enabled", True) and tracking_uri:
+        raise InputError("--tracking-uri: this vv config turns tracking off (tracking: {enabled: false}); "
+                         "drop the option or turn tracking on")
     name = str(config.get("name") or "vv")
     seeds = list(seeds) if seeds else list(config.get("seeds") or [0])
     data_cfg = config.get("data") or {}

@@ -86,7 +86,13 @@ def default_tracking_uri() -> str:
 
 def experiment_name(given: str | None, default: str) -> str:
     """The experiment a command uses: ``given`` (its ``--experiment``), else the
-    ``MLFLOW_EXPERIMENT_NAME`` environment variable, else ``default``."""
+    ``MLFLOW_EXPERIMENT_NAME`` environment variable, else ``default``.
+
+    Raises:
+        InputError: ``given`` is an empty or blank name.
+    """
+    if given is not None and not given.strip():
+        raise InputError("--experiment: an empty name; give a name, or leave the option out for the default")
     return given or os.environ.get(EXPERIMENT_ENV, "").strip() or default
 
 

@@ -106,8 +106,8 @@ class SweepSpec(_Strict):
     def _unique_seeds(cls, v: list[int]) -> list[int]:
         if len(set(v)) != len(v):
             raise ValueError("a seed is listed twice")
-        if any(s < 0 for s in v):
-            raise ValueError("seeds must be non-negative")
+        if any(s < 0 or s > 2**63 - 1 for s in v):
+            raise ValueError("seeds must be integers from 0 to 2^63 - 1")
         return v
 
     @field_validator("options")

@@ -1,0 +1,88 @@
+"""`abps train` and `abps sweep` refuse, in one line and before anything runs, values that would
+otherwise end in a traceback (a seed past 64 bits, an absurd thread count) or be silently replaced
+(a repeated --param, a --param goal that --goal overrides, an empty --experiment, a store URI for a
+config that turns tracking off)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli.app import main
+from cli.project import MAX_SEED
+
+
+@pytest.fixture(scope="module")
+def cohort(tmp_path_factory) -> Path:
+    from federation.data.synthetic import write_fedprox_cohort
+
+    return write_fedprox_cohort(tmp_path_factory.mktemp("refuse") / "c", n_centers=3, seed=1, mean_size=40.0)
+
+
+def _refused(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--method", "fedavg", "--seeds", str(MAX_SEED + 1)], f"--seeds must be integers from 0 to {MAX_SEED}"),
+    (["--method", "fedavg", "--threads", "100000"], "--threads"),
+    (["--method", "abps", "--param", "kappa=2", "--param", "kappa=4"], "--param kappa: given twice"),
+    (["--method", "abps", "--param", "goal=homogeneity", "--goal", "diversity"],
+     "--goal diversity: --param goal=homogeneity names another goal"),
+    (["--method", "fedavg", "--experiment", " "], "--experiment: an empty name"),
+])
+def test_train_refuses(cohort, tmp_path, capsys, extra, words):
+    err = _refused(["train", "--cohort", str(cohort), "--rounds", "1", "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json"), *extra], capsys)
+    assert words in err, err
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "ml.db").exists()
+
+
+def test_the_largest_seed_is_taken(cohort, tmp_path):
+    """The bound is the random streams' own: MAX_SEED itself trains."""
+    main(["train", "--cohort", str(cohort), "--method", "fedavg", "--rounds", "1", "--no-progress", "--seeds",
+          str(MAX_SEED), "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json")])
+    assert (tmp_path / "r.json").is_file()
+
+
+def test_a_matching_param_goal_is_the_same_run(cohort, tmp_path, capsys):
+    """--param goal=diversity with --goal diversity says the same thing twice: taken."""
+    import json
+
+    main(["train", "--cohort", str(cohort), "--method", "abps", "--goal", "Diversity", "--param", "goal=diversity",
+          "--rounds", "1", "--no-progress", "--tracking-uri", f"sqlite:///{tmp_path}/ml.db",
+          "--output", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text())["config"]["params"]["goal"] == "diversity"
+
+
+_VV = ("benchmark: vv\nname: vv-t\nsimulation: {{n_nodes: 4, degree: 2, ticks: 2, t_acquisition: 1, eval_every: 10, "
+       "test_subset: 50, target_accuracy: 0.5, lr: 0.01}}\narms: [{{name: plain, averaging: plain}}]\n{extra}")
+
+
+@pytest.mark.parametrize(("extra", "options", "words"), [
+    ("threads: -3\n", [], "vv config threads: an integer from 0"),
+    ("threads: abc\n", [], "vv config threads: an integer from 0"),
+    ("threads: [1, 2]\n", [], "vv config threads: an integer from 0"),
+    ("seeds: [18446744073709551616]\n", [], "seeds must be a list of integers from 0 to"),
+    ("tracking: {enabled: false}\n", ["--tracking-uri", "sqlite:///X/ml.db"], "--tracking-uri: this vv config turns tracking off"),
+])
+def test_a_vv_config_refuses(tmp_path, capsys, extra, options, words):
+    cfg = tmp_path / "vv.yaml"
+    cfg.write_text(_VV.format(extra=extra))
+    options = [o.replace("X", str(tmp_path)) for o in options]
+    err = _refused(["train", "--config", str(cfg), "--output", str(tmp_path / "r.json"), *options], capsys)
+    assert words in err, err
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "ml.db").exists()
+
+
+def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nseeds: [9223372036854775808]\nrounds: 1\nmethods: [fedavg]\nexecutor: local\nworkers: 1\n")
+    err = _refused(["sweep", "--config", str(spec), "--cohort", str(cohort),
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert "seeds must be integers from 0 to 2^63 - 1" in err, err
