@@ -86,3 +86,42 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     err = _refused(["sweep", "--config", str(spec), "--cohort", str(cohort),
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert "seeds must be integers from 0 to 2^63 - 1" in err, err
+
+
+_SAGE = ("benchmark: sage\nname: t\ndataset: cifar10\ndata_root: {root}\nn_clients: 3\ngraph: er\n"
+         "selectors: [RG]\ntrain_samples: 120\ntest_samples: 30\n{extra}")
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ("er_p: 1.5\n", "option 'er_p': Input should be less than or equal to 1"),
+    ("ba_m: 0\n", "option 'ba_m'"),
+    ("lr: .nan\n", "option 'lr': Input should be a finite number"),
+    ("train_samples: 100000000\n", "option 'train_samples': 100000000 is more than the 200 training images of cifar10"),
+])
+def test_a_sage_config_refuses(tmp_path, capsys, extra, words):
+    from tests.test_option_matrix_train import _fake_cifar
+
+    _fake_cifar(tmp_path / "cifar")  # 5 training batches of 40 images, 40 test images
+    cfg = tmp_path / "sage.yaml"
+    text = _SAGE.format(root=tmp_path / "cifar", extra=extra)
+    if extra.startswith("train_samples"):
+        text = text.replace("train_samples: 120\n", "")
+    cfg.write_text(text)
+    err = _refused(["train", "--config", str(cfg), "--output", str(tmp_path / "r.json"),
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert words in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_vv_nan_is_not_a_range_error(tmp_path, capsys):
+    cfg = tmp_path / "vv.yaml"
+    cfg.write_text(_VV.format(extra="").replace("lr: 0.01", "lr: 0.01, beta: .nan"))
+    assert "Input should be a finite number" in _refused(["train", "--config", str(cfg)], capsys)
+
+
+def test_a_sweep_names_an_unknown_method_as_its_file_does(cohort, tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nseeds: [1]\nrounds: 1\nmethods: [nosuch]\nexecutor: local\nworkers: 1\n")
+    err = _refused(["sweep", "--config", str(spec), "--cohort", str(cohort),
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert "sweep s: methods: unknown method 'nosuch'; known: " in err and "--method" not in err, err

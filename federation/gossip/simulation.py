@@ -77,7 +77,7 @@ class GossipConfig(BaseModel):
             which replaces its own (Algorithm 1). ``n_nodes`` counts the server (51 = 50 clients).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     n_nodes: int = Field(50, ge=2)
     degree: int = Field(8, ge=1)

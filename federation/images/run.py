@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from etl.errors import InputError
 from etl.images import ImageDataset
 from federation.core.graphs import neighbour_table
 from federation.core.image_metrics import accuracy, confusion_matrices, macro_f1
@@ -280,6 +281,11 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     ds_full, spec = load_dataset(cfg)
+    for key, n, have in (("train_samples", cfg.train_samples, len(ds_full.y_train)),
+                         ("test_samples", cfg.test_samples, len(ds_full.y_test))):
+        if n is not None and n > have:  # a subset larger than the set is not the set: refused, not capped
+            raise InputError(f"sage config: option '{key}': {n} is more than the {have} "
+                             f"{key.split('_')[0].replace('train', 'training')} images of {cfg.dataset}")
     tracker = make_tracker(tracking_uri, experiment)
     name = config_name(cfg)
     target = None

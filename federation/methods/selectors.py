@@ -510,7 +510,7 @@ def increasing_schedule(v: list[int] | tuple[int, ...]) -> list[int] | tuple[int
 class PensOptions(BaseModel):
     """PENS settings: peers merged per round and the share of rounds spent on discovery."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     top_m: int = Field(2, ge=1)
     discovery_fraction: float = Field(0.1, gt=0, le=1)
 
@@ -518,7 +518,7 @@ class PensOptions(BaseModel):
 class PfeddstOptions(BaseModel):
     """PFedDST settings: peers merged per round and the score's alpha and c."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     top_k: int = Field(2, ge=1)
     alpha: float = 1.0
     c: float = 1.0
@@ -530,7 +530,7 @@ class SageConfig(BaseModel):
     Raises (via :func:`parse_config`): InputError naming the offending option.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN is no value: "finite number"
     benchmark: Literal["sage"] = "sage"
     name: str | None = None
     dataset: Literal["fmnist", "cifar10"] = "fmnist"
@@ -538,8 +538,8 @@ class SageConfig(BaseModel):
     n_clients: int = Field(50, ge=2)
     rounds: int = Field(250, ge=1)
     graph: Literal["er", "ba"] = "er"
-    er_p: float = 0.15
-    ba_m: int = 3
+    er_p: float = Field(0.15, gt=0, le=1)
+    ba_m: int = Field(3, ge=1)
     alpha_dir: float = Field(0.1, gt=0)
     seeds: list[int] = [0]
     local_epochs: int = Field(1, ge=1)

@@ -105,7 +105,10 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
     combos = [dict(zip(keys, vals)) for vals in itertools.product(*(spec.options[k] for k in keys))]
     cells: list[Cell] = []
     for entry in spec.methods:
-        cls = get_method(entry.method)
+        try:
+            cls = get_method(entry.method)
+        except InputError as exc:  # the registry speaks of --method; here the name comes from the file
+            raise InputError(f"sweep {spec.name}: methods: {exc}".replace("unknown --method", "unknown method", 1)) from None
         file_cfg: dict[str, Any] = {"method": entry.method}
         if entry.config:
             p = Path(entry.config)
