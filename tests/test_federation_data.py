@@ -83,6 +83,16 @@ def test_missing_file_and_column_raise_input_error(frames, tmp_path):
         FederatedData.from_cohort(tmp_path)
 
 
+def test_a_stay_listed_twice_is_refused_without_its_id(frames, tmp_path):
+    cohort, centers = frames
+    pl.concat([cohort, cohort.head(3)]).write_parquet(tmp_path / "cohort.parquet")
+    centers.write_parquet(tmp_path / "centers.parquet")
+    with pytest.raises(InputError) as err:
+        FederatedData.from_cohort(tmp_path)
+    assert "column 'stay_id' repeats a stay on 3 row(s)" in str(err.value)
+    assert not any(str(s) in str(err.value) for s in cohort["stay_id"].head(3).to_list())
+
+
 # ---- numeric encoding modes ------------------------------------------------------
 
 from federation.core.config import DataConfig  # noqa: E402

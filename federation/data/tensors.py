@@ -369,6 +369,10 @@ class FederatedData:
             if col not in centers.columns:
                 raise InputError(f"{paths['centers']}: missing column {col!r}")
         _check_types(cohort, centers, paths["cohort"], paths["centers"])
+        if "stay_id" in cohort.columns and (extra := cohort.height - cohort["stay_id"].n_unique()) > 0:
+            # a stay twice would count twice (and could sit in two splits); its id is not printed
+            raise InputError(f"{paths['cohort']}: column 'stay_id' repeats a stay on {extra} row(s); "
+                             "the cohort holds one row per ICU stay")
         return cls.from_frames(cohort.select(COHORT_COLUMNS_READ), centers, min_train, source=str(paths["cohort"]),
                                preprocessing=preprocessing)
 
