@@ -494,3 +494,14 @@ def test_a_signal_after_the_command_has_returned(tmp_path, when, code, line):
     p = subprocess.run([sys.executable, str(script), when], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert p.returncode == code and p.stderr.strip() == line, (p.returncode, p.stderr[-800:])
+
+
+def test_a_mimic_dir_from_the_environment_is_named_as_such(tmp_path, monkeypatch, capsys):
+    from cli.app import main
+
+    monkeypatch.setenv("MIMIC_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit) as exc:
+        main(["etl", "--out", str(tmp_path / "cohort")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err == f"error: MIMIC_DIR {tmp_path / 'nowhere'}: not a directory (the " \
+        "environment variable; --mimic-dir names another folder)"
