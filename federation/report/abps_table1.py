@@ -120,13 +120,18 @@ def auroc_cell(r: Table1Row) -> str:
     return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}"
 
 
+def _rounds_cell(rounds: float) -> str:
+    """Rounds run, mean over seeds: a whole number as such (50), else one decimal (early stopping)."""
+    return f"{rounds:.0f}" if math.isfinite(rounds) and float(rounds).is_integer() else fmt(rounds, 1)
+
+
 def table1_markdown(rows: Sequence[Table1Row]) -> str:
     """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds, rest share, and
     the paper's AUROC and bandwidth for the same row (:data:`PAPER_TABLE1`, ``–`` if not a paper row)."""
     head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share",
             "Paper: AUROC (bandwidth)"]
     body = [(r.name, auroc_cell(r), f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
-             fmt(r.rounds_mean, 1), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %",
+             _rounds_cell(r.rounds_mean), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %",
              _paper_cell(r.label))
             for r in rows]
     return md_table(head, body) + "\n" + BANDWIDTH_NOTE + " AUROC: mean test AUROC across centers at the final " \
