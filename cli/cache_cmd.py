@@ -4,6 +4,7 @@ runs ``clear``)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import typer
@@ -47,7 +48,8 @@ def cache_clear() -> None:
 def cache_list() -> None:
     """Show the ETL's chartevents cache and the compiled kernels under $ABPS_CACHE_DIR (else
     $XDG_CACHE_HOME/abps, else ~/.cache/abps): each folder with its files and size, and each
-    chartevents entry with the source file it caches, its rows and size (no row content)."""
+    chartevents entry with the source file it caches (its path; marked when it no longer exists),
+    its rows and size (no row content)."""
     from etl.io import user_cache_dir
 
     total = 0
@@ -65,7 +67,10 @@ def cache_list() -> None:
                 m = json.loads(manifest.read_text())
                 entry = manifest.with_suffix(".parquet")
                 mib = entry.stat().st_size / 2**20 if entry.is_file() else 0.0
-                typer.echo(f"  {entry.name}: {m.get('source_name', '?')}, {int(m['rows']):,} rows, {mib:.1f} MiB")
+                source = m.get("source_path") or m.get("source_name", "?")
+                gone = " (source gone: `abps cache clear` frees it)" if m.get("source_path") and \
+                    not os.path.exists(m["source_path"]) else ""
+                typer.echo(f"  {entry.name}: {source}, {int(m['rows']):,} rows, {mib:.1f} MiB{gone}")
             except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
                 typer.echo(f"  {manifest.name}: unreadable manifest (the entry is rebuilt when next needed)")
     typer.echo(f"cache list: {total / 2**20:.1f} MiB in all")

@@ -229,7 +229,8 @@ def use_cache(con: duckdb.DuckDBPyConnection, table: Table, types: dict[str, str
             return CacheResult(None, "unwritable", None, time.perf_counter() - t0, "source changed while copied")
         try:
             atomic_write_text(manifest_path, json.dumps({**want, "rows": int(rows), "sha256": file_digest(parquet),
-                                                         "source_name": table.path.name}, indent=1))
+                                                         "source_name": table.path.name,
+                                                         "source_path": str(table.path.resolve())}, indent=1))
         except InputError:  # a full disk or a folder made read-only meanwhile: no entry without its manifest
             parquet.unlink(missing_ok=True)
             return CacheResult(None, "unwritable", None, time.perf_counter() - t0, f"cannot write {manifest_path}")

@@ -116,14 +116,17 @@ def test_cache_clear_removes_the_caches(tmp_path: Path, monkeypatch, capsys) -> 
     (root / "kernels" / "k.so").write_bytes(b"y" * 2**19)
     (root / "chartevents" / "a.json").write_text(json.dumps({"source_name": "chartevents.csv.gz", "rows": 1234}))
     (root / "chartevents" / "b.json").write_text("{not json")
+    (root / "chartevents" / "c.json").write_text(json.dumps({"source_name": "chartevents.csv.gz", "rows": 5,
+                                                             "source_path": str(tmp_path / "gone.csv.gz")}))
     keep = tmp_path / "cache-sibling"
     keep.mkdir()
     assert _main(["cache", "list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert listed[0] == f"chartevents: {root / 'chartevents'} (3 files, 1.0 MiB)"
+    assert listed[0] == f"chartevents: {root / 'chartevents'} (4 files, 1.0 MiB)"
     assert listed[1] == "  a.parquet: chartevents.csv.gz, 1,234 rows, 1.0 MiB"
     assert listed[2].startswith("  b.json: unreadable manifest")
-    assert listed[3] == f"kernels: {root / 'kernels'} (1 file, 0.5 MiB)" and listed[-1] == "cache list: 1.5 MiB in all"
+    assert listed[3] == f"  c.parquet: {tmp_path / 'gone.csv.gz'}, 5 rows, 0.0 MiB (source gone: `abps cache clear` frees it)"
+    assert listed[4] == f"kernels: {root / 'kernels'} (1 file, 0.5 MiB)" and listed[-1] == "cache list: 1.5 MiB in all"
     assert root.is_dir()  # listing removes nothing
     assert _main(["cache", "clear"]) == 0
     assert not root.exists() and keep.is_dir()
