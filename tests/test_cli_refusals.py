@@ -125,3 +125,13 @@ def test_a_sweep_names_an_unknown_method_as_its_file_does(cohort, tmp_path, caps
     err = _refused(["sweep", "--config", str(spec), "--cohort", str(cohort),
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert "sweep s: methods: unknown method 'nosuch'; known: " in err and "--method" not in err, err
+
+
+@pytest.mark.parametrize("text", ["method: fedavg\nrounds: true\n", "method: fedavg\nengine: {lr: false}\n"])
+def test_a_flag_where_a_run_config_wants_a_number_is_refused(cohort, tmp_path, capsys, text):
+    """pydantic reads a YAML true / false in a number's place as 1 / 0; the file is refused instead."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    err = _refused(["train", "--config", str(cfg), "--cohort", str(cohort), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json")], capsys)
+    assert err.startswith(f"error: {cfg}: key '") and "a number, not true / false" in err, err

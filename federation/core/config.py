@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import typing
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -25,6 +26,18 @@ from federation.core.checks import count_non_finite
 class _Strict(BaseModel):
     # allow_inf_nan=False: a NaN or infinite number in a config (lr: .inf) is refused up front
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_flag_for_a_number(cls, v: Any, info: Any) -> Any:
+        """``rounds: true`` is refused: pydantic would read a YAML true / false where a number goes
+        as 1 / 0, a value nobody wrote."""
+        if isinstance(v, bool) and info.field_name in cls.model_fields:
+            ann = cls.model_fields[info.field_name].annotation
+            kinds = set(typing.get_args(ann)) or {ann}
+            if bool not in kinds and kinds & {int, float}:
+                raise ValueError("a number, not true / false")
+        return v
 
 
 _Width = Annotated[int, Field(ge=1)]
