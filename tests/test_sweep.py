@@ -129,7 +129,7 @@ def test_bad_sweep_files(tmp_path):
     p.write_text("methods: [fedavg]\nengine: ray\n")  # renamed
     with pytest.raises(InputError, match="`engine:` .* is now called `executor:`"):
         sw.load_sweep(p)
-    with pytest.raises(InputError, match="unknown --method"):
+    with pytest.raises(InputError, match="methods: unknown method"):
         sw.expand_cells(_spec({"methods": ["nosuch"]}), tmp_path, "c")
     with pytest.raises(InputError, match="sweep entry 'fedavg' engine.lr=-1.*engine.lr"):
         sw.expand_cells(_spec({"methods": ["fedavg"], "options": {"engine.lr": [-1]}}), tmp_path, "c")
