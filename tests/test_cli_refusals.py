@@ -135,3 +135,9 @@ def test_a_flag_where_a_run_config_wants_a_number_is_refused(cohort, tmp_path, c
     err = _refused(["train", "--config", str(cfg), "--cohort", str(cohort), "--no-progress",
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json")], capsys)
     assert err.startswith(f"error: {cfg}: key '") and "a number, not true / false" in err, err
+
+
+def test_a_flag_where_a_benchmark_config_wants_a_number_is_refused(tmp_path, capsys):
+    cfg = tmp_path / "vv.yaml"
+    cfg.write_text(_VV.format(extra="").replace("ticks: 2", "ticks: true"))
+    assert "a number, not true / false" in _refused(["train", "--config", str(cfg)], capsys)

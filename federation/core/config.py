@@ -23,9 +23,8 @@ from etl.errors import InputError
 from federation.core.checks import count_non_finite
 
 
-class _Strict(BaseModel):
-    # allow_inf_nan=False: a NaN or infinite number in a config (lr: .inf) is refused up front
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class NumbersNotFlags(BaseModel):
+    """Base of the config models: a YAML true / false where a number goes is refused."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -38,6 +37,11 @@ class _Strict(BaseModel):
             if bool not in kinds and kinds & {int, float}:
                 raise ValueError("a number, not true / false")
         return v
+
+
+class _Strict(NumbersNotFlags):
+    # allow_inf_nan=False: a NaN or infinite number in a config (lr: .inf) is refused up front
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 _Width = Annotated[int, Field(ge=1)]

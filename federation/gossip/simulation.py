@@ -13,12 +13,13 @@ from typing import Literal
 import networkx as nx
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from etl.errors import InputError
 from etl.images import ImageDataset
 from etl.partition import dirichlet_partition, iid_partition
 from federation.core import graphs
+from federation.core.config import NumbersNotFlags
 from federation.core.loop import EvalSchedule, drive
 from federation.core.variance import correct_flat, flat_layer_variance
 from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
@@ -38,7 +39,7 @@ from federation.gossip.model import (
 TL_THRESHOLD_RATIO = 0.8 / 0.9
 
 
-class GossipConfig(BaseModel):
+class GossipConfig(NumbersNotFlags):
     """One gossip-learning simulation (defaults: the paper's baseline network, Sec. III-A).
 
     Attributes:

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from torch import Tensor
 
 import federation.methods.sage_rule as sage
 from etl.errors import InputError
-from federation.core.config import CheckpointConfig
+from federation.core.config import CheckpointConfig, NumbersNotFlags
 from federation.methods.probe import ProbeTable
 from federation.methods.registry import SELECTORS, canonical_selector, register_selector
 
@@ -507,7 +507,7 @@ def increasing_schedule(v: list[int] | tuple[int, ...]) -> list[int] | tuple[int
     return v
 
 
-class PensOptions(BaseModel):
+class PensOptions(NumbersNotFlags):
     """PENS settings: peers merged per round and the share of rounds spent on discovery."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -515,7 +515,7 @@ class PensOptions(BaseModel):
     discovery_fraction: float = Field(0.1, gt=0, le=1)
 
 
-class PfeddstOptions(BaseModel):
+class PfeddstOptions(NumbersNotFlags):
     """PFedDST settings: peers merged per round and the score's alpha and c."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -524,7 +524,7 @@ class PfeddstOptions(BaseModel):
     c: float = 1.0
 
 
-class SageConfig(BaseModel):
+class SageConfig(NumbersNotFlags):
     """A SAGE benchmark configuration (configs/sage-*.yaml; defaults = the paper's Sec. V).
 
     Raises (via :func:`parse_config`): InputError naming the offending option.
