@@ -48,7 +48,7 @@ def test_cli_page_lists_every_command_and_option():
                     assert f"`{opt}`" in section, (full, opt)
     # a default and a help text arrive as the code states them
     train = page.split("## `abps train`", 1)[1].split("\n## ", 1)[0]
-    assert "| `--threads` | integer >= 0 |" in train and "| `0` | torch CPU threads (0 = torch default) |" in train
+    assert "| `--threads` | integer in [0, 1024] |" in train and "| `0` | torch CPU threads (0 = torch default; at most 1024) |" in train
 
 
 def test_config_page_lists_every_key_with_type_and_default():

@@ -92,8 +92,8 @@ def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
     assert any("abps: 1 earlier run(s) with another configuration left out" in n for n in doc["notes"])
 
     md = (out / "table1.md").read_text()
-    assert "| FedAvg | 0.720 ± 0.020 | 1.00× | 2 | 2.0 |" in md
-    assert "| ABPS (base, κ=3) | 0.780 ± 0.016 | 1.50× | 3 | 2.0 |" in md
+    assert "| FedAvg | 0.720 ± 0.020 | 1.00× | 2 | 2 |" in md
+    assert "| ABPS (base, κ=3) | 0.780 ± 0.016 | 1.50× | 3 | 2 |" in md
     with open(out / "table1.csv") as fh:
         csv_rows = {r["label"]: r for r in csv.DictReader(fh)}
     assert float(csv_rows["abps"]["bandwidth"]) == pytest.approx(1.5)

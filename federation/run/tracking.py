@@ -189,6 +189,14 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+def _engine_uri(uri: str) -> str:
+    """The URI handed to MLflow: a relative sqlite path made absolute. MLflow keeps one database
+    engine per URI string for the process, so ``sqlite:///mlflow/mlflow.db`` would otherwise go
+    on writing to the first working directory's store after a change of directory."""
+    db = _sqlite_path(uri)
+    return f"sqlite:///{db.resolve()}" if db is not None and not db.is_absolute() else uri
+
+
 def store_lock(uri: str, timeout_s: float = 600.0) -> contextlib.AbstractContextManager[Any]:
     """An inter-process lock for one-time store work (schema creation, experiment creation):
     a :class:`filelock.FileLock` on ``<db>.lock`` beside a sqlite store; no lock for other
@@ -280,7 +288,7 @@ def open_client(uri: str, write: bool = True) -> Any:
     lock = store_lock(uri) if write or db is None or not db.is_file() else contextlib.nullcontext()
     try:
         with lock:
-            client = MlflowClient(uri)
+            client = MlflowClient(_engine_uri(uri))
             client.search_experiments(max_results=1)  # creates / upgrades the schema
     except InputError:
         raise
