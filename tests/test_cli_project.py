@@ -77,7 +77,7 @@ def test_first_hour_etl_then_train_goal_then_runs(project: Path, mimic_demo_dir:
     assert f"{auroc['mean']:.3f} +- {auroc['std']:.3f}" in line
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient("sqlite:///mlflow/mlflow.db")
+    client = MlflowClient(f"sqlite:///{project}/mlflow/mlflow.db")  # absolute: MLflow caches engines per URI
     exp = client.get_experiment_by_name("cohort_iid").experiment_id
     (run,) = client.search_runs([exp], "tags.method = 'abps-div' and tags.seed = '11'")
     rest = doc["seeds"]["11"]["method_summary"]["rest_share_mean"]  # isolation: mean over rounds

@@ -57,7 +57,7 @@ def test_goal_named_everywhere_and_one_bandwidth_and_isolation(project: Path, ca
         {"abps-goal-diversity", "abps-div", "fedavg"}
 
     # the default experiment is the cohort's folder name; a model-training experiment
-    client = MlflowClient("sqlite:///mlflow/mlflow.db")
+    client = MlflowClient(f"sqlite:///{project}/mlflow/mlflow.db")  # absolute: MLflow caches engines per URI
     exp = client.get_experiment_by_name("icu5")
     assert exp is not None and exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
@@ -128,13 +128,13 @@ def test_mlflow_environment_variables_are_honoured(project: Path, tmp_path_facto
     assert _main(["report", "--out", "rep", "--no-log"]) == 0 and "report of team" in capsys.readouterr().out
     # --tracking-uri / --experiment win over the variables
     assert _train("--method", "fedavg", "--tracking-uri", "sqlite:///own.db", "--experiment", "mine") == 0
-    assert MlflowClient("sqlite:///own.db").get_experiment_by_name("mine") is not None
+    assert MlflowClient(f"sqlite:///{project}/own.db").get_experiment_by_name("mine") is not None
     assert MlflowClient(f"sqlite:///{elsewhere}").get_experiment_by_name("mine") is None
     # neither set: the project's store and the cohort's experiment
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
     assert _train("--method", "fedavg") == 0
-    assert MlflowClient("sqlite:///mlflow/mlflow.db").get_experiment_by_name("icu5") is not None
+    assert MlflowClient(f"sqlite:///{project}/mlflow/mlflow.db").get_experiment_by_name("icu5") is not None
 
 
 def test_ui_on_a_taken_port_is_one_line_and_fails(project: Path) -> None:
