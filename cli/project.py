@@ -16,6 +16,7 @@ import typer
 
 from etl.errors import InputError
 from etl.io import atomic_write_text, folder_name
+from federation.core.limits import MAX_SEED
 
 #: help of ``--tracking-uri``, one text on every command that reads or writes MLflow
 TRACKING_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
@@ -160,10 +161,6 @@ def check_out_ignored(out: Path, option: str = "--out", probe_file: str = "cohor
     if not ignored:
         raise InputError(f"{option} {out}: not ignored by git in the work tree {root} ({holds}); "
                          f"add /{rel}/ to its .gitignore, or write outside the repository")
-
-
-#: the largest run seed: torch's generators and NumPy's take a signed 64-bit seed
-MAX_SEED = 2**63 - 1
 
 
 def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:

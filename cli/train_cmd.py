@@ -16,6 +16,7 @@ from cli import project
 from cli.app import app
 from etl.errors import InputError
 from etl.io import check_writable
+from federation.core.limits import MAX_THREADS
 from federation.method_catalog import METHOD_NAMES
 
 
@@ -78,7 +79,8 @@ def train(
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment (default: MLFLOW_EXPERIMENT_NAME, else the cohort's folder name)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
-    threads: int = typer.Option(0, "--threads", min=0, max=1024, help="torch CPU threads (0 = torch default; at most 1024)"),
+    threads: int = typer.Option(0, "--threads", min=0, max=MAX_THREADS,
+                                 help=f"torch CPU threads (0 = torch default; at most {MAX_THREADS})"),
     param: list[str] | None = typer.Option(
         None, "--param", help="method parameter NAME=VALUE (YAML value), repeatable; e.g. --param goal=diversity"
     ),

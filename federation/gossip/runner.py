@@ -17,13 +17,11 @@ from pydantic import ValidationError
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
 from federation.core.config import CheckpointConfig
+from federation.core.limits import MAX_THREADS
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
 from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id, logged_steps
 from federation.run.results import write_results
 from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
-
-#: the most torch CPU threads a config or ``--threads`` may ask for
-MAX_THREADS = 1024
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
              "threads", "checkpoint"}

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from etl.errors import InputError
 from federation.core.config import load_yaml
+from federation.core.limits import MAX_SEED
 
 __all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
 
@@ -106,7 +107,7 @@ class SweepSpec(_Strict):
     def _unique_seeds(cls, v: list[int]) -> list[int]:
         if len(set(v)) != len(v):
             raise ValueError("a seed is listed twice")
-        if any(s < 0 or s > 2**63 - 1 for s in v):
+        if any(s < 0 or s > MAX_SEED for s in v):
             raise ValueError("seeds must be integers from 0 to 2^63 - 1")
         return v
 
