@@ -37,7 +37,8 @@ def peer(
     peers: Path = typer.Option(..., "--peers", help="peers file: one line 'center_id host:port' per center"),
     method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(METHOD_NAMES)}"),
     seed: int = typer.Option(..., "--seed", help="run seed (the same on every peer)"),
-    output: Path = typer.Option(..., "--output", help="this peer's result JSON"),
+    output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE",
+                               help="this peer's result JSON"),
     certs: Path | None = typer.Option(None, "--certs", help="folder with ca.pem and center-<i>.pem / .key "
                                       "(made by abps launch)"),
     insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC without certificates (a test network only)"),
@@ -47,9 +48,10 @@ def peer(
     listen: str | None = typer.Option(None, "--listen", help="host:port to listen on (default: this center's "
                                       "address in --peers)"),
     timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds to wait for a peer's message in a round"),
-    capture: Path | None = typer.Option(None, "--capture", help="also append every message sent to this file"),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="write this center's round state here "
-                                           "after every round"),
+    capture: Path | None = typer.Option(None, "--capture", parser=project.file_path, metavar="FILE",
+                                        help="also append every message sent to this file"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", parser=project.file_path, metavar="FILE",
+                                           help="write this center's round state here after every round"),
     rejoin: bool = typer.Option(False, "--rejoin", help="rejoin a running federation: replay its public log, "
                                 "take the own model from --checkpoint"),
     await_rejoin: bool = typer.Option(False, "--await-rejoin", help="coordinator: hold the next round for a "
@@ -97,7 +99,7 @@ def launch(
     method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(METHOD_NAMES)}"),
     cohort: Path = typer.Option(..., "--cohort", help="cohort directory (each peer reads only its own center's rows)"),
     seed: int = typer.Option(0, "--seed", help="run seed"),
-    output: Path = typer.Option(..., "--output", help="results.json path"),
+    output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE", help="results.json path"),
     local: int | None = typer.Option(None, "--local", min=1, help="start N peers on this host, one per center"),
     peers: Path | None = typer.Option(None, "--peers", help="peers file: 'center_id host:port [command prefix]' "
                                       "per center (prefix e.g. 'ssh site-b' or 'ip netns exec site-b')"),

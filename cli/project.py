@@ -22,6 +22,20 @@ from federation.core.limits import MAX_SEED
 TRACKING_URI_HELP = "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else this project's sqlite:///mlflow/mlflow.db)"
 
 
+def file_path(value: str) -> Path:
+    """The value of an option that names a file to write (``--output``, ``--capture``,
+    ``--checkpoint``): refused when it ends in a path separator, which names a folder (typer's
+    ``Path`` would drop the separator and write a file of that folder's name).
+
+    Raises:
+        typer.BadParameter: ``value`` ends in ``/`` (or the platform's separator).
+    """
+    if value.endswith(("/", os.sep)):
+        raise typer.BadParameter(f"{value} ends in {value[-1]}, which names a folder; give a file such as "
+                                 f"{value}results.json")
+    return Path(value)
+
+
 def tracking_uri_option() -> Any:
     """The ``--tracking-uri`` option (default None: MLFLOW_TRACKING_URI, else the project's store)."""
     return typer.Option(None, "--tracking-uri", help=TRACKING_URI_HELP)

@@ -70,7 +70,7 @@ def train(
     config: Path | None = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
     output: Path | None = typer.Option(
-        None, "--output", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
+        None, "--output", parser=project.file_path, metavar="FILE", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
     resume: bool = typer.Option(
         False, "--resume", help="go on from the last checkpointed round of a stopped run (same options; its "
@@ -117,8 +117,8 @@ def train(
         if resume and not (output or file_cfg.get("output")):  # the newest checkpoint of this config's runs
             output = project.latest_checkpointed_output(where, label)
         out_path = Path(output or file_cfg.get("output") or project.run_output(where, label))
+        check_writable(out_path, "--output")  # a folder is named as one before "exists; give --force"
         project.check_output(out_path, force)
-        check_writable(out_path, "--output")
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
             file_cfg = {**file_cfg, bench.threads_key: threads}
         try:  # a bad option of the file is refused before anything runs, naming the file

@@ -141,3 +141,35 @@ def test_a_flag_where_a_benchmark_config_wants_a_number_is_refused(tmp_path, cap
     cfg = tmp_path / "vv.yaml"
     cfg.write_text(_VV.format(extra="").replace("ticks: 2", "ticks: true"))
     assert "a number, not true / false" in _refused(["train", "--config", str(cfg)], capsys)
+
+
+def _file_options() -> list[tuple[tuple[str, ...], str]]:
+    """(command path, option) of every option of the app that names a file to write."""
+    from cli.project import file_path
+    from tests.option_matrix import commands
+
+    return [(path, max(p.opts, key=len)) for path, cmd in commands().items() for p in cmd.params
+            if getattr(getattr(p, "type_descriptor", None), "parameter_info", None) is not None
+            and p.type_descriptor.parameter_info.parser is file_path]
+
+
+def test_every_output_option_is_a_file_option():
+    """Each --output, --capture and --checkpoint of the app is read by cli.project.file_path, so
+    a new one cannot silently take a folder path."""
+    from tests.option_matrix import commands
+
+    names = {"--output", "--capture", "--checkpoint"}
+    declared = {(path, max(p.opts, key=len)) for path, cmd in commands().items() for p in cmd.params
+                if names & set(getattr(p, "opts", ()))}
+    assert declared and declared == set(_file_options())
+
+
+@pytest.mark.parametrize(("path", "option"), _file_options())
+def test_a_file_option_refuses_a_folder_path(path, option, tmp_path, capsys):
+    """`--output DIR/` names a folder: refused, where typer's Path would drop the slash and write
+    a file called DIR."""
+    target = tmp_path / "runs"
+    err = _refused([*path, option, f"{target}/"], capsys)
+    assert err == (f"error: Invalid value for '{option}': {target}/ ends in /, which names a folder; give a file "
+                   f"such as {target}/results.json"), err
+    assert not target.exists()
