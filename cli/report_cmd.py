@@ -22,12 +22,14 @@ def report(
         "abps runs)"),
     tracking_uri: str | None = project.tracking_uri_option(),
     no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a `report` run in MLflow"),
+    force: bool = typer.Option(False, "--force", help="replace a report of another experiment in --out (an "
+                               "earlier report of the same experiment is always brought up to date)"),
 ) -> None:
     """Rebuild Table 1, Figure 3 and the bytes-to-target table (and the SAGE / variance-correction tables when such runs exist)."""
     from cli.runs_cmd import default_experiment
     from federation.report import write_report
 
     experiment = default_experiment(experiment, tracking_uri)
-    doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log)
+    doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log, force=force)
     done = ", ".join(doc["sections"]) or "no section (no FINISHED run with a defined final AUROC: check that the runs finished and that some centers' test splits hold both classes)"
     typer.echo(f"report of {experiment}: {done} -> {out / 'report.md'}")

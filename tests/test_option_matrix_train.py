@@ -99,6 +99,11 @@ def _existing_output(scratch: Path) -> None:
     (scratch / "r.json").write_text('{"earlier": true}\n')
 
 
+def _other_report(scratch: Path) -> None:
+    (scratch / "rep").mkdir()
+    (scratch / "rep" / "report.json").write_text('{"experiment": "other", "sections": {}}\n')
+
+
 _TRAIN = ["--seeds", "1", "--rounds", "1", "--output", "r.json", "--tracking-uri", "sqlite:///m.db", "--no-progress"]
 
 _COMMON = {
@@ -168,6 +173,7 @@ KINDS = [
                                            "sqlite:///mlflow/mlflow.db"],
          {"experiment": lambda i: Probe(["--experiment", "nosuch"]),
           "out": lambda i: Probe(["--out", "rep2"]),
+          "force": lambda i: Probe(["--force"], setup=_other_report),
           "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///other.db"])}, setup=_store_setup),
     Kind(("ui",), "ui", lambda i: ["--tracking-uri", "sqlite:///mlflow/mlflow.db"],
          {"host": lambda i: Probe(["--host", "0.0.0.0"]),

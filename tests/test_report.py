@@ -189,6 +189,27 @@ def test_empty_experiment_and_missing_experiment(store, tmp_path):
         rp.write_report("nosuch", tmp_path / "r2", uri)
 
 
+def test_a_report_folder_of_another_experiment_needs_force(store, tmp_path):
+    """An earlier report of the same experiment is brought up to date; one of another experiment,
+    or report-named files no report wrote, are replaced only with force, and kept until then."""
+    uri, client, _ = store
+    client.create_experiment("other", artifact_location=(tmp_path / "art2").as_uri())
+    out = tmp_path / "r"
+    rp.write_report("hand", out, uri, log_to_mlflow=False)
+    rp.write_report("hand", out, uri, log_to_mlflow=False)  # the same experiment: refreshed
+    with pytest.raises(InputError, match=r"^--out .*/r: holds the report of experiment 'hand'; give --force"):
+        rp.write_report("other", out, uri, log_to_mlflow=False)
+    assert json.loads((out / "report.json").read_text())["experiment"] == "hand"
+    rp.write_report("other", out, uri, log_to_mlflow=False, force=True)
+    assert json.loads((out / "report.json").read_text())["experiment"] == "other"
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "report.md").write_text("my own notes\n")
+    with pytest.raises(InputError, match=r"holds report.md, which no abps report wrote; give --force"):
+        rp.write_report("hand", mine, uri, log_to_mlflow=False)
+    assert (mine / "report.md").read_text() == "my own notes\n"
+
+
 def test_report_from_a_tiny_sweep(tmp_path):
     from federation.data.synthetic import write_fedprox_cohort
     from federation.sweep import SweepSpec, run_sweep

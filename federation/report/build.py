@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from etl.errors import InputError
 from etl.io import atomic_output_dir
 from federation.report.abps_table1 import BANDWIDTH_NOTE, DISPLAY, figure3, table1, table1_markdown
 from federation.report.clinical import FILES as CLINICAL_FILES
@@ -93,12 +94,18 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
 
 
 def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None = None,
-                 log_to_mlflow: bool = True) -> dict[str, Any]:
+                 log_to_mlflow: bool = True, force: bool = False) -> dict[str, Any]:
     """Build the report of ``experiment`` into ``out_dir`` (atomically) and log it to a ``report`` run.
 
+    An earlier report of the same experiment in ``out_dir`` is brought up to date; report files of
+    another experiment, or ones no report wrote, are replaced only with ``force``
+    (:func:`check_report_folder`).
+
     Raises:
-        InputError: the experiment does not exist in the store.
+        InputError: the experiment does not exist in the store, or ``out_dir`` holds report files
+            of another experiment (or of no report) and ``force`` is False.
     """
+    check_report_folder(Path(out_dir), experiment, force)
     tracker = Tracker(tracking_uri, experiment, create=False)
     with atomic_output_dir(out_dir) as tmp:
         doc = build_report(tracker, experiment, Path(tmp))
@@ -114,6 +121,32 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
                     tracker.log_file(p)
         doc["report_run_id"] = rid
     return doc
+
+
+def check_report_folder(out: Path, experiment: str, force: bool) -> None:
+    """Refuse, unless ``force``, a report folder ``out`` whose files the new report would replace
+    and that are not an earlier report of ``experiment``: its ``report.json`` names another
+    experiment, or report-named files (``report.md``, ``table1.csv`` ...) lie there without a
+    ``report.json`` that a report wrote.
+
+    Raises:
+        InputError: one line naming ``--out``, the folder and what it holds.
+    """
+    if force or not out.is_dir():
+        return
+    held = sorted(p.name for p in out.iterdir() if p.name in _ALL_REPORT_FILES)
+    if not held:
+        return
+    try:
+        earlier = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        owner = earlier["experiment"] if isinstance(earlier, dict) and "sections" in earlier else None
+    except (OSError, ValueError, KeyError):
+        owner = None
+    if owner == experiment:
+        return
+    what = (f"the report of experiment {owner!r}" if isinstance(owner, str)
+            else f"{', '.join(held[:3])}{' ...' if len(held) > 3 else ''}, which no abps report wrote")
+    raise InputError(f"--out {out}: holds {what}; give --force to replace it, or another --out")
 
 
 _ALL_REPORT_FILES = frozenset(
