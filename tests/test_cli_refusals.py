@@ -173,3 +173,26 @@ def test_a_file_option_refuses_a_folder_path(path, option, tmp_path, capsys):
     assert err == (f"error: Invalid value for '{option}': {target}/ ends in /, which names a folder; give a file "
                    f"such as {target}/results.json"), err
     assert not target.exists()
+
+
+def test_a_model_larger_than_the_machine_is_refused(cohort, tmp_path, capsys):
+    """An absurd width is refused in one line before anything is allocated (it reached the
+    kernel's out-of-memory kill); the bound counts the stacked parameters as torch holds them."""
+    import os
+
+    from federation.data.tensors import FederatedData
+    from federation.engine.mlp import init_params, stacked_param_count
+
+    fd = FederatedData.from_cohort(cohort)
+    held = init_params(fd.d, (7, 5), fd.n_centers, 0)
+    assert stacked_param_count(fd.d, (7, 5), fd.n_centers) == sum(t.numel() for t in held.values())
+    cfg = tmp_path / "huge.yaml"
+    cfg.write_text("method: fedavg\nengine: {hidden: [100000000, 100000000]}\n")
+    err = _refused(["train", "--cohort", str(cohort), "--config", str(cfg), "--rounds", "1", "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json")], capsys)
+    need = 16 * stacked_param_count(fd.d, (10**8, 10**8), fd.n_centers) / 2**30
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert err == (f"error: engine.hidden [100000000, 100000000]: {fd.n_centers} centers' models with {fd.d} features "
+                   f"need at least {need:,.1f} GiB (parameters, gradients and Adam moments), more than this machine's "
+                   f"{have:,.1f} GiB"), err
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "ml.db").exists()

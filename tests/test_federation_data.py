@@ -93,6 +93,39 @@ def test_a_stay_listed_twice_is_refused_without_its_id(frames, tmp_path):
     assert not any(str(s) in str(err.value) for s in cohort["stay_id"].head(3).to_list())
 
 
+@pytest.mark.parametrize("damage", ["twice", "lacks", "extra", "n_train", "n_test"])
+def test_centers_that_contradict_the_cohort_are_refused(frames, tmp_path, damage):
+    """centers.parquet describes cohort.parquet's centers: one row per center of the cohort, none
+    without rows, and its split counts are the cohort's."""
+    cohort, centers = frames
+    first = centers["center_id"][0]
+    bad = {
+        "twice": lambda c: pl.concat([c, c.head(1)]),
+        "lacks": lambda c: c.tail(c.height - 1),
+        "extra": lambda c: pl.concat([c, c.head(1).with_columns(pl.lit("ghost").alias("center_id"))]),
+        "n_train": lambda c: c.with_columns(pl.when(pl.col("center_id") == first).then(pl.col("n_train") + 1)
+                                            .otherwise(pl.col("n_train")).alias("n_train")),
+        "n_test": lambda c: c.with_columns(pl.when(pl.col("center_id") == first).then(0)
+                                           .otherwise(pl.col("n_test")).alias("n_test")),
+    }[damage](centers)
+    cohort.write_parquet(tmp_path / "cohort.parquet")
+    bad.write_parquet(tmp_path / "centers.parquet")
+    n_train = int(centers["n_train"][0])
+    n_test = int(cohort.filter((pl.col("center_id") == first) & (pl.col("split") == "test")).height)
+    words = {
+        "twice": f"{tmp_path}/centers.parquet: column 'center_id' is not unique",
+        "lacks": f"{tmp_path}/centers.parquet: 1 center(s) of cohort.parquet have no row here",
+        "extra": f"{tmp_path}/centers.parquet: center 'ghost' has no row in cohort.parquet",
+        "n_train": f"{tmp_path}/centers.parquet: column 'n_train' of center {first!r} is {n_train + 1}, but "
+                   f"cohort.parquet holds {n_train} train row(s) of it",
+        "n_test": f"{tmp_path}/centers.parquet: column 'n_test' of center {first!r} is 0, but cohort.parquet "
+                  f"holds {n_test} test row(s) of it",
+    }[damage]
+    with pytest.raises(InputError) as err:
+        FederatedData.from_cohort(tmp_path)
+    assert str(err.value) == words
+
+
 # ---- numeric encoding modes ------------------------------------------------------
 
 from federation.core.config import DataConfig  # noqa: E402

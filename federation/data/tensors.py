@@ -50,7 +50,9 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
 
     The label must be 0/1 without nulls; numeric and binary features must be numbers (nulls are
     allowed and imputed, infinities are not); ``center_id`` must be text in both files and
-    every cohort center must have a row in centers.parquet; metadata must be finite numbers.
+    every cohort center must have a row in centers.parquet, which lists each center once, none
+    without rows, with the cohort's ``n_train`` / ``n_val`` / ``n_test``; metadata must be finite
+    numbers.
     """
     for frame, path in ((cohort, cohort_path), (centers, centers_path)):
         if frame.schema["center_id"] != pl.Utf8:
@@ -79,6 +81,20 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
         raise InputError(f"{centers_path}: {len(missing)} center(s) of cohort.parquet have no row here")
     if centers["center_id"].n_unique() != centers.height:
         raise InputError(f"{centers_path}: column 'center_id' is not unique")
+    if empty := sorted(set(centers["center_id"].to_list()) - set(cohort["center_id"].unique().to_list())):
+        raise InputError(f"{centers_path}: center {empty[0]!r} has no row in {cohort_path.name}"
+                         f"{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}")
+    # its split counts are the cohort's (center ids are named; no patient value is)
+    counts = cohort.group_by("center_id").agg([(pl.col("split") == s).sum().alias(f"_n_{s}") for s in SPLITS])
+    joined = centers.join(counts, on="center_id", how="left")
+    for s in SPLITS:
+        col = f"n_{s}"
+        if col in centers.columns:
+            bad = joined.filter(pl.col(col).cast(pl.Int64, strict=False).ne_missing(pl.col(f"_n_{s}")))
+            if bad.height:
+                row = bad.row(0, named=True)
+                raise InputError(f"{centers_path}: column {col!r} of center {row['center_id']!r} is {row[col]}, but "
+                                 f"{cohort_path.name} holds {row[f'_n_{s}']} {s} row(s) of it")
 
 
 _REQUIRED = object()
@@ -368,11 +384,11 @@ class FederatedData:
         for col in ("center_id", *META_COLUMNS):
             if col not in centers.columns:
                 raise InputError(f"{paths['centers']}: missing column {col!r}")
-        _check_types(cohort, centers, paths["cohort"], paths["centers"])
         if "stay_id" in cohort.columns and (extra := cohort.height - cohort["stay_id"].n_unique()) > 0:
             # a stay twice would count twice (and could sit in two splits); its id is not printed
             raise InputError(f"{paths['cohort']}: column 'stay_id' repeats a stay on {extra} row(s); "
                              "the cohort holds one row per ICU stay")
+        _check_types(cohort, centers, paths["cohort"], paths["centers"])
         return cls.from_frames(cohort.select(COHORT_COLUMNS_READ), centers, min_train, source=str(paths["cohort"]),
                                preprocessing=preprocessing)
 

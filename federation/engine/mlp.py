@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adam import adam as _adam
 
+from etl.errors import InputError
 from federation.core.config import EngineConfig
 from federation.core.metrics import batched_auroc
 from federation.core.seeding import M32, hash32, mix_seed
@@ -215,6 +216,32 @@ class Batch:
 LocalLoss = Callable[[StackedParams, Batch], torch.Tensor]
 
 
+def stacked_param_count(d: int, hidden: tuple[int, int], n: int) -> int:
+    """Parameters of ``n`` stacked MLPs ``d -> hidden[0] -> hidden[1] -> 1`` (weights and biases)."""
+    h1, h2 = int(hidden[0]), int(hidden[1])
+    return n * (d * h1 + h1 + h1 * h2 + h2 + h2 + 1)
+
+
+def check_model_fits(d: int, hidden: tuple[int, int], n: int) -> None:
+    """Refuse, before anything is allocated, a model whose stacked parameters, gradients and two
+    Adam moments (four float32 copies: a lower bound of what training holds) exceed this
+    machine's physical memory; without it a width such as ``hidden: [100000000, 100000000]``
+    ends in the kernel's out-of-memory kill, without a message.
+
+    Raises:
+        InputError: naming ``engine.hidden``, the centers and the bytes needed.
+    """
+    need = 4 * 4 * stacked_param_count(d, hidden, n)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform: nothing to compare with
+        return
+    if need > have:
+        raise InputError(f"engine.hidden {list(hidden)}: {n} centers' models with {d} features need at least "
+                         f"{need / 2**30:,.1f} GiB (parameters, gradients and Adam moments), more than this "
+                         f"machine's {have / 2**30:,.1f} GiB")
+
+
 def init_params(d: int, hidden: tuple[int, int], n: int, seed: int) -> StackedParams:
     """Stacked parameters, every center starting from the same draw.
 
@@ -298,6 +325,7 @@ class StackedEngine:
     prefetch_bytes: int = 256 * 2**20
 
     def __init__(self, data: FederatedData, cfg: EngineConfig, seed: int) -> None:
+        check_model_fits(data.d, cfg.hidden, data.n_centers)
         tune_allocator()
         self.data = data
         self.cfg = cfg

@@ -33,7 +33,7 @@ from federation.data.load import federation_id, load_federation
 from federation.data.tensors import FederatedData
 from federation.engine import kernels
 from federation.engine.mixing import apply_momentum, check_row_stochastic
-from federation.engine.mlp import AdamState, StackedParams
+from federation.engine.mlp import AdamState, StackedParams, check_model_fits
 from federation.methods import Context, Method, get_method
 from federation.methods.registry import run_label
 from federation.run import checkpoint
@@ -484,6 +484,8 @@ def run_training(
         check_writable(out, "--output")  # before the work, not after it
     data = load_federation(cohort_dir, min_train=cfg.min_train, preprocessing=cfg.data)
     _real_world(cfg, cls, data, seeds[0] if seeds else 0, 0)  # bad trace / profile files fail before MLflow starts
+    if isinstance(data, FederatedData):  # a model larger than the machine fails before MLflow starts too
+        check_model_fits(data.d, cfg.engine.hidden, data.n_centers)
     cid = federation_id(cohort_dir)
     chash = config_hash(cfg, cid)  # runs of one method with different configs are told apart (abps runs)
     results: list[RunResult] = []
