@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -60,3 +61,14 @@ def test_written_cohort_loads(tmp_path):
 
     data = FederatedData.from_cohort(tmp_path / "tune")
     assert int(data.splits["test"].n.sum()) == counts["test"]
+    # centers.parquet describes the tuning cohort: its train split sizes and v_i over that split
+    centers = pl.read_parquet(tmp_path / "tune" / "centers.parquet")
+    source = pl.read_parquet(synth_cohort_dir / "centers.parquet")
+    assert centers["center_id"].to_list() == source["center_id"].to_list() and centers.columns == source.columns
+    tune = pl.read_parquet(tmp_path / "tune" / "cohort.parquet").filter(pl.col("split") == "train")
+    per = tune.group_by("center_id").agg(pl.len().alias("n"), pl.col("label").cast(pl.Float64).mean().alias("p"))
+    got = centers.join(per, on="center_id")
+    assert got["n_train"].to_list() == got["n"].to_list() and int(got["n"].sum()) == counts["train"]
+    np.testing.assert_allclose(got["meta_log_n_train"].to_numpy(), np.log(got["n"].to_numpy()), rtol=1e-15)
+    np.testing.assert_allclose(got["meta_pos_rate"].to_numpy(), got["p"].to_numpy(), rtol=1e-15)
+    assert (centers["n_train"] < source["n_train"]).all()

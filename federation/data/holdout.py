@@ -22,6 +22,10 @@ import polars as pl
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir, cohort_digests
+from etl.pipeline import center_metadata
+
+#: centers.parquet columns that describe the center itself, not its rows: copied as they are
+KEEP_COLUMNS = ("center_id", "care_unit", "window_start", "window_end")
 
 MANIFEST = "holdout_manifest.json"
 
@@ -51,8 +55,20 @@ def holdout_splits(cohort: pl.DataFrame, fraction: float, seed: int) -> pl.DataF
         .drop("_u", "_r", "_n")
 
 
+def tuning_centers(centers: pl.DataFrame, cohort: pl.DataFrame) -> pl.DataFrame:
+    """``centers`` (the source's centers.parquet) with the split sizes, ``pos_rate`` and the
+    metadata vector v_i recomputed over the tuning ``cohort`` (:func:`etl.pipeline.center_metadata`:
+    v_i describes the train split the methods see); rows, their order and any other column kept."""
+    fresh = center_metadata(cohort.join(centers.select("center_id", "window_start", "window_end"),
+                                        on="center_id", how="left"))
+    redo = [c for c in fresh.columns if c in centers.columns and c not in KEEP_COLUMNS]
+    return centers.drop(redo).join(fresh.select("center_id", *redo), on="center_id", how="left",
+                                   maintain_order="left").select(centers.columns)
+
+
 def tuning_cohort(cohort_dir: str | Path, out: str | Path, fraction: float = 0.2, seed: int = 0) -> dict[str, int]:
-    """Write the tuning cohort of ``cohort_dir`` into ``out`` (atomically; centers.parquet copied).
+    """Write the tuning cohort of ``cohort_dir`` into ``out`` (atomically; centers.parquet with the
+    tuning cohort's split sizes and metadata, :func:`tuning_centers`).
 
     Returns the row counts per split of the new cohort. Raises InputError for a missing file.
     """
@@ -64,9 +80,10 @@ def tuning_cohort(cohort_dir: str | Path, out: str | Path, fraction: float = 0.2
         raise InputError(f"OUT_DIR {out}: is the source cohort folder; choose another folder")
     new = holdout_splits(pl.read_parquet(src / "cohort.parquet"), fraction, seed)
     counts = {s: int((new["split"] == s).sum()) for s in ("train", "val", "test")}
+    centers = tuning_centers(pl.read_parquet(src / "centers.parquet"), new)
     with atomic_output_dir(out) as tmp:
         new.write_parquet(tmp / "cohort.parquet")
-        pl.read_parquet(src / "centers.parquet").write_parquet(tmp / "centers.parquet")
+        centers.write_parquet(tmp / "centers.parquet")
         (tmp / MANIFEST).write_text(json.dumps({"source": str(src), "fraction": fraction, "seed": seed,
                                                 "rows": counts, "files": cohort_digests(tmp)}, indent=2))
     return counts
