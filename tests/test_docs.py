@@ -247,15 +247,21 @@ def test_every_documented_etl_output_folder_is_ignored_by_git():
     outs = {}
     for path in texts:
         for line in path.read_text(encoding="utf-8").splitlines():
-            if "abps etl" not in line:
+            if "federation.data.holdout " in line:  # a tuning cohort: COHORT_DIR OUT_DIR, rows copied
+                args = [a for a in re.split(r"`|&&|;", line.split("federation.data.holdout ", 1)[1])[0].split()
+                        if not a.startswith("-")]
+                found = args[1:2]
+            elif "abps etl" in line:
+                command = re.split(r"`|\babps |&&|;", line.split("abps etl", 1)[1])[0]  # to the next command
+                found = [m.group(1) for m in re.finditer(r"--out[ =](\S+)", command)]
+            else:
                 continue
-            command = re.split(r"`|\babps |&&|;", line.split("abps etl", 1)[1])[0]  # to the next command
-            for m in re.finditer(r"--out[ =](\S+)", command):
-                out = m.group(1).strip("`'\"")
+            for out in found:
+                out = out.strip("`'\"")
                 if out.startswith(("/", "$")) or out != out.lower() or re.match(r"^[a-z]/", out):
                     continue
                 outs.setdefault(out.rstrip("/"), path.relative_to(REPO))
-    assert len(outs) >= 5, outs  # the parser still finds the examples
+    assert len(outs) >= 6 and "cohort-tune" in outs, outs  # the parser still finds the examples
     for out, where in outs.items():
         probe = out.replace("$h", "0") + "/cohort.parquet"
         p = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=REPO)
