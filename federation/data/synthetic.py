@@ -14,6 +14,7 @@ import polars as pl
 
 from etl.errors import InputError
 from etl.io import atomic_output_dir, cohort_digests
+from etl.pipeline import center_metadata
 from etl.schema import (
     CATEGORICAL_FEATURES,
     CCI_COLUMNS,
@@ -174,31 +175,17 @@ def generate_fedprox_cohort(
 
 
 def centers_table(cohort: pl.DataFrame, window_start: dict[str, int] | None = None) -> pl.DataFrame:
-    """Per-center aggregates of a cohort frame (centers.parquet contract; cohort-level only).
-
-    ``meta_year`` is the mean admit_year of the train split / 2030; ``meta_log_n_train`` is
-    ln(n_train); the ``meta_cci_*`` columns are Charlson prevalences over the train split.
-    ``window_start`` maps center_id to its first shifted year (window_end = start + 1); null
-    when not given.
+    """Per-center aggregates of a cohort frame (centers.parquet contract; cohort-level only), in
+    the order the centers first appear: :func:`etl.pipeline.center_metadata`'s split sizes and
+    metadata vector. ``window_start`` maps center_id to its first shifted year (window_end =
+    start + 1); null when not given.
     """
-    train = pl.col("split") == "train"
-    aggs = [
-        pl.col("care_unit").first(),
-        train.sum().cast(pl.Int64).alias("n_train"),
-        (pl.col("split") == "val").sum().cast(pl.Int64).alias("n_val"),
-        (pl.col("split") == "test").sum().cast(pl.Int64).alias("n_test"),
-        pl.col("label").cast(pl.Float64).mean().alias("pos_rate"),
-        pl.col("label").filter(train).cast(pl.Float64).mean().alias("meta_pos_rate"),
-        train.sum().cast(pl.Float64).log().alias("meta_log_n_train"),
-        (pl.col("admit_year").filter(train).cast(pl.Float64).mean() / 2030.0).alias("meta_year"),
-        *[pl.col(c).filter(train).cast(pl.Float64).mean().alias(f"meta_{c}") for c in CCI_COLUMNS],
-    ]
-    out = cohort.group_by("center_id", maintain_order=True).agg(aggs)
-    ws = window_start or {}
-    out = out.with_columns(
-        pl.col("center_id").replace_strict(ws, default=None, return_dtype=pl.Int32).alias("window_start"),
+    framed = cohort.with_columns(
+        pl.col("center_id").replace_strict(window_start or {}, default=None, return_dtype=pl.Int32).alias("window_start"),
     ).with_columns((pl.col("window_start") + 1).alias("window_end"))
-    return out.select(list(CENTER_COLUMNS))
+    order = cohort.select(pl.col("center_id").unique(maintain_order=True))
+    return order.join(center_metadata(framed), on="center_id", how="left",
+                      maintain_order="left").select(list(CENTER_COLUMNS))
 
 
 def write_fedprox_cohort(out: str | Path, **kwargs: object) -> Path:
