@@ -266,3 +266,25 @@ def test_every_documented_etl_output_folder_is_ignored_by_git():
         probe = out.replace("$h", "0") + "/cohort.parquet"
         p = subprocess.run(["git", "check-ignore", "-q", "--no-index", probe], cwd=REPO)
         assert p.returncode == 0, f"{where}: abps etl --out {out} is not ignored by .gitignore"
+
+
+def test_every_documented_report_folder_holds_one_experiment():
+    """``abps report`` replaces a folder holding another experiment's report only with --force:
+    every ``abps report --experiment E --out DIR`` the README, the docs and the config comments
+    show names a folder of its own, so the commands run one after another as written."""
+    texts = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((REPO / "configs").glob("*.yaml"))]
+    owner: dict[str, tuple[str, Path]] = {}
+    found = 0
+    for path in texts:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for part in re.split(r"\babps report\b|federation\.report\.\w+", line)[1:]:
+                command = re.split(r"`|&&|;|\babps ", part)[0]
+                exp, out = re.search(r"--experiment[ =](\S+)", command), re.search(r"--out[ =](\S+)", command)
+                if not exp or not out or out.group(1) != out.group(1).lower() or out.group(1).startswith("/"):
+                    continue
+                found += 1
+                folder, experiment = out.group(1).strip("`'\"").rstrip("/"), exp.group(1).strip("`'\"")
+                first = owner.setdefault(folder, (experiment, path.relative_to(REPO)))
+                assert first[0] == experiment, (f"{path.relative_to(REPO)}: --out {folder} for experiment {experiment}, "
+                                                f"which {first[1]} uses for {first[0]}")
+    assert found >= 10  # the parser still finds the examples
