@@ -78,6 +78,14 @@ def test_expand_cells_cross_product():
     assert last.config.exchange.bf16_wire is True
     # one hash per (entry, option values); seeds share it; all keys distinct
     assert len({c.config_hash for c in cells}) == 8
+    # an option with one value applies to every cell and names no row
+    one = _spec({"name": "y", "seeds": [1], "rounds": 2, "methods": ["fedavg", "abps"],
+                 "options": {"evaluation.min_centers": [1], "engine.local_epochs": [1, 2]}})
+    cells1 = sw.expand_cells(one, CONFIGS, "c0")
+    assert [c.label for c in cells1] == ["fedavg[engine.local_epochs=1]", "fedavg[engine.local_epochs=2]",
+                                         "abps[engine.local_epochs=1]", "abps[engine.local_epochs=2]"]
+    assert all(c.config.evaluation.min_centers == 1 for c in cells1)
+    assert all(c.options["evaluation.min_centers"] == 1 for c in cells1)
     assert len({c.key for c in cells}) == 24
     assert {c.seed for c in cells if c.config_hash == first.config_hash} == {1, 2, 3}
     # seeds / rounds overrides
