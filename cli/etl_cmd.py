@@ -137,6 +137,12 @@ def etl_command(
     if dup:
         typer.echo(f"note: collapsed {sum(r['rows_removed'] for r in dup)} identical duplicate source rows in "
                    f"{len(dup)} table(s) (counted in cohort_report attrition)", err=True)
+    for r in rep["attrition"]:
+        # a small database loses most stays to the center-size filter: said here, not only in the report
+        if "centers_removed" in r and r["stays_removed"] > 0.1 * r["stays_in"]:
+            typer.echo(f"note: {r['centers_removed']} of {r['centers_in']} centers ({r['stays_removed']} of "
+                       f"{r['stays_in']} stays) hold fewer than {rep['options']['min_center_stays']} stays and were "
+                       "left out (--min-center-stays)", err=True)
     small = rep["stays_per_center"]["min"]
     if small < 10:
         typer.echo(f"warning: the smallest center holds {small} stay{'' if small == 1 else 's'}; per-center metadata of centers under 10 "

@@ -180,3 +180,18 @@ def test_default_run_output_never_reuses_a_folder_within_one_second(project: Pat
     assert proj.run_output("both", "fedavg").parent.name == "fedavg-20261202-040243-3"
     assert proj.run_output("ICU / 2019", "abps goal=diversity").parent == Path(
         "runs/ICU-2019/abps-goal-diversity-20261202-040243")
+
+
+def test_etl_says_when_most_stays_fall_under_the_center_minimum(project: Path, mimic_demo_dir: Path, capsys) -> None:
+    """A small database loses most of its stays to --min-center-stays: the command says so (the
+    counts of the report's attrition row), not only cohort_report.md. The full default loses 0.9 %."""
+    assert _main(["etl", "--mimic-dir", str(mimic_demo_dir), "--out", "cohort_small", "--window-years", "200",
+                  "--min-center-stays", "20"]) == 0
+    err = capsys.readouterr().err
+    row = json.loads((project / "cohort_small" / "cohort_report.json").read_text())["attrition"][-1]
+    assert (row["centers_in"], row["centers_removed"], row["stays_in"], row["stays_removed"]) == (6, 2, 135, 29)
+    assert ("note: 2 of 6 centers (29 of 135 stays) hold fewer than 20 stays and were left out "
+            "(--min-center-stays)") in err
+    assert _main(["etl", "--mimic-dir", str(mimic_demo_dir), "--out", "cohort_all", "--window-years", "200",
+                  "--min-center-stays", "1"]) == 0
+    assert "left out (--min-center-stays)" not in capsys.readouterr().err
