@@ -18,7 +18,7 @@ from etl.errors import InputError
 
 
 @contextlib.contextmanager
-def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) -> Iterator[Path]:
     """Yield a temporary directory that replaces ``out`` as one unit, only if the block succeeds.
 
     The temporary directory is created beside ``out`` (same file system). On success it takes
@@ -28,7 +28,9 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     directory is removed and an existing ``out`` is left untouched.
 
     Files already present in ``out`` that the block does not write are kept (hard-linked, else
-    copied, into the new folder before the swap).
+    copied, into the new folder before the swap), unless ``keep_unwritten`` is False: then the
+    new folder replaces the old one whole (a writer that owns the folder, such as ``abps synth``,
+    whose earlier output must not outlive a run that does not write it).
 
     Raises:
         InputError: ``out`` (or a parent) is a file, or the folder cannot be created or written,
@@ -59,7 +61,7 @@ def atomic_output_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
                 raise InputError(f"--out {out}: cannot write there ({reason})") from None
             raise
         try:
-            _commit_dir(tmp, out)
+            _commit_dir(tmp, out, keep_unwritten)
         except OSError as exc:
             raise InputError(f"--out {out}: cannot replace it ({exc.strerror or exc})") from None
     finally:
@@ -142,7 +144,7 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _commit_dir(tmp: Path, out: Path) -> None:
+def _commit_dir(tmp: Path, out: Path, keep_unwritten: bool = True) -> None:
     """Put the finished folder ``tmp`` in ``out``'s place (see :func:`atomic_output_dir`); afterwards
     ``tmp`` holds the old folder (or nothing) and is removed by the caller."""
     for _ in range(5):  # a concurrent writer may create or swap ``out`` in between
@@ -152,7 +154,7 @@ def _commit_dir(tmp: Path, out: Path) -> None:
                 return
             except OSError:  # created meanwhile (not empty): swap with it instead
                 continue
-        for old in sorted(out.rglob("*")):  # keep what the block did not write
+        for old in sorted(out.rglob("*")) if keep_unwritten else ():  # keep what the block did not write
             new = tmp / old.relative_to(out)
             if old.is_dir() and not old.is_symlink():
                 new.mkdir(exist_ok=True)

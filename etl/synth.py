@@ -235,7 +235,7 @@ def synth_mimic(out: str | os.PathLike[str], config: SynthConfig = SynthConfig()
     truth = np.full((cohort.n_stays, len(S.VITALS), 3), np.nan)
     chunks = -(-cohort.n_stays // config.chunk_stays) if config.chartevents else 0
     progress.total(len(tables) + chunks + 1)
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, keep_unwritten=False) as tmp:  # an earlier synth output is replaced whole
         for name, df in tables.items():
             progress.step(f"{name}.csv.gz")
             _write_table(df, tmp / f"{name}.csv.gz", config.compresslevel)

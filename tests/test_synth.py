@@ -433,6 +433,11 @@ def test_out_must_be_new_empty_or_previous_synth(tmp_path: Path) -> None:
     assert summary.stays == 30 and (again / MANIFEST).is_file()
     assert pl.read_parquet(again / "ground_truth.parquet").height == 30
     assert (busy / "notes.txt").read_text() == "keep me"
+    # replaced whole: a run without chartevents leaves none of the earlier data set's behind
+    assert (again / "icu" / "chartevents.csv.gz").is_file()
+    synth_mimic(again, SynthConfig(stays=25, seed=3, chartevents=False))
+    assert not (again / "icu" / "chartevents.csv.gz").exists()
+    assert sorted(p.name for p in (again / "icu").iterdir()) == ["d_items.csv.gz", "icustays.csv.gz"]
 
 
 def test_cli_main_writes_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
