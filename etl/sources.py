@@ -326,7 +326,10 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     """
     base = root / module if module else root
     label = f"{module}/{name}" if module else name
-    found = [base / f"{name}{suffix}" for suffix in SUFFIXES if (base / f"{name}{suffix}").is_file()]
+    try:
+        found = [base / f"{name}{suffix}" for suffix in SUFFIXES if (base / f"{name}{suffix}").is_file()]
+    except PermissionError:  # a folder that cannot be searched: is_file raises instead of saying False
+        raise InputError(f"{base}: unreadable folder (permission denied)") from None
     if not found:
         raise InputError(f"missing table {label} (.csv.gz, .csv or .parquet) under {root}")
     if len(found) > 1:
@@ -540,7 +543,8 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
             return InputError(f"{t.path}: column '{col}' holds values that are not {types[col]} "
                               f"({exc.__class__.__name__})")
     where = str(culprit.path) if culprit else "input tables"
-    line = re.search(r"\bline (\d+)", text)
+    # DuckDB's "CSV Error on Line: 141" (its "LINE 1:" is the SQL statement's line, not the file's)
+    line = re.search(r"(?:CSV Error on Line: |\bline )(\d+)", text)
     at = f" near line {line.group(1)}" if (culprit and line and not culprit.is_parquet) else ""
     return InputError(f"{where}: {kind}{at} ({exc.__class__.__name__})")
 

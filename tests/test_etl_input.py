@@ -505,3 +505,24 @@ def test_a_mimic_dir_from_the_environment_is_named_as_such(tmp_path, monkeypatch
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and err == f"error: MIMIC_DIR {tmp_path / 'nowhere'}: not a directory (the " \
         "environment variable; --mimic-dir names another folder)"
+
+
+def test_a_folder_that_cannot_be_searched_is_one_line(mimic_demo_dir, tmp_path, monkeypatch, capsys):
+    """A hosp/ or icu/ folder without search permission makes Path.is_file raise (root ignores
+    chmod, so the refusal is stood in for): one line naming the folder, exit 2."""
+    from cli.app import main
+
+    hosp = mimic_demo_dir / "hosp"
+    real = Path.is_file
+
+    def is_file(self):
+        if self.parent == hosp:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    with pytest.raises(SystemExit) as exc:
+        main(["etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "o"), "--chart-cache", "off"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: {hosp}: unreadable folder (permission denied)"
+    assert not (tmp_path / "o").exists()
