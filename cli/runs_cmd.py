@@ -35,8 +35,9 @@ def ui(
     """Start the MLflow UI on the project's store; once it answers, print the URL of the comparison
     of the experiment's latest runs (AUROC, Bandwidth, Isolation first). Ctrl-C stops it. With an
     http(s) tracking URI (an MLflow server) only the URL on that server is printed."""
-    from federation.run.tracking import default_tracking_uri
+    from federation.run.tracking import default_tracking_uri, experiment_name
 
+    experiment_name(experiment, "")  # an empty --experiment is refused before a server starts
     uri = tracking_uri or default_tracking_uri()
     if uri.startswith(("http://", "https://")):
         typer.echo(f"MLflow UI: {compare_url(uri.rstrip('/'), uri, experiment)}")
@@ -193,8 +194,9 @@ def default_experiment(given: str | None, tracking_uri: str | None, store: RunSt
     experiment that holds runs, else ``abps``. ``store``: the store already open on
     ``tracking_uri`` (opened here, read-only, when None)."""
     from federation.run.store_read import open_store
-    from federation.run.tracking import EXPERIMENT_ENV
+    from federation.run.tracking import EXPERIMENT_ENV, experiment_name
 
+    experiment_name(given, "")  # an empty --experiment is refused, not read as the default
     if given or os.environ.get(EXPERIMENT_ENV, "").strip():
         return given or os.environ[EXPERIMENT_ENV].strip()
     if store is None:

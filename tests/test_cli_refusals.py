@@ -88,6 +88,33 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     assert "seeds must be integers from 0 to 2^63 - 1" in err, err
 
 
+@pytest.mark.parametrize(("line", "words"), [
+    ("rounds: true", "invalid sweep field rounds: Value error, a number, not true / false"),
+    ("workers: true", "invalid sweep field workers: Value error, a number, not true / false"),
+    ("experiment: ''", "experiment: Value error, an empty name"),
+    ("checkpoints: {afile}", "checkpoints: Value error, '{afile}' is not a folder"),
+])
+def test_a_sweep_file_refuses(cohort, tmp_path, capsys, line, words):
+    """Before any cell trains: a flag where a number goes, an empty experiment name (it fell back
+    to `name:`), a checkpoint folder that is a file (the cell trained, then a traceback)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\nseeds: [1]\nmethods: [fedavg]\n{line.format(afile=afile)}\n")
+    err = _refused(["sweep", "--config", str(spec), "--cohort", str(cohort), "--rounds", "1",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert words.format(afile=afile) in err, err
+    assert not (tmp_path / "ml.db").exists()
+
+
+@pytest.mark.parametrize("command", [["runs"], ["report", "--out", "rep"], ["ui"]])
+def test_reading_commands_refuse_an_empty_experiment(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _refused([*command, "--experiment", " ", "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert err == "error: --experiment: an empty name; give a name, or leave the option out for the default"
+    assert not (tmp_path / "rep").exists()
+
+
 _SAGE = ("benchmark: sage\nname: t\ndataset: cifar10\ndata_root: {root}\nn_clients: 3\ngraph: er\n"
          "selectors: [RG]\ntrain_samples: 120\ntest_samples: 30\n{extra}")
 

@@ -6,17 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from etl.errors import InputError
-from federation.core.config import load_yaml
+from federation.core.config import NumbersNotFlags, load_yaml
 from federation.core.limits import MAX_SEED
 
 __all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(NumbersNotFlags):
+    # NumbersNotFlags: `rounds: true` / `workers: true` are refused, not read as 1
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class MethodEntry(_Strict):
@@ -109,6 +110,20 @@ class SweepSpec(_Strict):
             raise ValueError("a seed is listed twice")
         if any(s < 0 or s > MAX_SEED for s in v):
             raise ValueError("seeds must be integers from 0 to 2^63 - 1")
+        return v
+
+    @field_validator("experiment", "name")
+    @classmethod
+    def _named(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty name (leave the key out for the default)")
+        return v
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _a_folder(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or Path(v).exists() and not Path(v).is_dir()):
+            raise ValueError(f"{v!r} is not a folder")
         return v
 
     @field_validator("options")
