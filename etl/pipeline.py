@@ -35,6 +35,9 @@ COMORBIDITY_SOURCES = ("same-admission", "earlier-admissions")
 #: The earliest start of the vital window, hours from intime (``--vitals-from-hours`` at least this;
 #: the chartevents cache holds the rows from here to intime + 24 h).
 EARLIEST_VITALS_HOURS = -48.0
+#: bounds of the year options (--window-years, --window-origin) and of --n-centers
+MAX_YEAR = 10_000
+MAX_CENTERS = 1_000_000
 SOURCES = ("mimic", "eicu", "meds")
 #: Most DuckDB threads ``--threads`` accepts (each is an OS thread; more than the cores gains nothing).
 MAX_THREADS = 1024
@@ -119,8 +122,12 @@ class EtlOptions:
             raise InputError(f"--memory-limit must look like 2GB or 512MB, got '{self.memory_limit}'")
         if self.seed < 0:
             raise InputError(f"--seed must be >= 0, got {self.seed}")
-        if self.window_years < 1:
-            raise InputError(f"--window-years must be >= 1, got {self.window_years}")
+        # years and counts past these bounds mean nothing here and overflow the 32-bit columns
+        for option, value, lo, hi in (("--window-years", self.window_years, 1, MAX_YEAR),
+                                      ("--window-origin", self.window_origin, -MAX_YEAR, MAX_YEAR),
+                                      ("--n-centers", self.n_centers, 1, MAX_CENTERS)):
+            if not lo <= value <= hi:
+                raise InputError(f"{option} must be between {lo} and {hi}, got {value}")
         get_task(self.task, source)
         cache = str(self.chart_cache).strip()
         if not cache:

@@ -176,9 +176,12 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
     ("--alpha", "inf", "--alpha"),
     ("--threads", "100000", "--threads must be between 1 and 1024"),
     ("--memory-limit", "99999999TB", "--memory-limit 99999999TB: "),
+    ("--window-years", "2147483648", "--window-years must be between 1 and 10000, got 2147483648"),
+    ("--window-origin", "99999999999999999999", "--window-origin must be between -10000 and 10000"),
+    ("--n-centers", "9223372036854775808", "--n-centers must be between 1 and 1000000"),
 ])
 def test_non_finite_or_bad_float_options_are_refused(mimic_demo_dir, tmp_path, capsys, option, value, needle):
-    extra = ("--partition", "dirichlet") if option == "--alpha" else ()
+    extra = ("--partition", "dirichlet") if option in ("--alpha", "--n-centers") else ()
     code, err = _cli(capsys, "etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "o"),
                      "--window-years", "20", "--min-center-stays", "1", *extra, f"{option}={value}")
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
