@@ -35,8 +35,15 @@ def cache_clear() -> None:
             continue
         if d.is_symlink() or not d.is_dir():
             raise InputError(f"{d}: not a folder of the cache (a link or a file); remove it yourself if it should go")
-        freed += sum(f.stat().st_size for f in _files(d))
-        shutil.rmtree(d)
+        size = sum(f.stat().st_size for f in _files(d))
+
+        def refused(_func, path, exc_info, freed=freed):  # a file or folder this user cannot remove
+            exc = exc_info[1]
+            raise InputError(f"{path}: cannot remove it ({getattr(exc, 'strerror', None) or exc}); "
+                             f"{freed / 2**20:.1f} MiB freed before it")
+
+        shutil.rmtree(d, onerror=refused)
+        freed += size
         typer.echo(f"removed {d}")
     root = user_cache_dir(KINDS[0]).parent
     if root.is_dir() and not any(root.iterdir()):

@@ -223,3 +223,26 @@ def test_a_model_larger_than_the_machine_is_refused(cohort, tmp_path, capsys):
                    f"need at least {need:,.1f} GiB (parameters, gradients and Adam moments), more than this machine's "
                    f"{have:,.1f} GiB"), err
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "ml.db").exists()
+
+
+def test_cache_clear_names_what_it_cannot_remove(tmp_path, monkeypatch, capsys):
+    """A file of the cache this user may not remove: one line naming it, exit 2 (it was a
+    traceback); the folders before it are gone, the rest stays."""
+    import os
+
+    monkeypatch.setenv("ABPS_CACHE_DIR", str(tmp_path / "c"))
+    (tmp_path / "c" / "chartevents").mkdir(parents=True)
+    (tmp_path / "c" / "kernels").mkdir()
+    (tmp_path / "c" / "chartevents" / "x.parquet").write_bytes(b"\0" * 2**20)
+    (tmp_path / "c" / "kernels" / "k.so").write_bytes(b"\0")
+    real = os.unlink
+
+    def unlink(path, *a, **k):
+        if os.fspath(path).endswith("k.so"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    err = _refused(["cache", "clear"], capsys)
+    assert err == f"error: {tmp_path}/c/kernels/k.so: cannot remove it (Permission denied); 1.0 MiB freed before it"
+    assert not (tmp_path / "c" / "chartevents").exists() and (tmp_path / "c" / "kernels" / "k.so").exists()
