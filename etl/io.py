@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,7 +66,30 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
         except OSError as exc:
             raise InputError(f"--out {out}: cannot replace it ({exc.strerror or exc})") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove the folder ``path`` (the temporary side of :func:`atomic_output_dir`, which holds
+    the old output after the swap), making read-only folders inside it writable first; a folder
+    copied from a read-only output would otherwise stay behind, hidden, with its rows.
+
+    Warns (``UserWarning``, naming the path) when something still cannot be removed.
+    """
+    def writable_then_retry(func, p, _exc_info):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p) or ".", 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+
+    if not path.exists():
+        return
+    shutil.rmtree(path, onerror=writable_then_retry)
+    if path.exists():
+        shutil.rmtree(path, onerror=writable_then_retry)  # a folder made writable holds more to remove
+    if path.exists():
+        warnings.warn(f"{path}: could not be removed; remove it yourself (it holds an earlier output)", stacklevel=2)
 
 
 #: errno values of a file system that refuses a write: full, over quota, past the file size

@@ -473,3 +473,30 @@ def test_cohort_identity_and_manifest_check_read_the_files_once(tmp_path, monkey
     os.utime(tmp_path / "centers.parquet", ns=(1, 1))
     with pytest.raises(etl_io.InputError, match="centers.parquet is not the file"):
         etl_io.check_cohort_files(tmp_path)
+
+
+def test_an_earlier_read_only_output_leaves_nothing_behind(tmp_path):
+    """Replacing an output whose folders are read-only: the old folder, swapped into the temporary
+    side, is removed whole (it stayed as a hidden .NAME.tmp-* folder with its rows). Run without
+    root's permission overrides, as a user would be."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path / "o"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "rows.parquet").write_bytes(b"rows")
+    (out / "sub").chmod(0o555)
+    out.chmod(0o555)
+    code = ("import sys; from pathlib import Path; from etl.io import atomic_output_dir\n"
+            "with atomic_output_dir(Path(sys.argv[1])) as tmp:\n    (tmp / 'new.txt').write_text('new')\n")
+    cmd = [sys.executable, "-c", code, str(out)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: permissions cannot be made to hold")
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--", *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0 and "could not be removed" not in p.stderr, p.stderr
+    assert (out / "new.txt").read_text() == "new"
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["o"]
