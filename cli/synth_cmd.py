@@ -18,7 +18,7 @@ def synth_mimic_command(
     chart_hours_step: float = typer.Option(1.0, "--chart-hours-step", help="Hours between charting rounds (0.5 doubles chartevents)."),
     chartevents: bool = typer.Option(True, "--chartevents/--no-chartevents", help="Write icu/chartevents.csv.gz (the slow part)."),
     compress_level: int = typer.Option(1, "--compress-level", help="gzip level 1..9."),
-    heterogeneity: float = typer.Option(1.0, "--heterogeneity", help="How far the care units' risk models and base rates differ: 0 = one shared model and base rate, 1 = the built-in units, 2 = twice as far apart."),
+    heterogeneity: float = typer.Option(1.0, "--heterogeneity", help="How far the care units' risk models and base rates differ: 0 = one shared model and base rate, 1 = the built-in units, 2 = twice as far apart (at most 10)."),
 ) -> None:
     """Write synthetic MIMIC-IV tables (patients, admissions, diagnoses_icd, icustays, chartevents, d_items)."""
     from etl import progress

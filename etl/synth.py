@@ -66,8 +66,13 @@ class SynthConfig:
             raise InputError(f"--compress-level must be between 1 and 9, got {self.compresslevel}")
         if self.chunk_stays < 1:
             raise InputError(f"chunk_stays must be >= 1, got {self.chunk_stays}")
-        if not (math.isfinite(self.heterogeneity) and self.heterogeneity >= 0):
-            raise InputError(f"--heterogeneity must be a finite number >= 0, got {self.heterogeneity}")
+        # past MAX_HETEROGENEITY the risks saturate at 0 or 1 and the logistic overflows
+        if not (math.isfinite(self.heterogeneity) and 0 <= self.heterogeneity <= MAX_HETEROGENEITY):
+            raise InputError(f"--heterogeneity must be a number from 0 to {MAX_HETEROGENEITY:g}, got {self.heterogeneity}")
+
+
+#: the largest --heterogeneity: 10x the built-in units' spread, where most risks are already near 0 or 1
+MAX_HETEROGENEITY = 10.0
 
 
 @dataclass(frozen=True)

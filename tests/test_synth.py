@@ -451,6 +451,11 @@ def test_cli_main_writes_and_reports(tmp_path: Path, capsys: pytest.CaptureFixtu
         main(["synth", "mimic", "--out", str(tmp_path / "n"), "--stays", "0"])
     assert exc.value.code == 2
     assert "error: --stays must be between 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["synth", "mimic", "--out", str(tmp_path / "h"), "--stays", "10", "--heterogeneity", "1e300"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --heterogeneity must be a number from 0 to 10, got 1e+300"
+    assert not (tmp_path / "h").exists()
 
 
 def test_console_script_subprocess(tmp_path: Path) -> None:
