@@ -54,7 +54,7 @@ def _run(source: str, src_dir: Path, out: Path, opts, meds_splits: str | None) -
 
 @app.command("etl")
 def etl_command(
-    out: Path = typer.Option(..., "--out", help="Output folder (cohort.parquet, centers.parquet, cohort_report.*)."),
+    out: Path = typer.Option(..., "--out", parser=project.folder_path, metavar="DIR", help="Output folder (cohort.parquet, centers.parquet, cohort_report.*)."),
     mimic_dir: Path | None = typer.Option(None, "--mimic-dir", help="MIMIC-IV folder with hosp/ and icu/ (default: the MIMIC_DIR environment variable)."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Source folder (alias of --mimic-dir; eICU folder with --source eicu)."),
     source: str = typer.Option("mimic", "--source", help="mimic (default), eicu or meds (a MEDS dataset: data/<split>/*.parquet + metadata/)."),

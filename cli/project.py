@@ -36,6 +36,18 @@ def file_path(value: str) -> Path:
     return Path(value)
 
 
+def folder_path(value: str) -> Path:
+    """The value of an option that names a folder to write (``--out``): refused when empty, which
+    typer's ``Path`` reads as the working folder ``.``.
+
+    Raises:
+        typer.BadParameter: ``value`` is empty or blank.
+    """
+    if not value.strip():
+        raise typer.BadParameter("an empty path; give a folder such as cohort/")
+    return Path(value)
+
+
 def tracking_uri_option() -> Any:
     """The ``--tracking-uri`` option (default None: MLFLOW_TRACKING_URI, else the project's store)."""
     return typer.Option(None, "--tracking-uri", help=TRACKING_URI_HELP)

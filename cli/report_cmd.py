@@ -16,7 +16,7 @@ from cli.app import app
 
 @app.command("report")
 def report(
-    out: Path = typer.Option(..., "--out", help="output folder (Markdown, CSV, PNG; written atomically)"),
+    out: Path = typer.Option(..., "--out", parser=project.folder_path, metavar="DIR", help="output folder (Markdown, CSV, PNG; written atomically)"),
     experiment: str | None = typer.Option(
         None, "--experiment", help="MLflow experiment, e.g. the sweep's (default: MLFLOW_EXPERIMENT_NAME, else as "
         "abps runs)"),

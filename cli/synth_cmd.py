@@ -6,13 +6,14 @@ from pathlib import Path
 
 import typer
 
+from cli import project
 from cli.app import synth_app
 from etl.synth_spec import DEFAULT_STAYS
 
 
 @synth_app.command("mimic")
 def synth_mimic_command(
-    out: Path = typer.Option(..., "--out", help="Output folder (hosp/, icu/, ground_truth.parquet); new, empty or a previous synth output."),
+    out: Path = typer.Option(..., "--out", parser=project.folder_path, metavar="DIR", help="Output folder (hosp/, icu/, ground_truth.parquet); new, empty or a previous synth output."),
     stays: int = typer.Option(DEFAULT_STAYS, "--stays", help="Number of ICU stays (default: MIMIC-IV v3.1's 94,458)."),
     seed: int = typer.Option(0, "--seed", help="Seed; the same seed and options give byte-identical files."),
     chart_hours_step: float = typer.Option(1.0, "--chart-hours-step", help="Hours between charting rounds (0.5 doubles chartevents)."),

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import typer
 
+from cli import project
 from cli.app import synth_app
 
 
 @synth_app.command("fedprox")
 def synth_fedprox(
-    out: Path = typer.Option(..., "--out", help="output directory (cohort.parquet + centers.parquet)"),
+    out: Path = typer.Option(..., "--out", parser=project.folder_path, metavar="DIR", help="output directory (cohort.parquet + centers.parquet)"),
     centers: int = typer.Option(230, "--centers", min=1, help="number of centers n"),
     alpha: float = typer.Option(1.0, "--alpha", min=0.0, help="model heterogeneity (variance of u_k)"),
     beta: float = typer.Option(1.0, "--beta", min=0.0, help="feature heterogeneity (variance of B_k)"),

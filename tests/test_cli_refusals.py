@@ -246,3 +246,28 @@ def test_cache_clear_names_what_it_cannot_remove(tmp_path, monkeypatch, capsys):
     err = _refused(["cache", "clear"], capsys)
     assert err == f"error: {tmp_path}/c/kernels/k.so: cannot remove it (Permission denied); 1.0 MiB freed before it"
     assert not (tmp_path / "c" / "chartevents").exists() and (tmp_path / "c" / "kernels" / "k.so").exists()
+
+
+def _folder_options() -> list[tuple[tuple[str, ...], str]]:
+    """(command path, option) of every --out of the app: a folder to write."""
+    from cli.project import folder_path
+    from tests.option_matrix import commands
+
+    return [(path, max(p.opts, key=len)) for path, cmd in commands().items() for p in cmd.params
+            if "--out" in getattr(p, "opts", ()) and p.type_descriptor.parameter_info.parser is folder_path]
+
+
+def test_every_out_option_is_a_folder_option():
+    from tests.option_matrix import commands
+
+    declared = {(path, "--out") for path, cmd in commands().items() for p in cmd.params if "--out" in getattr(p, "opts", ())}
+    assert len(declared) >= 4 and declared == set(_folder_options())
+
+
+@pytest.mark.parametrize(("path", "option"), _folder_options())
+def test_an_empty_out_is_refused(path, option, tmp_path, capsys, monkeypatch):
+    """An empty --out was read as the working folder '.'."""
+    monkeypatch.chdir(tmp_path)
+    err = _refused([*path, option, ""], capsys)
+    assert err == f"error: Invalid value for '{option}': an empty path; give a folder such as cohort/", err
+    assert list(tmp_path.iterdir()) == []
