@@ -271,3 +271,9 @@ def test_an_empty_out_is_refused(path, option, tmp_path, capsys, monkeypatch):
     err = _refused([*path, option, ""], capsys)
     assert err == f"error: Invalid value for '{option}': an empty path; give a folder such as cohort/", err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_that_is_a_folder_is_named_as_one(cohort, tmp_path, capsys):
+    err = _refused(["train", "--cohort", str(cohort), "--config", str(tmp_path), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert err == f"error: {tmp_path}: a folder, not a config file", err

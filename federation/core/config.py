@@ -422,6 +422,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
             defaults"), or not a mapping.
     """
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: a folder, not a config file")
     if not p.is_file():
         raise InputError(f"{p}: config file not found")
     try:
