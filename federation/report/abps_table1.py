@@ -193,6 +193,7 @@ def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:
         ax_b.text(0.01, 0.01, "no model traffic (not on log axis): " + ", ".join(skipped),
                   transform=ax_b.transAxes, fontsize=7, color="gray")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # "tight": a label of the rightmost point lies past the axes and was cut at the figure's edge
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return [pts[i].label for i in front]
