@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import typer
 
@@ -26,7 +25,7 @@ def _files(folder) -> list:
 def cache_clear() -> None:
     """Remove the ETL's chartevents cache and the compiled kernels under $ABPS_CACHE_DIR (else
     $XDG_CACHE_HOME/abps, else ~/.cache/abps); they are rebuilt when next needed."""
-    from etl.io import user_cache_dir
+    from etl.io import rmtree_calling, user_cache_dir
 
     freed = 0
     for kind in KINDS:
@@ -37,12 +36,11 @@ def cache_clear() -> None:
             raise InputError(f"{d}: not a folder of the cache (a link or a file); remove it yourself if it should go")
         size = sum(f.stat().st_size for f in _files(d))
 
-        def refused(_func, path, exc_info, freed=freed):  # a file or folder this user cannot remove
-            exc = exc_info[1]
+        def refused(_func, path, exc, freed=freed):  # a file or folder this user cannot remove
             raise InputError(f"{path}: cannot remove it ({getattr(exc, 'strerror', None) or exc}); "
                              f"{freed / 2**20:.1f} MiB freed before it")
 
-        shutil.rmtree(d, onerror=refused)
+        rmtree_calling(d, refused)
         freed += size
         typer.echo(f"removed {d}")
     root = user_cache_dir(KINDS[0]).parent

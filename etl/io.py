@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -69,6 +70,15 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
         remove_tree(tmp)
 
 
+def rmtree_calling(path: str | os.PathLike[str], handler) -> None:
+    """``shutil.rmtree(path)`` calling ``handler(func, path, error)`` where a removal fails (Python
+    3.12's ``onexc``; 3.11's ``onerror``, whose third argument is the exc_info triple)."""
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=handler)
+    else:
+        shutil.rmtree(path, onerror=lambda func, p, info: handler(func, p, info[1]))
+
+
 def remove_tree(path: Path) -> None:
     """Remove the folder ``path`` (the temporary side of :func:`atomic_output_dir`, which holds
     the old output after the swap), making read-only folders inside it writable first; a folder
@@ -76,7 +86,7 @@ def remove_tree(path: Path) -> None:
 
     Warns (``UserWarning``, naming the path) when something still cannot be removed.
     """
-    def writable_then_retry(func, p, _exc_info):
+    def writable_then_retry(func, p, _error):
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(p) or ".", 0o700)
             if os.path.isdir(p) and not os.path.islink(p):
@@ -85,9 +95,9 @@ def remove_tree(path: Path) -> None:
 
     if not path.exists():
         return
-    shutil.rmtree(path, onerror=writable_then_retry)
+    rmtree_calling(path, writable_then_retry)
     if path.exists():
-        shutil.rmtree(path, onerror=writable_then_retry)  # a folder made writable holds more to remove
+        rmtree_calling(path, writable_then_retry)  # a folder made writable holds more to remove
     if path.exists():
         warnings.warn(f"{path}: could not be removed; remove it yourself (it holds an earlier output)", stacklevel=2)
 
