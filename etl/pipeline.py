@@ -135,8 +135,6 @@ class EtlOptions:
         if cache.lower() in ("auto", "off") and cache not in ("auto", "off"):
             raise InputError(f"--chart-cache {cache}: the settings are written auto and off; "
                              f"give ./{cache} for a folder of that name")
-        if cache not in ("auto", "off") and Path(cache).exists() and not Path(cache).is_dir():
-            raise InputError(f"--chart-cache {cache}: is a file, not a folder")
         self._refuse_unused(source)
 
     def _refuse_unused(self, source: str) -> None:
