@@ -215,7 +215,7 @@ def test_tutorial_commands_run_on_a_small_cohort(tmp_path):
         if documented and documented[0].strip():
             got = [shape(x) for x in (res.stdout + res.stderr).splitlines()]
             assert shape(documented[0]) in got, (line, documented[0], got[:5])
-    assert (tmp_path / "report" / "table1.md").is_file() and (tmp_path / "report" / "fig3.png").is_file()
+    assert (tmp_path / "report" / "cohort" / "table1.md").is_file() and (tmp_path / "report" / "cohort" / "fig3.png").is_file()
 
 
 def test_own_method_example_trains(tmp_path):

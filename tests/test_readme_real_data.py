@@ -53,8 +53,8 @@ def test_readme_real_data_commands_run_on_the_real_demo(mimic_demo_dir: Path, tm
     assert "cohort: " in out and "-> cohort" in out
     assert "fedavg: AUROC" in out and "abps [goal=diversity]: AUROC" in out
     assert "sweep table1: " in out and "sweep table1-extras: " in out
-    assert (tmp_path / "report" / "table1.md").is_file() and (tmp_path / "report" / "fig3.png").is_file()
-    doc = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert (tmp_path / "report" / "table1" / "table1.md").is_file() and (tmp_path / "report" / "table1" / "fig3.png").is_file()
+    doc = json.loads((tmp_path / "report" / "table1" / "report.json").read_text())
     labels = {r["label"] for r in doc["sections"]["table1"]["rows"]}
     assert {"fedavg", "abps-div", "abps-x", "centralized", "abps-drift", "sage"} <= labels
 
@@ -76,7 +76,7 @@ def test_readme_real_data_commands_run_on_the_real_demo(mimic_demo_dir: Path, tm
         assert n_eval == test_rows.height
     assert 0 < none["race"] <= unknown
     assert f"race {none['race']}" in clin["subgroup_note"]
-    fair = (tmp_path / "report" / "fairness.md").read_text()
+    fair = (tmp_path / "report" / "table1" / "fairness.md").read_text()
     assert "Test rows in no group" in fair and "race" in fair.split("Test rows in no group", 1)[1]
 
 
