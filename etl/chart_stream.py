@@ -24,12 +24,14 @@ import pyarrow.csv as pacsv
 from etl.sources import TIMESTAMP_FORMAT, Table
 from etl.sql import concept_sql
 
-#: Arrow types of the four chartevents columns the ETL reads (DuckDB's BIGINT, TIMESTAMP,
-#: INTEGER and DOUBLE of etl.mimic.TYPES); charttime is read as text and converted by
-#: :func:`charttime_us`.
-ARROW_TYPES = {"stay_id": pa.int64(), "charttime": pa.string(), "itemid": pa.int32(), "valuenum": pa.float64()}
 #: Length of a ``TIMESTAMP_FORMAT`` value with zero-padded fields ('2150-01-01 10:00:00').
 _TIMESTAMP_CHARS = 19
+#: Arrow types of the four chartevents columns the ETL reads (DuckDB's BIGINT, TIMESTAMP,
+#: INTEGER and DOUBLE of etl.mimic.TYPES). charttime is read as its 19 bytes (Arrow refuses a
+#: value of another length, and the job goes to DuckDB) and converted by :func:`charttime_us`:
+#: fixed-width bytes need no offsets and no UTF-8 check (docs/decisions.md).
+ARROW_TYPES = {"stay_id": pa.int64(), "charttime": pa.binary(_TIMESTAMP_CHARS), "itemid": pa.int32(),
+               "valuenum": pa.float64()}
 #: Bytes of inflated CSV text per parse job (one Arrow batch each, cut at a line end).
 BLOCK_BYTES = 8 << 20
 #: Parse jobs running at once: Arrow parses a job's text with the GIL released, so two jobs keep
@@ -111,7 +113,7 @@ def vital_items(text: str | None = None) -> VitalItems:
 
 
 def charttime_us(text: pa.Array) -> pa.Array:
-    """Timestamps (microseconds) of charttime text, accepting exactly what the DuckDB scan's
+    """Timestamps (microseconds) of charttime text (strings, or :data:`ARROW_TYPES`' 19 bytes), accepting exactly what the DuckDB scan's
     ``TIMESTAMP_FORMAT`` accepts in the zero-padded form MIMIC-IV writes ('2150-01-01 10:00:00').
 
     Arrow's ISO 8601 parser also reads '2150-01-01', '2150-01-01T10:00:00', '2150-01-01 10:00'
@@ -127,6 +129,11 @@ def charttime_us(text: pa.Array) -> pa.Array:
     fast = _charttime_fixed(text)
     if fast is not None:
         return fast
+    if pa.types.is_fixed_size_binary(text.type):
+        try:
+            text = pc.cast(pc.cast(text, pa.binary()), pa.string())
+        except pa.ArrowInvalid:
+            raise StreamUnreadable("charttime: not UTF-8 text") from None
     ok = pc.and_(pc.equal(pc.utf8_length(text), _TIMESTAMP_CHARS),
                  pc.equal(pc.utf8_slice_codeunits(text, 10, 11), " "))
     if pc.any(pc.invert(ok)).as_py():
@@ -185,12 +192,17 @@ def _charttime_fixed(text: pa.Array) -> pa.Array | None:
     reads or refuses as before. Days of the month starts: NumPy's datetime64 (proleptic Gregorian,
     as Arrow and DuckDB)."""
     n = len(text)
-    if n == 0 or text.null_count or not pa.types.is_string(text.type):
+    if n == 0 or text.null_count:
         return None
-    offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4)
-    if offsets[-1] - offsets[0] != n * _TIMESTAMP_CHARS or np.any(np.diff(offsets) != _TIMESTAMP_CHARS):
+    if pa.types.is_fixed_size_binary(text.type) and text.type.byte_width == _TIMESTAMP_CHARS:
+        data, base = text.buffers()[1], text.offset * _TIMESTAMP_CHARS
+    elif pa.types.is_string(text.type):
+        offsets = np.frombuffer(text.buffers()[1], np.int32, n + 1, text.offset * 4)
+        if offsets[-1] - offsets[0] != n * _TIMESTAMP_CHARS or np.any(np.diff(offsets) != _TIMESTAMP_CHARS):
+            return None
+        data, base = text.buffers()[2], int(offsets[0])
+    else:
         return None
-    data, base = text.buffers()[2], int(offsets[0])
     m = np.frombuffer(data, np.uint8, n * _TIMESTAMP_CHARS, base).reshape(n, _TIMESTAMP_CHARS)
     # a stay's vitals charted together repeat one charttime on consecutive rows (about 3 rows
     # per value in MIMIC-IV's order): only the first row of each run of equal text is read, as
@@ -425,7 +437,7 @@ class ChartBatches:
                                                       double_quote=quoted, escape_char=False,
                                                       newlines_in_values=False, ignore_empty_lines=False)
                             for quoted in (True, False)}
-        # charttime stays text here; charttime_us converts it (VitalPass._vital_rows)
+        # charttime stays bytes here; charttime_us converts it (VitalPass._vital_rows)
         self._convert_opts = pacsv.ConvertOptions(include_columns=list(ARROW_TYPES), column_types=ARROW_TYPES,
                                                   null_values=[""], quoted_strings_can_be_null=True)
         self._read_opts = [pacsv.ReadOptions(column_names=names, skip_rows=skip, block_size=2 * BLOCK_BYTES,
