@@ -605,8 +605,10 @@ def window_mask(stay: np.ndarray, t: np.ndarray, window: tuple[np.ndarray, np.nd
     pos = np.minimum(np.searchsorted(ids, stay[first]), len(ids) - 1)
     known = ids[pos] == stay[first]
     runs = np.diff(np.r_[first, len(stay)])
-    pos, known = np.repeat(pos, runs), np.repeat(known, runs)
-    return known & (t >= start[pos]) & (t <= end[pos])
+    # each run's bounds, spread over its rows; a stay outside the window gets an empty one
+    lo = np.repeat(np.where(known, start[pos], np.iinfo(np.int64).max), runs)
+    hi = np.repeat(np.where(known, end[pos], np.iinfo(np.int64).min), runs)
+    return (t >= lo) & (t <= hi)
 
 
 def in_window(part: pa.Table, window: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
@@ -714,35 +716,31 @@ class VitalPass:
         self.table, self.bounds, self.scratch, self.progress = table, np.asarray(bounds, np.int64), scratch, progress
         self.batches = batches
         self.memory_limit = memory_limit
-        self._lut: np.ndarray | None = None
         self.window = window
         self.budget = max(memory_bytes(memory_limit) // SPILL_SHARE, 64 << 20)
         self.items = items or vital_items()
         it = self.items
-        # an item's valid range as lo < value < hi_open: an inclusive upper bound becomes the next
-        # double above it (value <= hi exactly when value < nextafter(hi, +inf))
-        self._hi_open = np.where(it.hi_incl, np.nextafter(it.hi, np.inf), it.hi)
-        self._code = (it.vital << 4) | np.arange(len(it.itemid), dtype=np.uint8)  # vital << 4 | item index
+        # per itemid, from 0 to the largest vital itemid (MIMIC-IV's are six digits) and one entry
+        # past it for every larger id: an item's valid range as lo < value < hi_open (an inclusive
+        # upper bound becomes the next double above it: value <= hi exactly when value <
+        # nextafter(hi, +inf)); any other item gets the empty range (+inf, -inf). And its code,
+        # vital << 4 | index into the items.
+        size = int(it.itemid.max()) + 2
+        self._lo, self._hi_open = np.full(size, np.inf), np.full(size, -np.inf)
+        self._lo[it.itemid] = it.lo
+        self._hi_open[it.itemid] = np.where(it.hi_incl, np.nextafter(it.hi, np.inf), it.hi)
+        self._code = np.zeros(size, np.uint8)
+        self._code[it.itemid] = (it.vital << 4) | np.arange(len(it.itemid), dtype=np.uint8)
         self.rows = self.vital_rows = self.out_rows = 0
         self.seconds: dict[str, float] = {}
 
-    def _item_index(self, itemid: pa.Array) -> np.ndarray:
-        """Index into ``self.items`` of each row's itemid, -1 for other items and nulls: one
-        lookup in a table over 0 .. the largest vital itemid (MIMIC-IV's are six digits)."""
-        if self._lut is None:
-            self._lut = np.full(int(self.items.itemid.max()) + 2, -1, np.intp)  # last entry: every larger id
-            self._lut[self.items.itemid] = np.arange(len(self.items.itemid))
-        return self._lut.take(_values(itemid, np.int32, -1), mode="clip")
-
     def _vital_rows(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...] | None:
-        it = self.items
         charttime = charttime_us(batch.column("charttime"))  # every row: DuckDB's scan converts them all
-        ix = self._item_index(batch.column("itemid"))
+        # a null itemid, a negative one: entry 0, a larger one: the last entry (no vital there)
+        item = _values(batch.column("itemid"), np.int32, -1)
         val = _values(batch.column("valuenum"), np.float64, np.nan)
-        ok = ix >= 0
-        j = np.where(ok, ix, 0)
         with np.errstate(invalid="ignore"):
-            ok &= (val > it.lo.take(j)) & (val < self._hi_open.take(j))
+            ok = (val > self._lo.take(item, mode="clip")) & (val < self._hi_open.take(item, mode="clip"))
         stay_col = batch.column("stay_id")
         if stay_col.null_count or charttime.null_count:
             # some row lacks a stay_id or a charttime: refused when it is a valid vital row
@@ -760,7 +758,7 @@ class VitalPass:
         if not len(keep):
             return None
         rows = keep if sel is None else sel.take(keep)
-        return stay.take(keep), t.take(keep), self._code.take(j.take(rows)), val.take(rows)
+        return stay.take(keep), t.take(keep), self._code.take(item.take(rows), mode="clip"), val.take(rows)
 
     def run(self, sink: Callable[[pa.Table], None]) -> None:
         """Read the file once and call ``sink(part)`` with each partition's relation, in
