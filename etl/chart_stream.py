@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from etl.errors import InputError
 from etl.sources import TIMESTAMP_FORMAT, Table
 from etl.sql import concept_sql
 
@@ -404,8 +405,9 @@ class ChartBatches:
             Linux the jobs cut before then are parsed by threads :data:`EARLY_NICE` nice levels
             below the process, so that they use the cores the checks leave idle.
 
-    Iterating raises :class:`StreamUnreadable` for text the stream does not read (a damaged or
-    truncated gzip, a malformed row): the caller scans the file with DuckDB instead.
+    Iterating raises :class:`StreamUnreadable` for text the stream does not read (a damaged gzip,
+    a malformed row): the caller scans the file with DuckDB instead; and
+    :class:`etl.errors.InputError` naming the file for a gzip stream that ends inside a member.
     """
 
     def __init__(self, table: Table, memory_limit: str = "2GB", progress: bool = False, early: bool = False) -> None:
@@ -531,7 +533,11 @@ class ChartBatches:
             self._put(None)
         except (StreamUnreadable, MemoryError) as exc:  # handed to the consumer
             self._put(exc)
-        except Exception as exc:  # a damaged gzip (ISA-L's IsalError, EOFError, OSError): DuckDB words it
+        except EOFError:
+            # the gzip stream ends inside a member (a download cut short): DuckDB's scan would
+            # fail there too, after reading the whole file again, so the stream says it now
+            self._put(InputError(f"{self.table.path}: unreadable gzip (the compressed data ends early)"))
+        except Exception as exc:  # a damaged gzip (ISA-L's IsalError, OSError): DuckDB words it
             self._put(StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}"))
         except BaseException as exc:
             self._put(exc)

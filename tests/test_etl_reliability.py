@@ -265,6 +265,26 @@ def test_csv_errors_name_file_and_column(mimic_demo_dir, tmp_path):
     assert str(e.value).startswith(f"{path}: column 'valuenum'") and "abc" not in str(e.value)
 
 
+def test_cut_chartevents_gzip_is_named_by_the_stream(mimic_demo_dir, tmp_path, monkeypatch):
+    """A chartevents download cut inside a gzip member is refused where the stream meets its end,
+    naming the file, without DuckDB reading the whole file again (its scan is never reached)."""
+    import etl.mimic as mimic
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) * 3 // 5])
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("DuckDB scanned chartevents again")
+
+    monkeypatch.setattr(mimic, "refuse_as_duckdb", no_scan)
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: unreadable gzip (the compressed data ends early)"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("how", ["gzip-cut", "row-cut"])
 def test_truncated_csv_gz_names_the_file(mimic_demo_dir, tmp_path, how):
     src = _copy_mimic(mimic_demo_dir, tmp_path / "m")

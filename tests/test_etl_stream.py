@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from etl import chart_stream
+from etl.errors import InputError
 from etl.mimic import REQUIRED, TYPES, EtlOptions, run_etl
 from etl.sources import locate
 
@@ -186,8 +187,12 @@ def test_parse_jobs_cut_at_any_byte_give_the_same_rows(tmp_path, monkeypatch):
     reading.close()
     bad = tmp_path / "b/icu/chartevents.csv.gz"
     bad.parent.mkdir(parents=True)
-    bad.write_bytes(path.read_bytes()[:-30])
-    with pytest.raises(chart_stream.StreamUnreadable):
+    raw = path.read_bytes()
+    bad.write_bytes(raw[:-30])  # cut inside the member: refused by the stream, naming the file
+    with pytest.raises(InputError, match="unreadable gzip \\(the compressed data ends early\\)"):
+        list(chart_stream.ChartBatches(locate(bad.parent.parent, "icu", "chartevents", COLS, TYPES)))
+    bad.write_bytes(raw[:len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 0xFF]) + raw[len(raw) // 2 + 1:])
+    with pytest.raises(chart_stream.StreamUnreadable):  # damaged inside: DuckDB words it
         list(chart_stream.ChartBatches(locate(bad.parent.parent, "icu", "chartevents", COLS, TYPES)))
     names = {t.name for t in threading.enumerate()}
     assert not {n for n in names if n.startswith(("chartevents-read", "chartevents-parse"))}, names
