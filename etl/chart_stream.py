@@ -56,7 +56,8 @@ PARTITIONS = 16
 #: both cores busy at the end of a first run (its reduction then takes about 0.5 s less on 2 cores).
 REDUCE_WORKERS = 2
 #: Bytes held per buffered vital row (stay_id, charttime, value, code) and the peak factor of the
-#: sort and reduction of one partition; the buffer spills past memory_limit / SPILL_SHARE.
+#: sort and reduction of the partitions reduced at once (each 1 / PARTITIONS of the rows); the
+#: buffer spills past memory_limit / SPILL_SHARE.
 ROW_BYTES = 25
 SPILL_SHARE = 3
 #: Schema of the relation (etl/sql/mimic/vitalsign.sql's columns).
@@ -114,8 +115,9 @@ def vital_items(text: str | None = None) -> VitalItems:
 
 
 def charttime_us(text: pa.Array) -> pa.Array:
-    """Timestamps (microseconds) of charttime text (strings, or :data:`ARROW_TYPES`' 19 bytes), accepting exactly what the DuckDB scan's
-    ``TIMESTAMP_FORMAT`` accepts in the zero-padded form MIMIC-IV writes ('2150-01-01 10:00:00').
+    """Timestamps (microseconds) of charttime text (strings, or :data:`ARROW_TYPES`' 19 bytes),
+    accepting exactly what the DuckDB scan's ``TIMESTAMP_FORMAT`` accepts in the zero-padded form
+    MIMIC-IV writes ('2150-01-01 10:00:00').
 
     Arrow's ISO 8601 parser also reads '2150-01-01', '2150-01-01T10:00:00', '2150-01-01 10:00'
     and fractions of a second, which the DuckDB scan refuses; a value that is not 19 characters
