@@ -333,6 +333,26 @@ class _Progress:
             self._bar = None
 
 
+#: A CSV line whose every field is unquoted (no '"') or quoted whole, with '""' inside for a quote.
+_QUOTED_LINE = re.compile(rb'(?:"(?:[^"]|"")*"|[^",]*)(?:,(?:"(?:[^"]|"")*"|[^",]*))*\r?')
+
+
+def quotes_closed(text: bytes | bytearray, size: int) -> bool:
+    """Whether every line of ``text[:size]`` that holds a '"' is fields quoted whole or without a
+    quote. Arrow's quoting reads ``"25"0`` as ``250`` where DuckDB refuses the row, so a job with
+    any other line is left to DuckDB (which also reads a quote inside an unquoted field, ``ab"cd``).
+    Only the lines around each '"' are matched."""
+    pos = text.find(b'"', 0, size)
+    while pos >= 0:
+        start = text.rfind(b"\n", 0, pos) + 1
+        end = text.find(b"\n", pos, size)
+        end = size if end < 0 else end
+        if _QUOTED_LINE.fullmatch(bytes(text[start:end])) is None:
+            return False
+        pos = text.find(b'"', end, size)
+    return True
+
+
 class _Buffer:
     """Vital rows split by stay_id range; pieces kept in memory, spilled to Arrow files past a budget."""
 
@@ -462,6 +482,8 @@ class ChartBatches:
         the next job's inflation (the table holds copies of the values, not views of the text).
         ``rows_whole``: the text is whole rows (no quote before it), given with the refusal."""
         try:
+            if quoted and not quotes_closed(text, size):
+                raise pa.ArrowInvalid("a quoted field followed by more text")
             return pacsv.read_csv(pa.BufferReader(pa.py_buffer(text).slice(0, size)),
                                   read_options=self._read_opts[header], parse_options=self._parse_opts[quoted],
                                   convert_options=self._convert_opts)
@@ -746,6 +768,10 @@ class VitalPass:
         charttime = charttime_us(batch.column("charttime"))  # every row: DuckDB's scan converts them all
         # a null itemid, a negative one: entry 0, a larger one: the last entry (no vital there)
         item = _values(batch.column("itemid"), np.int32, -1)
+        if any((pc.min(batch.column(c)).as_py() or 0) < 0 for c in ("stay_id", "itemid")):
+            # Arrow reads a hexadecimal id past the type's range as a negative number where DuckDB
+            # refuses it (0xFFFFFFFF as itemid -1); no MIMIC-IV id is negative
+            raise StreamUnreadable("a negative stay_id or itemid")
         val = _values(batch.column("valuenum"), np.float64, np.nan)
         with np.errstate(invalid="ignore"):
             ok = (val > self._lo.take(item, mode="clip")) & (val < self._hi_open.take(item, mode="clip"))

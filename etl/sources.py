@@ -144,8 +144,10 @@ def whole_number_sql(path: Path, col: str, kind: str) -> str:
     error naming the file and the column (never the value)."""
     where = sql_path(f"{path} :: {col}")
     as_double = f"TRY_CAST({col} AS DOUBLE)"
-    # 'e' and 'E' looked for apart: lower() would build a new string per value
-    return (f"CASE WHEN {col} IS NULL OR NOT (contains({col}, '.') OR contains({col}, 'e') OR contains({col}, 'E')) "
+    # 'e' and 'E' looked for apart: lower() would build a new string per value; a hexadecimal
+    # value ('0x1caa3ee', read by DuckDB's cast as by Arrow's) holds an 'x' and no exponent
+    return (f"CASE WHEN {col} IS NULL OR contains({col}, 'x') OR contains({col}, 'X') "
+            f"OR NOT (contains({col}, '.') OR contains({col}, 'e') OR contains({col}, 'E')) "
             f"THEN CAST({col} AS {kind}) "
             f"WHEN {as_double} = floor({as_double}) THEN CAST({as_double} AS {kind}) "
             f"ELSE error('{NOT_WHOLE}{where}') END")

@@ -265,6 +265,41 @@ def test_csv_errors_name_file_and_column(mimic_demo_dir, tmp_path):
     assert str(e.value).startswith(f"{path}: column 'valuenum'") and "abc" not in str(e.value)
 
 
+@pytest.mark.parametrize("field, text, words", [
+    ("valuenum", '"25"0', "malformed data near line"),  # Arrow's quoting would read 250
+    ("stay_id", "0xFFFFFFFFFFFFFFFF", "column 'stay_id' holds values that are not BIGINT"),  # Arrow: -1
+    ("itemid", "0xFFFFFFFF", "column 'itemid' holds values that are not INTEGER"),
+])
+def test_the_stream_reads_no_row_duckdb_refuses(mimic_demo_dir, tmp_path, field, text, words):
+    """Rows Arrow reads and DuckDB's scan refuses (a quoted field followed by more text, a
+    hexadecimal id past its type's range) are refused with DuckDB's words, late in the file too."""
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "icu/chartevents.csv.gz"
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    cols = lines[0].split(",")
+    k = len(lines) * 2 // 3
+    row = next(ln for ln in lines[k:] if ",220045," in ln).split(",")
+    row[cols.index(field)] = text
+    lines.insert(k, ",".join(row))
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value).startswith(f"{path}: ") and words in str(e.value), str(e.value)
+
+
+def test_hexadecimal_ids_convert_as_duckdb_casts_them():
+    """whole_number_sql: a hexadecimal id is cast as DuckDB casts it (its 'e' is no exponent),
+    a fractional one still refused."""
+    from etl.sources import NOT_WHOLE, whole_number_sql
+
+    sql = whole_number_sql(Path("f.csv"), "v", "BIGINT")
+    con = duckdb.connect()
+    assert con.execute(f"SELECT {sql} FROM (VALUES ('0x1caa3ee'), ('30057454'), ('3.0057454e7')) t(v)").fetchall() \
+        == [(30057454,)] * 3
+    with pytest.raises(duckdb.Error, match=NOT_WHOLE):
+        con.execute(f"SELECT {sql} FROM (VALUES ('2.5')) t(v)").fetchall()
+
+
 def test_cut_chartevents_gzip_is_named_by_the_stream(mimic_demo_dir, tmp_path, monkeypatch):
     """A chartevents download cut inside a gzip member is refused where the stream meets its end,
     naming the file, without DuckDB reading the whole file again (its scan is never reached)."""
