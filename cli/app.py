@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 
 import typer
 
@@ -92,7 +93,13 @@ def _watch_signals(fd: int) -> None:
         # still being imported when the signal came: it has no query running yet
         interrupt_all = getattr(sys.modules.get("etl.sources"), "interrupt_all", None)
         if interrupt_all is not None and {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
-            interrupt_all()
+            # a query that was still being prepared when the signal came starts afterwards and
+            # would run on: interrupt again until the main thread has run the Python handler
+            for _ in range(600):
+                interrupt_all()
+                if _received["signal"] is not None:
+                    break
+                time.sleep(0.05)
 
 
 @contextlib.contextmanager
