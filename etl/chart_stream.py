@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from etl.errors import InputError
-from etl.sources import TIMESTAMP_FORMAT, Table
+from etl.sources import TIMESTAMP_FORMAT, Table, gzip_trailer_error
 from etl.sql import concept_sql
 
 #: Length of a ``TIMESTAMP_FORMAT`` value with zero-padded fields ('2150-01-01 10:00:00').
@@ -561,8 +561,10 @@ class ChartBatches:
             # the gzip stream ends inside a member (a download cut short): DuckDB's scan would
             # fail there too, after reading the whole file again, so the stream says it now
             self._put(InputError(f"{self.table.path}: unreadable gzip (the compressed data ends early)"))
-        except Exception as exc:  # a damaged gzip (ISA-L's IsalError, OSError): DuckDB words it
-            self._put(StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}"))
+        except Exception as exc:  # a damaged gzip (ISA-L's IsalError, OSError): DuckDB words it,
+            # except a failed trailer check, which DuckDB's reader does not make
+            self._put(gzip_trailer_error(self.table.path, exc)
+                      or StreamUnreadable(f"{exc.__class__.__name__}: {str(exc)[:160]}"))
         except BaseException as exc:
             self._put(exc)
 

@@ -418,10 +418,31 @@ def inflated(table: Table, folder: Path) -> Table:
     try:
         with igzip.open(table.read_path, "rb") as src, dst.open("wb") as out:
             shutil.copyfileobj(src, out, 1 << 22)
-    except (OSError, EOFError, ValueError, isal_zlib.error):
+    except (OSError, EOFError, ValueError, isal_zlib.error) as exc:
         dst.unlink(missing_ok=True)
+        damaged = gzip_trailer_error(table.path, exc)
+        if damaged is not None:
+            raise damaged from None
         return table
     return replace(table, read_from=dst)
+
+
+def gzip_trailer_error(path: Path, exc: BaseException) -> InputError | None:
+    """The one-line error naming ``path`` when its gzip data inflated to the end of a member but
+    failed the member's trailer check (CRC-32 or length of the text, RFC 1952 Sec. 2.3.1): the
+    text is not what was compressed. None for any other error. DuckDB's gzip reader does not check
+    the trailer, so a file read by ISA-L is refused here rather than handed on to DuckDB."""
+    import gzip
+
+    if not isinstance(exc, gzip.BadGzipFile):
+        return None
+    what = str(exc)
+    if what.startswith("CRC check failed"):
+        return InputError(f"{path}: damaged gzip (the CRC-32 of the inflated text does not match the file's: "
+                          "the text is not what was compressed)")
+    if what.startswith("Incorrect length"):
+        return InputError(f"{path}: damaged gzip (the length of the inflated text does not match the file's)")
+    return None
 
 
 def sql_path(path: Path | str) -> str:

@@ -320,6 +320,26 @@ def test_cut_chartevents_gzip_is_named_by_the_stream(mimic_demo_dir, tmp_path, m
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("table", ["icu/chartevents.csv.gz", "hosp/patients.csv.gz"])
+@pytest.mark.parametrize("field", ["crc", "length"])
+def test_gzip_failing_its_trailer_check_is_refused(mimic_demo_dir, tmp_path, table, field):
+    """A gzip whose text inflates to the end but whose trailer (RFC 1952: CRC-32, then the text's
+    length mod 2^32, the last 8 bytes) disagrees with it is refused, naming the file, by the
+    chartevents stream and by the inflated copy of a keyed table (DuckDB's reader would take it)."""
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / table
+    raw = bytearray(path.read_bytes())
+    raw[-8 if field == "crc" else -4] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(gzip.BadGzipFile):  # the file is damaged in the way the test means
+        gzip.decompress(bytes(raw))
+    what = "CRC-32" if field == "crc" else "length"
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value).startswith(f"{path}: damaged gzip (the {what} of the inflated text does not match")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("how", ["gzip-cut", "row-cut"])
 def test_truncated_csv_gz_names_the_file(mimic_demo_dir, tmp_path, how):
     src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
