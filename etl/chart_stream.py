@@ -337,6 +337,18 @@ class _Progress:
 _QUOTED_LINE = re.compile(rb'(?:"(?:[^"]|"")*"|[^",]*)(?:,(?:"(?:[^"]|"")*"|[^",]*))*\r?')
 
 
+def utf8_checked(text: bytes | bytearray, size: int) -> None:
+    """Raise ``pyarrow.ArrowInvalid`` unless the first ``size`` bytes of ``text`` are UTF-8.
+
+    Arrow's reader checks only the columns it converts; DuckDB's scan refuses a byte that is not
+    UTF-8 in any column, so the stream checks the whole text as DuckDB does (Arrow's validation of
+    one string over the buffer: about 12 GB/s, 0.2 CPU-s for the synthetic default's 2.7 GB).
+    """
+    data = pa.py_buffer(text).slice(0, size)
+    offsets = pa.py_buffer(np.array([0, size], dtype=np.int64))
+    pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, data]).validate(full=True)
+
+
 def quotes_closed(text: bytes | bytearray, size: int) -> bool:
     """Whether every line of ``text[:size]`` that holds a '"' is fields quoted whole or without a
     quote. Arrow's quoting reads ``"25"0`` as ``250`` where DuckDB refuses the row, so a job with
@@ -484,6 +496,7 @@ class ChartBatches:
         try:
             if quoted and not quotes_closed(text, size):
                 raise pa.ArrowInvalid("a quoted field followed by more text")
+            utf8_checked(text, size)
             return pacsv.read_csv(pa.BufferReader(pa.py_buffer(text).slice(0, size)),
                                   read_options=self._read_opts[header], parse_options=self._parse_opts[quoted],
                                   convert_options=self._convert_opts)

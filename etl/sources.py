@@ -270,15 +270,15 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
 
 
 def _csv_header(path: Path) -> tuple[str, ...]:
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as fh:
-                line = fh.readline()
-        else:
-            with path.open("r", encoding="utf-8-sig", newline="") as fh:
-                line = fh.readline()
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+    try:  # the first line as bytes: a text reader would decode (and refuse) the rows after it too
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as fh:
+            raw = fh.readline()
+    except (OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: unreadable ({_reason(exc)})") from None
+    try:
+        line = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: the CSV header is not UTF-8 text") from None
     cols = tuple(c.strip().strip('"').lower() for c in line.rstrip("\r\n").split(","))
     if not line.strip() or not all(cols):
         raise InputError(f"{path}: empty file or missing CSV header")
@@ -569,6 +569,8 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
             return InputError(f"{t.path}: column '{col}' holds values that are not {types[col]} "
                               f"({exc.__class__.__name__})")
     where = str(culprit.path) if culprit else "input tables"
+    if "invalid unicode" in text.lower():
+        kind = "text that is not UTF-8"
     # DuckDB's "CSV Error on Line: 141" (its "LINE 1:" is the SQL statement's line, not the file's)
     line = re.search(r"(?:CSV Error on Line: |\bline )(\d+)", text)
     at = f" near line {line.group(1)}" if (culprit and line and not culprit.is_parquet) else ""

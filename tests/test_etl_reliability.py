@@ -287,6 +287,24 @@ def test_the_stream_reads_no_row_duckdb_refuses(mimic_demo_dir, tmp_path, field,
     assert str(e.value).startswith(f"{path}: ") and words in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("table, where", [("icu/chartevents.csv.gz", "row"), ("hosp/patients.csv.gz", "row"),
+                                          ("hosp/patients.csv.gz", "header")])
+def test_text_that_is_not_utf8_is_named_with_its_line(mimic_demo_dir, tmp_path, table, where):
+    """A byte that is not UTF-8 (0xFF) in a row is refused with the file and the line, by the
+    chartevents stream and by a keyed table's scan; in the header, the header is named (before,
+    the header's reader decoded the rows after it and named neither)."""
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / table
+    lines = gzip.decompress(path.read_bytes()).split(b"\n")
+    k = 0 if where == "header" else 5
+    lines[k] = lines[k][:3] + b"\xff" + lines[k][4:]  # in the first field (subject_id), row or header
+    path.write_bytes(gzip.compress(b"\n".join(lines), compresslevel=1))
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    expected = "the CSV header is not UTF-8 text" if where == "header" else "text that is not UTF-8 near line 6 "
+    assert str(e.value).startswith(f"{path}: {expected}"), str(e.value)
+
+
 def test_hexadecimal_ids_convert_as_duckdb_casts_them():
     """whole_number_sql: a hexadecimal id is cast as DuckDB casts it (its 'e' is no exponent),
     a fractional one still refused."""
