@@ -190,8 +190,8 @@ def runs(
 def default_experiment(given: str | None, tracking_uri: str | None, store: RunStore | None = None) -> str:
     """The experiment ``abps runs`` / ``abps report`` / ``abps ui`` show: ``given``, else
     ``MLFLOW_EXPERIMENT_NAME``, else the folder name of this project's cohort (``abps train``'s
-    default experiment) when the store has it, else the store's most recently created
-    experiment that holds runs, else ``abps``. ``store``: the store already open on
+    default experiment) when the store has it, else the store's most recently used
+    experiment (the one whose latest run started last), else ``abps``. ``store``: the store already open on
     ``tracking_uri`` (opened here, read-only, when None)."""
     from federation.run.store_read import open_store
     from federation.run.tracking import EXPERIMENT_ENV, experiment_name

@@ -153,6 +153,14 @@ def test_the_sqlite_reader_finds_what_mlflow_finds(tmp_path: Path) -> None:
         got = [_as_plain(r) for r in fast.finished_runs(exp)]
         assert got == [_as_plain(r) for r in slow.finished_runs(exp)]
         assert fast.latest_experiment_with_runs() == slow.latest_experiment_with_runs() == "cohort"
+    # an experiment created later whose only run started earlier is not the most recently used
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(uri)
+    client.create_run(client.create_experiment("newer"), start_time=1_500)
+    with store_read.open_store(uri) as fast:
+        assert fast.latest_experiment_with_runs() == store_read._ClientStore(uri).latest_experiment_with_runs() == "cohort"
+        client.create_run(fast.experiment_id("newer"), start_time=6_000)
+        assert fast.latest_experiment_with_runs() == store_read._ClientStore(uri).latest_experiment_with_runs() == "newer"
     # active FINISHED runs only, newest first, ties by run id; the NaN and the latest step kept
     parent, s11, s22 = ids["cohort"][:3]
     assert [g[0] for g in got] == [*sorted([s11, s22]), parent]
@@ -219,3 +227,22 @@ def test_runs_before_any_training_says_so_and_makes_no_store(tmp_path: Path, cap
         main(["runs", "--tracking-uri", uri, "--experiment", "x"])
     assert exc.value.code == 2 and "--experiment 'x': no such MLflow experiment" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+def test_runs_and_report_on_the_default_store_make_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    """In a folder with no store, ``abps runs`` and ``abps report`` on the default store create no
+    ``mlflow/`` folder, and ``abps report`` with no experiment named says there is nothing to
+    report (not that an ``--experiment`` the user never gave does not exist)."""
+    from cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABPS_STATE", str(tmp_path / "state.json"))
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["runs"]) in (0, None)
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--out", "r"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "no experiment to report: sqlite:///mlflow/mlflow.db holds no runs" in err
+    assert "--experiment" not in err.split("(")[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -73,8 +73,8 @@ class RunStore(Protocol):
         """The id of experiment ``name`` (deleted ones included, as MLflow's lookup by name), or None."""
 
     def latest_experiment_with_runs(self) -> str | None:
-        """The name of the most recently created active experiment (of the newest 50) holding an
-        active run, or None."""
+        """The name of the most recently used active experiment (the one holding the active run
+        that started last), or None."""
 
     def finished_runs(self, experiment_id: str) -> list[Any]:
         """The experiment's active FINISHED runs, newest first (MLflow's ``search_runs`` order)."""
@@ -98,10 +98,9 @@ class _SqliteStore:
 
     def latest_experiment_with_runs(self) -> str | None:
         rows = self._rows(
-            "SELECT e.name FROM (SELECT experiment_id, name, creation_time FROM experiments "
-            "WHERE lifecycle_stage = 'active' ORDER BY creation_time DESC, experiment_id LIMIT 50) AS e "
-            "WHERE EXISTS (SELECT 1 FROM runs r WHERE r.experiment_id = e.experiment_id "
-            "AND r.lifecycle_stage = 'active') ORDER BY e.creation_time DESC, e.experiment_id LIMIT 1")
+            "SELECT e.name FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id "
+            "WHERE e.lifecycle_stage = 'active' AND r.lifecycle_stage = 'active' "
+            "ORDER BY r.start_time DESC, r.run_uuid LIMIT 1")
         return str(rows[0][0]) if rows else None
 
     def finished_runs(self, experiment_id: str) -> list[StoredRun]:
@@ -143,10 +142,11 @@ class _ClientStore:
         return None if exp is None else str(exp.experiment_id)
 
     def latest_experiment_with_runs(self) -> str | None:
-        for exp in self._client.search_experiments(order_by=["creation_time DESC"], max_results=50):
-            if self._client.search_runs([exp.experiment_id], max_results=1):
-                return str(exp.name)
-        return None
+        exps = {str(e.experiment_id): str(e.name) for e in self._client.search_experiments(max_results=1000)}
+        if not exps:
+            return None
+        runs = self._client.search_runs(list(exps), max_results=1, order_by=["attributes.start_time DESC", "attributes.run_id"])
+        return exps[str(runs[0].info.experiment_id)] if runs else None
 
     def finished_runs(self, experiment_id: str) -> list[Any]:
         return search_all(self._client, experiment_id, "attributes.status = 'FINISHED'")
@@ -187,7 +187,7 @@ def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
     Raises:
         InputError: the store is damaged or unreadable (one line naming it).
     """
-    uri = tracking_uri or default_tracking_uri()
+    uri = tracking_uri or default_tracking_uri(make_folder=False)  # a reader makes nothing
     db = _sqlite_path(uri)
     con = None
     if db is not None and not db.exists():  # no store yet: nothing to read, and nothing made

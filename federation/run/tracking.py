@@ -71,16 +71,17 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 HEADLINE = {"AUROC": "final_auroc_mean", "Bandwidth": "rel_bandwidth", "Isolation": "rest_share_mean"}
 
 
-def default_tracking_uri() -> str:
+def default_tracking_uri(make_folder: bool = True) -> str:
     """The ``MLFLOW_TRACKING_URI`` environment variable when set (MLflow's convention, e.g. a shared
     tracking server), else the project's store ``sqlite:///mlflow/mlflow.db`` (relative to the
-    working directory; folder created when it can be: an unwritable folder is reported by
-    :func:`open_client`, naming the store)."""
+    working directory; with ``make_folder``, its folder is created when it can be: an unwritable
+    folder is reported by :func:`open_client`, naming the store; a reader passes False)."""
     env = os.environ.get(URI_ENV, "").strip()
     if env:
         return env
-    with contextlib.suppress(OSError):
-        Path("mlflow").mkdir(exist_ok=True)
+    if make_folder:
+        with contextlib.suppress(OSError):
+            Path("mlflow").mkdir(exist_ok=True)
     return "sqlite:///mlflow/mlflow.db"
 
 
