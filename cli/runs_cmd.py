@@ -176,7 +176,9 @@ def runs(
         return
     rows = table1(col.cells)
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
-    for head in ("method", "seeds", "AUROC mean +- std", "bandwidth (x FedAvg)", "isolation"):
+    metrics = sorted({c.metric for c in col.cells})
+    score = "AUROC" if metrics == ["auroc"] else "/".join(metrics)  # one cohort, so one metric
+    for head in ("method", "seeds", f"{score} mean +- std", "bandwidth (x FedAvg)", "isolation"):
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
         auroc = (auroc_cell(r) if r.n_undefined else f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}")

@@ -35,7 +35,9 @@ def sets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return clin, fm
 
 
-def test_train_on_an_image_federation(sets: tuple[Path, Path], tmp_path: Path) -> None:
+def test_train_on_an_image_federation(sets: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    import cli.runs_cmd  # noqa: F401  (registers `abps runs`)
+
     _, fm = sets
     out = tmp_path / "results.json"
     main(["train", "--method", "sage", "--cohort", str(fm), "--rounds", "1", "--seeds", "4",
@@ -49,6 +51,11 @@ def test_train_on_an_image_federation(sets: tuple[Path, Path], tmp_path: Path) -
     omega = FULL - (64 * 64 + 64) - (64 * 10 + 10)
     assert seed["model_bytes"] in (2 * omega * 4, 3 * omega * 4) and seed["probe_bytes"] == 0
     assert 0.0 <= seed["final_auroc_mean"] <= 1.0
+    # the run list heads the column with the metric the runs hold (accuracy here, not AUROC)
+    capsys.readouterr()
+    main(["runs", "--experiment", fm.name, "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"])
+    shown = capsys.readouterr().out
+    assert "accuracy mean +- std" in shown and "AUROC" not in shown
 
 
 def test_cross_sweep_and_report(sets: tuple[Path, Path], tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from federation.run.tracking import (
     KIND_TRAIN,
     LABEL_TAG,
     METHOD_TAG,
+    METRIC_TAG,
     PLATFORM_COMPARED,
     PLATFORM_TAG_PREFIX,
     SEED_TAG,
@@ -59,6 +60,7 @@ class CellRun:
     cohort_name: str = ""  # the cohort's folder name (empty for runs made before the tag)
     final_val_auroc: float = math.nan  # mean validation AUROC of the reported round
     targets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # the run's targets.* config (as logged)
+    metric: str = "auroc"  # what final_auroc_mean holds: auroc, or accuracy on an image federation (METRIC_TAG)
 
 
 def _platform(tags: dict[str, str]) -> dict[str, str]:
@@ -128,7 +130,8 @@ def _cell_from_run(r: Any) -> CellRun | None:
         partners_mean=float(m.get("partners_mean", math.nan)),
         acceptance_rate=float(m.get("run_acceptance_rate", math.nan)),
         centers_ever_rested=float(m.get("centers_ever_rested", math.nan)), platform=_platform(t),
-        final_val_auroc=float(m.get("final_val_auroc_mean", math.nan)), targets=_targets(r.data.params))
+        final_val_auroc=float(m.get("final_val_auroc_mean", math.nan)), targets=_targets(r.data.params),
+        metric=t.get(METRIC_TAG, "auroc"))
 
 
 def _targets(params: dict[str, str]) -> dict[str, tuple[float, ...]]:

@@ -49,6 +49,7 @@ from federation.run.tracking import (
     KIND_TRAIN,
     LABEL_TAG,
     METHOD_TAG,
+    METRIC_TAG,
     SEED_TAG,
     Tracker,
     engine_tags,
@@ -505,7 +506,7 @@ def run_training(
                     metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d, "torch_threads": torch.get_num_threads()}  # (abps train --threads)
-    common = {METHOD_TAG: cfg.method, LABEL_TAG: label, COHORT_TAG: cid,
+    common = {METHOD_TAG: cfg.method, LABEL_TAG: label, COHORT_TAG: cid, METRIC_TAG: data.metric_name,
               COHORT_NAME_TAG: Path(cohort_dir).resolve().name}
     done = {r.seed: r for r in saved["done"]} if saved is not None else {}
     current = saved["current"] if saved is not None else None

@@ -30,6 +30,7 @@ COHORT_TAG = "abps.cohort_id"
 COHORT_NAME_TAG = "abps.cohort"  # the cohort's folder name (how notes name a cohort; the id is its content hash)
 HASH_TAG = "abps.config_hash"
 LABEL_TAG = "abps.label"
+METRIC_TAG = "abps.metric"  # the split metric of the run's final_auroc_* figures: auroc, or accuracy (images)
 SWEEP_TAG = "abps.sweep_hash"
 CELL_SECONDS_TAG = "abps.cell_seconds"
 EXECUTOR_TAG = "abps.executor"

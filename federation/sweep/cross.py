@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from etl.errors import InputError
 from federation.core.config import load_yaml
 from federation.data.load import load_federation
-from federation.run.tracking import Tracker
+from federation.run.tracking import METRIC_TAG, Tracker
 from federation.sweep.driver import run_sweep
 from federation.sweep.spec import SweepSpec
 
@@ -20,7 +20,6 @@ __all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_swee
 
 #: MLflow tags a cross sweep sets on each data set's parent sweep run (read by federation.report.cross)
 DATASET_TAG = "abps.dataset"
-METRIC_TAG = "abps.metric"
 
 
 class CrossDataset(BaseModel):

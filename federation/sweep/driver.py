@@ -140,7 +140,7 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
         check_reachable(address)  # before any MLflow run is opened
     cohort_dir = str(Path(cohort_dir).resolve())
     cid = federation_id(cohort_dir)
-    load_federation(cohort_dir)  # a bad cohort fails here, before any MLflow run
+    metric = load_federation(cohort_dir).metric_name  # a bad cohort fails here, before any MLflow run
     cells = expand_cells(spec, base_dir, cid, rounds, seeds)
     dropped = []
     for m in sorted({c.config.min_train for c in cells}):
@@ -161,7 +161,7 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
         # two cells with the same resolved config and seed are one computation
         todo = list({c.key: c for c in reversed(todo)}.values())[::-1]
         log = CellLog(tracker, parent, cid, all_keys, s_hash, stale_runs(tracker),
-                      cohort_name=Path(cohort_dir).resolve().name, interrupted=interrupted_runs(tracker))
+                      cohort_name=Path(cohort_dir).resolve().name, interrupted=interrupted_runs(tracker), metric=metric)
         ck = (str(folder), cid)
         threads = spec.resources.threads
         bar = _SweepProgress(progress, len(todo), workers)

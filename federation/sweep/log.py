@@ -26,6 +26,7 @@ from federation.run.tracking import (
     KIND_TAG,
     LABEL_TAG,
     METHOD_TAG,
+    METRIC_TAG,
     SEED_TAG,
     SWEEP_TAG,
     Tracker,
@@ -98,11 +99,14 @@ class CellLog:
         stale: runs left RUNNING by a killed sweep, by key (marked KILLED when their cell restarts).
         cohort_name: the cohort's folder name (tag ``abps.cohort``).
         interrupted: :func:`interrupted_runs` (continued by a cell that resumes from its checkpoint).
+        metric: the cohort's split metric (tag ``abps.metric``: ``auroc``, or ``accuracy`` on images).
     """
 
     def __init__(self, tracker: Tracker, parent_id: str, cohort: str, all_keys: list[str], sweep_hash: str,
-                 stale: dict[Key, list[str]], cohort_name: str = "", interrupted: dict[Key, str] | None = None) -> None:
+                 stale: dict[Key, list[str]], cohort_name: str = "", interrupted: dict[Key, str] | None = None,
+                 metric: str = "auroc") -> None:
         self.tracker, self.parent_id, self.cohort, self.cohort_name = tracker, parent_id, cohort, cohort_name
+        self.metric = metric
         self.all_keys, self.sweep_hash, self.stale = all_keys, sweep_hash, stale
         self.interrupted = dict(interrupted or {})
         self.open: dict[Key, list[Any]] = {}  # key -> [run id, steps logged]
@@ -123,7 +127,7 @@ class CellLog:
             return going_on
         tags = {KIND_TAG: KIND_CELL, HASH_TAG: cell.config_hash, COHORT_TAG: self.cohort, LABEL_TAG: cell.label,
                 COHORT_NAME_TAG: self.cohort_name,
-                SWEEP_TAG: self.sweep_hash, METHOD_TAG: cell.method, SEED_TAG: str(cell.seed)}
+                SWEEP_TAG: self.sweep_hash, METHOD_TAG: cell.method, SEED_TAG: str(cell.seed), METRIC_TAG: self.metric}
         params = cell_params(cell, self.cohort)
         rid = self.tracker.create(cell.run_name, {k: params.get(k, "none") for k in self.all_keys}, tags,
                                   parent_id=self.parent_id, start_time_ms=ms)
