@@ -84,7 +84,7 @@ def etl_command(
                                          "unchanged: auto (sources >= 64 MiB, in $ABPS_CACHE_DIR or "
                                          "~/.cache/abps), off, or a folder (docs/etl.md)."),
 ) -> None:
-    """Build the federated ICU-mortality cohort (ABPS paper Sec. 6.1)."""
+    """Build the federated ICU cohort: in-hospital mortality, or another --task (ABPS paper Sec. 6.1)."""
     from etl.mimic import EtlOptions
 
     if mimic_dir is not None and data_dir is not None and mimic_dir != data_dir:
