@@ -11,7 +11,7 @@ import typer
 from cli import project
 from cli.app import app
 from etl.errors import InputError
-from federation.method_catalog import METHOD_NAMES
+from federation.method_catalog import P2P_METHODS
 
 
 def _config(method: str, config: Path | None, rounds: int | None, params: list[str] | None):
@@ -35,7 +35,7 @@ def peer(
     cohort: Path = typer.Option(..., "--cohort", help="cohort directory; only this center's rows are read"),
     center: str = typer.Option(..., "--center", help="center_id this process runs (a line of --peers)"),
     peers: Path = typer.Option(..., "--peers", help="peers file: one line 'center_id host:port' per center"),
-    method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(METHOD_NAMES)}"),
+    method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(P2P_METHODS)}"),
     seed: int = typer.Option(..., "--seed", help="run seed (the same on every peer)"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE",
                                help="this peer's result JSON"),
@@ -96,7 +96,7 @@ def peer(
 
 @app.command("launch")
 def launch(
-    method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(METHOD_NAMES)}"),
+    method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(P2P_METHODS)}"),
     cohort: Path = typer.Option(..., "--cohort", help="cohort directory (each peer reads only its own center's rows)"),
     seed: int = typer.Option(0, "--seed", help="run seed"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE", help="results.json path"),

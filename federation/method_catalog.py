@@ -41,3 +41,7 @@ DISPLAY: dict[str, str] = {row[0]: row[1] for row in CATALOG}
 #: name -> Figure 3 colour family (as ``families()``)
 FAMILY: dict[str, str] = {row[0]: row[2] for row in CATALOG}
 
+#: the methods a peer-to-peer run drives: those whose preset ``federation.p2p.peer.check_p2p_config``
+#: accepts (fedavg and the ABPS family without drift windows), in catalog order
+P2P_METHODS: tuple[str, ...] = ("fedavg", "abps", "abps+p", "abps+q", "abps+p+q+k1", "abps-hom", "abps-div",
+                                "abps-align", "abps-x", "random-partners")

@@ -80,6 +80,19 @@ def test_the_catalog_is_the_registry() -> None:
     assert list(method_catalog.METHOD_NAMES) == method_names()
     assert method_catalog.PAPER_ORDER == paper_order()
     assert method_catalog.DISPLAY == display_names() and method_catalog.FAMILY == families()
+    # the peer-to-peer set the launch help lists is what the peer's check accepts
+    from cli.p2p_cmd import _config
+    from etl.errors import InputError
+    from federation.p2p.peer import check_p2p_config
+
+    accepted = []
+    for name in method_names():
+        try:
+            check_p2p_config(_config(name, None, None, None))
+        except InputError:
+            continue
+        accepted.append(name)
+    assert method_catalog.P2P_METHODS == tuple(accepted)
 
 
 def test_every_help_imports_no_heavy_library(tmp_path: Path) -> None:
