@@ -6,7 +6,6 @@ Fig. 3, variance-correction Table I) and docs/sweeps.md.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -27,18 +26,18 @@ def report(
                                "earlier report of the same experiment is always brought up to date)"),
 ) -> None:
     """Rebuild Table 1, Figure 3 and the bytes-to-target table (and the SAGE / variance-correction tables when such runs exist)."""
-    from cli.runs_cmd import default_experiment
+    from cli.runs_cmd import default_experiment, experiment_source
     from etl.errors import InputError
     from federation.report import write_report
-    from federation.run.store_read import open_store
-    from federation.run.tracking import EXPERIMENT_ENV
+    from federation.run.store_read import experiment_or_error, open_store
 
-    with open_store(tracking_uri) as store:
+    with open_store(tracking_uri) as store:  # read-only: a missing experiment is refused before any write
+        named = experiment_source(experiment)
         chosen = default_experiment(experiment, tracking_uri, store)
-        fallback = not experiment and not os.environ.get(EXPERIMENT_ENV, "").strip()
-        if fallback and store.experiment_id(chosen) is None:  # no experiment named and none to fall back on
+        if named is None and store.experiment_id(chosen) is None:  # none named and none to fall back on
             raise InputError(f"no experiment to report: {store.uri} holds no runs "
                              "(run abps train or abps sweep first, or pass --experiment NAME)")
+        experiment_or_error(store, chosen, named or "--experiment")
     experiment = chosen
     doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log, force=force)
     done = ", ".join(doc["sections"]) or "no section (no FINISHED run with a defined final AUROC: check that the runs finished and that some centers' test splits hold both classes)"

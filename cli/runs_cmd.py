@@ -166,11 +166,12 @@ def runs(
     from federation.run.store_read import experiment_or_error, open_store
 
     with open_store(tracking_uri) as store:
-        given, experiment = experiment, default_experiment(experiment, tracking_uri, store)
-        if not given and store.experiment_id(experiment) is None:  # nothing trained into this store yet
+        named = experiment_source(experiment)
+        experiment = default_experiment(experiment, tracking_uri, store)
+        if named is None and store.experiment_id(experiment) is None:  # nothing trained into this store yet
             typer.echo(f"no training runs yet in {store.uri} (abps train --goal diversity)")
             return
-        col = collect_runs(store.finished_runs(experiment_or_error(store, experiment)))
+        col = collect_runs(store.finished_runs(experiment_or_error(store, experiment, named or "--experiment")))
     if not col.cells:
         typer.echo(f"experiment {experiment}: no finished training runs yet (abps train --goal diversity)")
         return
@@ -187,6 +188,16 @@ def runs(
     typer.echo(BANDWIDTH_NOTE.replace("×", "x") + " " + ISOLATION_NOTE)
     for note in col.notes:
         typer.echo(f"note: {note}")
+
+
+def experiment_source(given: str | None) -> str | None:
+    """What named the experiment a reading command shows: ``--experiment``, the
+    ``MLFLOW_EXPERIMENT_NAME`` variable, or None (the command falls back on a default)."""
+    from federation.run.tracking import EXPERIMENT_ENV
+
+    if given:
+        return "--experiment"
+    return EXPERIMENT_ENV if os.environ.get(EXPERIMENT_ENV, "").strip() else None
 
 
 def default_experiment(given: str | None, tracking_uri: str | None, store: RunStore | None = None) -> str:

@@ -258,4 +258,18 @@ def test_runs_and_report_on_the_default_store_make_nothing(tmp_path: Path, monke
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "no experiment to report: sqlite:///mlflow/mlflow.db holds no runs" in err
     assert "--experiment" not in err.split("(")[0]
+    # an experiment named by the option or the variable is refused naming what named it, still
+    # before anything is written; an empty store file is read as no store, not filled in
+    with pytest.raises(SystemExit):
+        main(["report", "--out", "r", "--experiment", "nope"])
+    assert "error: --experiment 'nope': no such MLflow experiment" in capsys.readouterr().err
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "nope")
+    for argv in (["report", "--out", "r"], ["runs"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "error: MLFLOW_EXPERIMENT_NAME 'nope': no such MLflow experiment" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    (tmp_path / "empty.db").touch()
+    assert main(["runs", "--tracking-uri", f"sqlite:///{tmp_path}/empty.db"]) in (0, None)
+    assert (tmp_path / "empty.db").stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]

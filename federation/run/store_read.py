@@ -190,8 +190,8 @@ def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
     uri = tracking_uri or default_tracking_uri(make_folder=False)  # a reader makes nothing
     db = _sqlite_path(uri)
     con = None
-    if db is not None and not db.exists():  # no store yet: nothing to read, and nothing made
-        yield _EmptyStore(uri)
+    if db is not None and (not db.exists() or (db.is_file() and db.stat().st_size == 0)):
+        yield _EmptyStore(uri)  # no store yet (or an empty file): nothing to read, and nothing made
         return
     if db is not None and db.is_file() and db.stat().st_size > 0:
         check_store(uri)
@@ -221,9 +221,10 @@ class _EmptyStore:
         return []
 
 
-def experiment_or_error(store: RunStore, name: str) -> str:
-    """The id of experiment ``name``; InputError naming it and the store when there is none."""
+def experiment_or_error(store: RunStore, name: str, named_by: str = "--experiment") -> str:
+    """The id of experiment ``name``; InputError naming it, what named it (``named_by``: the option
+    or the environment variable) and the store when there is none."""
     exp = store.experiment_id(name)
     if exp is None:
-        raise InputError(f"--experiment {name!r}: no such MLflow experiment in {store.uri}")
+        raise InputError(f"{named_by} {name!r}: no such MLflow experiment in {store.uri}")
     return exp
