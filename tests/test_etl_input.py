@@ -297,6 +297,26 @@ def test_header_only_chartevents_is_refused(mimic_demo_dir, tmp_path, fmt):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("rel, why", [("icu/icustays", "every stay of the cohort is one of its rows"),
+                                       ("hosp/admissions", "every stay's outcome comes from its admission"),
+                                       ("hosp/patients", "every stay's age comes from its patient")])
+def test_a_keyed_table_with_a_header_only_is_named(mimic_demo_dir, tmp_path, rel, why):
+    """A header-only icustays, admissions or patients names its file (not an empty join)."""
+    import gzip
+
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / f"{rel}.csv.gz"
+    header = gzip.decompress(path.read_bytes()).decode().splitlines()[0]
+    path.write_bytes(gzip.compress((header + "\n").encode()))
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: no data rows (a header only); {why}"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("rel", ["icu/chartevents", "hosp/admissions"])
 @pytest.mark.parametrize("pad", [1, 7, 1024])
 def test_zero_padding_after_the_gzip_stream_is_ignored(mimic_demo_dir, tmp_path, rel, pad):
