@@ -221,6 +221,36 @@ def test_same_seed_same_result():
     assert strip(a["runs"]["3"]["sage_os"]["history"]) == strip(b["runs"]["3"]["sage_os"]["history"])
 
 
+def test_a_selector_alone_equals_it_in_the_preset(tmp_path):
+    """A selector run on its own gives the figures it gives beside the others (its random draws
+    depend on (seed, selector), the rest on the seed), which is what lets the paper-size grids run
+    one selector at a time (benchmarks/sage_grid.py); and the grid's table reads such a result."""
+    from benchmarks import sage_grid
+    from etl.images import FASHION_MNIST_DIR
+    assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"
+    cfg = {"benchmark": "sage", "n_clients": 4, "graph": "er", "er_p": 0.9, "alpha_dir": 0.5,
+           "train_samples": 800, "test_samples": 100, "eval_every": 2}
+    both = cli_run({**cfg, "selectors": ["RG", "SAGE-OS"]}, rounds=3, seeds=[1], tracking_uri="none")
+    alone = cli_run({**cfg, "selectors": ["SAGE-OS"]}, rounds=3, seeds=[1], tracking_uri="none",
+                    output=tmp_path / "sage-os.json")
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds_round"} for r in h]  # noqa: E731
+    assert strip(both["runs"]["1"]["sage_os"]["history"]) == strip(alone["runs"]["1"]["sage_os"]["history"])
+    assert both["runs"]["1"]["sage_os"]["summary"]["global_acc"] == alone["runs"]["1"]["sage_os"]["summary"]["global_acc"]
+    dst = sage_grid.result_path("er", "SAGE-OS", tmp_path)
+    dst.parent.mkdir(parents=True)
+    (tmp_path / "sage-os.json").rename(dst)
+    lines = sage_grid.table("er", tmp_path).splitlines()
+    s = alone["runs"]["1"]["sage_os"]["summary"]
+    assert len(lines) == 3 and lines[2].startswith(f"| SAGE-OS | {s['global_acc']:.4f} | {s['macro_f1']:.4f} |")
+    assert "| 0.4121 |" in lines[2]  # Table I's SAGE-OS accuracy beside it
+    assert sage_grid.table("ba", tmp_path) == ""
+    bad = sage_grid.result_path("ba", "RG", tmp_path)
+    bad.parent.mkdir()
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="rg.json: not the results.json of a finished selector"):
+        sage_grid.table("ba", tmp_path)
+
+
 def test_stacked_adam_step_equals_per_client_torch_adam():
     """StackedAdam.step_rows on rows of a [K, P] buffer == torch.optim.Adam per client."""
     g = torch.Generator().manual_seed(0)
