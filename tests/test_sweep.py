@@ -270,6 +270,37 @@ def test_local_and_ray_engines_and_worker_counts_give_identical_metrics(cohort, 
         assert v == ref, k
 
 
+def test_a_local_ray_that_times_out_at_startup_is_started_again():
+    """Ray waits a fixed 30 s for its raylet; on busy cores that can fail once (seen under a
+    parallel test run): the local start is tried again after a shutdown; other errors are not."""
+    from federation.sweep.executors import start_local_ray
+
+    class FakeRay:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), []
+
+        def init(self, **kwargs):
+            self.calls.append(("init", kwargs["num_cpus"]))
+            if self.errors:
+                raise self.errors.pop(0)
+
+        def shutdown(self):
+            self.calls.append(("shutdown", None))
+
+    timeout = Exception("The current node timed out during startup. This could happen because ...")
+    ray = FakeRay([timeout])
+    start_local_ray(ray, 2)
+    assert ray.calls == [("init", 2), ("shutdown", None), ("init", 2)]
+    ray = FakeRay([timeout, timeout])
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_ray(ray, 2)
+    assert [c[0] for c in ray.calls] == ["init", "shutdown", "init"]
+    ray = FakeRay([ValueError("num_cpus")])
+    with pytest.raises(ValueError):
+        start_local_ray(ray, 2)
+    assert ray.calls == [("init", 2)]
+
+
 def test_executor_key(tmp_path):
     p = tmp_path / "s.yaml"  # the old `engine:` key is refused in test_bad_sweep_files
     p.write_text("methods: [fedavg]\nexecutor: ray\nworkers: 3\n")

@@ -147,6 +147,20 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                          f"(no answer within {timeout_s:g} s)") from None
 
 
+def start_local_ray(ray: Any, workers: int, attempts: int = 2) -> None:
+    """``ray.init`` of a local Ray with ``workers`` CPUs, started again (after ``ray.shutdown``) when
+    its node times out at startup: Ray waits a fixed 30 s for the raylet to register, which a machine
+    whose cores are busy can miss once. Any other error, or the last attempt's, is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as exc:
+            if attempt == attempts or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+
+
 def run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address: str | None,
             num_cpus: float, checkpoints: tuple[str, str] | None = None) -> Iterator[Event]:
     """Run the cells as Ray tasks (a local Ray with ``workers`` CPUs, or the cluster at ``address``;
@@ -162,7 +176,7 @@ def run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address:
             check_reachable(address)
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            start_local_ray(ray, workers)
         started = True
     try:
         q = Queue()
