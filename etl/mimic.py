@@ -452,8 +452,7 @@ def build_cohort(mimic_dir: str | Path, opts: EtlOptions, scratch: Path,
         for name, why in (("icustays", "every stay of the cohort is one of its rows"),
                           ("admissions", "every stay's outcome comes from its admission"),
                           ("patients", "every stay's age comes from its patient")):
-            if not con.execute(f"SELECT 1 FROM {tables[name].loaded_as} LIMIT 1").fetchall():
-                raise InputError(f"{tables[name].path}: no data rows (a header only); {why}")
+            require_rows(con, tables[name], why)
         if not con.execute(f"SELECT 1 FROM {tables['diagnoses_icd'].loaded_as} LIMIT 1").fetchall():
             warnings.warn(InputWarning(f"{tables['diagnoses_icd'].path}: no data rows; every Charlson comorbidity "
                                        "of the cohort is 0"), stacklevel=1)

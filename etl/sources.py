@@ -201,9 +201,13 @@ def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None
     Raises:
         InputError: naming the file and ``why`` the table cannot be empty.
     """
-    if _first_row_plain(table):
+    if table.loaded_as is not None:  # already loaded: its table answers at once
+        rows = con.execute(f"SELECT 1 FROM {table.loaded_as} LIMIT 1").fetchall()
+    elif _first_row_plain(table):
         return
-    if not con.execute(f"SELECT 1 FROM {table.varchar_scan()} LIMIT 1").fetchall():
+    else:
+        rows = con.execute(f"SELECT 1 FROM {table.varchar_scan()} LIMIT 1").fetchall()
+    if not rows:
         raise InputError(f"{table.path}: no data rows (a header only); {why}")
 
 
