@@ -25,7 +25,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from benchmarks.options import machine_note, matmul_peak_gflops
+from benchmarks.options import machine_note, matmul_peak_gflops, sync
 from etl.images import ImageDataset
 from etl.io import atomic_write_text
 from federation.gossip.model import (
@@ -42,23 +42,26 @@ TARGET_SPEEDUP = 3.0
 BYTES_PER_NODE = 431_080 * 4 * 6  # flat, momentum, buffer, gradient, gathered copies
 
 
-def _time(fn, repeats: int) -> float:
+def _time(fn, repeats: int, device: str = "cpu") -> float:
     fn()  # warm-up
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
         fn()
+    sync(device)
     return (time.perf_counter() - t0) / repeats
 
 
-def bench_step(n: int, repeats: int, loop: bool) -> dict:
-    """Seconds for one training step of n nodes: stacked engines and (optionally) a per-node loop."""
+def bench_step(n: int, repeats: int, loop: bool, device: str = "cpu") -> dict:
+    """Seconds for one training step of n nodes on ``device``: stacked engines and (optionally) a
+    per-node loop. The inputs are drawn on the CPU, so every device sees the same numbers."""
     gen = torch.Generator().manual_seed(0)
-    flat = init_stacked(n, gen)
-    x = torch.rand(n, 64, 1, 28, 28, generator=gen)
-    y = torch.randint(0, 10, (n, 64), generator=gen)
+    flat = init_stacked(n, gen).to(device)
+    x = torch.rand(n, 64, 1, 28, 28, generator=gen).to(device)
+    y = torch.randint(0, 10, (n, 64), generator=gen).to(device)
     out = {"n_nodes": n, "tick_gflop": lenet5_train_flops_per_image() * x.shape[1] * n / 1e9}
     for engine in ("grouped", "vmap"):
-        out[f"step_s_{engine}"] = _time(lambda: stacked_gradients(flat, x, y, engine), repeats)
+        out[f"step_s_{engine}"] = _time(lambda: stacked_gradients(flat, x, y, engine), repeats, device)
     if loop:
         views = LENET5_LAYOUT.views(flat)
 
@@ -67,7 +70,7 @@ def bench_step(n: int, repeats: int, loop: bool) -> dict:
                 p = {k: v[i].detach().requires_grad_(True) for k, v in views.items()}
                 loss = F.cross_entropy(forward_single(p, x[i]), y[i])
                 torch.autograd.grad(loss, list(p.values()))
-        out["step_s_loop"] = _time(per_node, max(1, repeats // 2))
+        out["step_s_loop"] = _time(per_node, max(1, repeats // 2), device)
         out["speedup_grouped_vs_loop"] = out["step_s_loop"] / out["step_s_grouped"]
     return out
 

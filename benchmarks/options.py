@@ -32,20 +32,31 @@ def machine_note(threads: int, load: float | None = None) -> str:
     return f"no other work running (run queue {load:.1f} on {cpus} CPUs, {ours})"
 
 
-def matmul_peak_gflops(size: int = 2048, repeats: int = 3) -> float:
+def sync(device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on the CPU), so a wall-clock reading covers it."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_gflops(size: int = 2048, repeats: int = 3, device: str = "cpu") -> float:
     """This machine's dense fp32 GEMM rate at the current torch thread count, GFLOP/s: the best of
-    ``repeats`` products of two ``size x size`` matrices (2 size^3 FLOPs each, MKL via ``torch.mm``).
+    ``repeats`` products of two ``size x size`` matrices (2 size^3 FLOPs each, MKL via ``torch.mm``
+    on the CPU, cuBLAS on ``device="cuda"``, where the caller decides whether TF32 is allowed).
     The floor a benchmark prints beside its measured time (FLOPs / this rate) is the time no
     formulation of the same arithmetic beats on this machine."""
     import time
 
     import torch
 
-    a, b = torch.rand(size, size), torch.rand(size, size)
+    a, b = torch.rand(size, size, device=device), torch.rand(size, size, device=device)
     a @ b   # warm-up
+    sync(device)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         a @ b
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * size ** 3 / best / 1e9

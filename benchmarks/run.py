@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.run [NAME ...] [-- ARG ...]`` runs only the selected modules: a NAME that
 is a benchmark's own (``flower``, ``engine``, ``abps``, ``etl``, ``scale``, ``table1``, ``sage``,
-``sage_kernels``, ``gossip``, ``int8``, ``compile``, ``platforms``) selects that one (``sage`` is not
+``sage_kernels``, ``gossip``, ``int8``, ``compile``, ``platforms``, ``device``) selects that one (``sage`` is not
 also ``sage_kernels``), any other NAME every module whose name contains it; arguments after ``--`` go to each selected benchmark's own option parser (e.g.
 ``python -m benchmarks.run engine -- --centers 20 --rounds 2`` for a reduced run), without them every
 benchmark runs its full default workload.

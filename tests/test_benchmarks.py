@@ -161,3 +161,15 @@ def test_im2col_candidate_equals_per_model_convolutions():
     views = LENET5_LAYOUT.views(init_stacked(3, g, dtype=d))
     xl = torch.rand(3, 4, 1, 28, 28, dtype=d, generator=g)
     torch.testing.assert_close(bk.bmm_lenet_forward(views, xl), forward_stacked(views, xl), rtol=1e-12, atol=1e-12)
+
+
+def test_device_benchmark_without_the_device_measures_nothing_and_refuses_a_bad_name(capsys, tmp_path):
+    from benchmarks import bench_device
+
+    out = tmp_path / "device.json"
+    if not torch.cuda.is_available():
+        assert bench_device.main(["--device", "cuda", "--out", str(out)]) == {}
+        assert "no CUDA device" in capsys.readouterr().out and not out.exists()
+    with pytest.raises(SystemExit) as err:
+        bench_device.main(["--device", "gpu0"])
+    assert err.value.code == 2 and "--device: 'gpu0' is not a torch device" in capsys.readouterr().err

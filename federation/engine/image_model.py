@@ -181,9 +181,9 @@ class StackedAdam:
         self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
         first = next(iter(params.values()))
         width = sum(p[0].numel() for p in params.values())
-        self.m = torch.zeros(first.shape[0], width)
+        self.m = torch.zeros(first.shape[0], width, device=first.device)
         self.v = torch.zeros_like(self.m)
-        self.steps = torch.zeros(first.shape[0])
+        self.steps = torch.zeros(first.shape[0], device=first.device)
 
     @property
     def step_count(self) -> Tensor:
@@ -229,14 +229,18 @@ class StackedModel:
 
     Attributes:
         spec: the architecture.
-        params: ``{name: float32 [K, ...]}``.
-        opt: the per-client Adam state.
+        params: ``{name: float32 [K, ...]}`` on ``device`` (the draw is made on the CPU, so every
+            device starts from the same parameters).
+        opt: the per-client Adam state, on the parameters' device.
+
+    Training and prediction run where the parameters are: pass the image pools on the same device
+    (index tensors and batch plans may stay on the CPU).
     """
 
     def __init__(self, spec: ModelSpec, n_clients: int, seed: int, lr: float = 1e-3,
-                 recon_weight: float = 1.0):
+                 recon_weight: float = 1.0, device: torch.device | str = "cpu"):
         self.spec = spec
-        self.params = init_stacked_params(spec, n_clients, seed)
+        self.params = {k: v.to(device) for k, v in init_stacked_params(spec, n_clients, seed).items()}
         self.opt = StackedAdam(self.params, lr=lr)
         self.recon_weight = recon_weight
         self.n_clients = n_clients
@@ -295,6 +299,7 @@ class StackedModel:
             raise ValueError("batch plan: every client's non-empty batches must come first")
         order = torch.argsort(n_steps, descending=True, stable=True)
         names = list(self.params)
+        dev = self.params[names[0]].device
         shapes = [self.params[n].shape[1:] for n in names]
         sizes = [math.prod(s) for s in shapes]
         flat = torch.cat([self.params[n][order].flatten(1) for n in names], dim=1)   # [K, P]
@@ -307,7 +312,8 @@ class StackedModel:
             pos = blocks[idx, s]                                           # [A, B]
             valid = pos >= 0
             rows = train_index[idx].gather(1, pos.clamp(min=0))
-            w = valid.to(torch.float32) / valid.sum(dim=1).to(torch.float32)[:, None]
+            w = (valid.to(torch.float32) / valid.sum(dim=1).to(torch.float32)[:, None]).to(dev)
+            rows = rows.to(x_all.device)
             x = to_float(x_all[rows.t()].flatten(1, 2)).contiguous(memory_format=torch.channels_last)
             leaf = flat[:a].detach().requires_grad_(True)
             params = {n: c.reshape(a, *shape)
@@ -317,6 +323,7 @@ class StackedModel:
             opt.step_rows(flat[:a], grad, m[:a], v[:a], t[:a])
             total += float(losses.detach().sum())
             count += a
+        order = order.to(dev)
         with torch.no_grad():
             for n, c, shape in zip(names, flat.split(sizes, dim=1), shapes):
                 self.params[n].index_copy_(0, order, c.reshape(k, *shape))
