@@ -29,6 +29,26 @@ cache_app = typer.Typer(help="The per-user caches (ETL chartevents cache, compil
 app.add_typer(cache_app, name="cache")
 
 
+def _flags_without_a_type() -> None:
+    """Help shows no value type beside a flag: typer 0.29 prints ``<bool>`` there (``--force <bool>``),
+    which reads as if the flag took a value; options that take one keep typer's ``<int>`` etc.
+    (docs/decisions.md, "Command-line help")."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_abps_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich._abps_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_without_a_type()
+
+
 def _register() -> None:
     """Import the command modules; each adds its commands to ``app`` / ``synth_app``."""
     import importlib
