@@ -182,7 +182,7 @@ def runs(
     for head in ("method", "seeds", f"{score} mean +- std", "bandwidth (x FedAvg)", "isolation"):
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
-        auroc = (auroc_cell(r) if r.n_undefined else f"{_fmt(r.auroc_mean, '.3f')} +- {_fmt(r.auroc_std, '.3f')}")
+        auroc = auroc_cell(r).replace("±", "+-")
         table.add_row(escape(r.label), r.seeds, auroc, f"{_fmt(r.bandwidth, '.2f')}x", _fmt(r.rest_share, '.2f'))
     Console(width=max(100, Console().width)).print(table)
     typer.echo(BANDWIDTH_NOTE.replace("×", "x") + " " + ISOLATION_NOTE)

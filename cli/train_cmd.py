@@ -190,6 +190,8 @@ def train(
         if stat["mean"] is None:
             return (f"undefined ({scored} of {n} {what}; a mean needs at least {need}: "
                     "evaluation: {min_centers, min_center_share} in a --config YAML)")
+        if len(seed_list) == 1:   # one seed: no spread across seeds to show
+            return f"{stat['mean']:.4f}"
         return f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
 
     seeds_text = f"{len(seed_list)} seed" + ("s" if len(seed_list) != 1 else "")

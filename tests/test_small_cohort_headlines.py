@@ -90,6 +90,7 @@ def test_the_evaluation_setting_is_applied(demo_cohort, tmp_path, capsys):
     assert (doc["summary"]["final_auroc_mean"]["mean"] is None) == (seed["n_scored_test"] == 0)
     text = capsys.readouterr().out
     assert "(across 1 seed" in text and "seeds" not in text.split("->")[0]
+    assert "+/-" not in text.split("->")[0]   # one seed has no spread across seeds to show
 
 
 def test_etl_on_a_demo_names_the_options_that_work(mimic_demo_dir, tmp_path):

@@ -111,12 +111,15 @@ def table1(cells: Sequence[CellRun]) -> list[Table1Row]:
 
 
 def auroc_cell(r: Table1Row) -> str:
-    """``0.780 ± 0.016``, or ``undefined (k of n seeds: j centers evaluable, m needed)`` when a
-    seed's mean rests on fewer evaluable centers than the run's ``evaluation`` setting allows."""
+    """``0.780 ± 0.016`` (mean ± std across seeds), ``0.780 (1 seed)`` for one seed (no spread to
+    show), or ``undefined (k of n seeds: j centers evaluable, m needed)`` when a seed's mean rests
+    on fewer evaluable centers than the run's ``evaluation`` setting allows."""
     if r.n_undefined:
         need = f", {r.min_scored:.0f} needed" if math.isfinite(r.min_scored) else ""
         got = f": {r.n_scored_min:.0f} centers evaluable{need}" if math.isfinite(r.n_scored_min) else ""
         return f"undefined ({r.n_undefined} of {r.n_seeds} seeds{got})"
+    if r.n_seeds == 1:
+        return f"{fmt(r.auroc_mean)} (1 seed)"
     return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}"
 
 
