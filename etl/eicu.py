@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from etl.errors import InputError
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.report import rate_table
-from etl.sources import Table, check_flags, check_range, duckdb_errors, locate, require_rows
+from etl.sources import Table, check_flags, check_range, duckdb_errors, inflated, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 REQUIRED = {
@@ -137,6 +138,11 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
     t_start = time.perf_counter()
     att = Attrition()
     with atomic_output_dir(out) as tmp:
+        # each gzip table is read from a copy that ISA-L inflates (its CRC-32 and length checked, as
+        # for MIMIC-IV's tables; DuckDB's reader checks neither), parsed on DuckDB's threads; an
+        # error still names the source file. The copies go before the outputs are written.
+        scratch = tmp / ".inflated"
+        tables = {name: inflated(t, scratch) for name, t in tables.items()}
         con = connect(opts.threads, opts.memory_limit, tmp)
         with contextlib.closing(con), duckdb_errors(list(tables.values()), types):
             check_flags(con, tables["apachePredVar"], REQUIRED["apachePredVar"][1:])
@@ -166,6 +172,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
             kept = frame(con, "SELECT * FROM kept ORDER BY stay_id")
             hosp = frame(con, f"SELECT CAST(hospitalid AS BIGINT) AS hospitalid, numbedscategory, teachingstatus, "
                               f"region FROM {s['hospital']}")
+        shutil.rmtree(scratch, ignore_errors=True)
         cohort = (
             kept.join(vitals, on="stay_id", how="left").join(cci, on="stay_id", how="left")
             .with_columns([pl.col(c).fill_null(0).cast(pl.Int8) for c in charlson.CCI_COLUMNS])

@@ -358,6 +358,21 @@ def test_gzip_failing_its_trailer_check_is_refused(mimic_demo_dir, tmp_path, tab
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("table", ["patient", "vitalAperiodic"])
+def test_eicu_gzip_failing_its_trailer_check_is_refused(eicu_demo_dir, tmp_path, table):
+    """The eICU tables go through the same inflated copies: a CRC-32 that disagrees with the text
+    is refused naming the file, and nothing is written."""
+    src = _copy_eicu(eicu_demo_dir, tmp_path / "e")
+    path = src / f"{table}.csv.gz"
+    raw = bytearray(path.read_bytes())
+    raw[-8] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(InputError) as e:
+        run_eicu_etl(src, tmp_path / "o", EtlOptions(min_center_stays=10, seed=1))
+    assert str(e.value).startswith(f"{path}: damaged gzip (the CRC-32 of the inflated text does not match")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("how", ["gzip-cut", "row-cut"])
 def test_truncated_csv_gz_names_the_file(mimic_demo_dir, tmp_path, how):
     src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
