@@ -577,8 +577,34 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
         kind = "text that is not UTF-8"
     # DuckDB's "CSV Error on Line: 141" (its "LINE 1:" is the SQL statement's line, not the file's)
     line = re.search(r"(?:CSV Error on Line: |\bline )(\d+)", text)
+    if culprit is not None and not culprit.is_parquet and kind == "malformed data":
+        opened = unclosed_quote_line(culprit.read_path)
+        if opened is not None:  # DuckDB reads the rest of the file as one field and cannot say where
+            return InputError(f"{culprit.path}: a quote (\") opens on line {opened} and is not closed before the "
+                              f"end of the file (malformed data, {exc.__class__.__name__})")
     at = f" near line {line.group(1)}" if (culprit and line and not culprit.is_parquet) else ""
     return InputError(f"{where}: {kind}{at} ({exc.__class__.__name__})")
+
+
+def unclosed_quote_line(path: Path) -> int | None:
+    """The line (1 = the header) on which a quoted field opens that no quote closes before the end
+    of the CSV file ``path`` (plain or gzip), or None when every quote is closed. A doubled quote
+    inside a quoted field (RFC 4180's escape) opens and closes, so it leaves the state as it was.
+    Reads the whole file: for the error path only."""
+    import gzip
+
+    opener = gzip.open if path.name.endswith(".gz") else open
+    inside, opened, n = False, None, 0
+    try:
+        with opener(path, "rb") as fh:
+            for n, raw in enumerate(fh, start=1):
+                count = raw.count(b'"')
+                if count % 2:
+                    inside = not inside
+                    opened = n if inside else None
+    except (OSError, EOFError, ValueError):
+        return None
+    return opened if inside else None
 
 
 def _first(text: str) -> str:

@@ -558,3 +558,30 @@ def test_a_folder_that_cannot_be_searched_is_one_line(mimic_demo_dir, tmp_path, 
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip() == f"error: {hosp}: unreadable folder (permission denied)"
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("rel", ["hosp/patients", "icu/icustays"])
+def test_an_unclosed_quote_is_named_with_the_line_it_opens_on(mimic_demo_dir, tmp_path, rel):
+    """A quote that nothing closes makes DuckDB read the rest of the file as one field; its sniffer
+    then gives up without a line. The error names the file and the line the quote opens on."""
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / f"{rel}.csv.gz"
+    old = _edit_column(path, "subject_id", (5,), "x")[0]
+    _edit_column(path, "subject_id", (5,), f'"{old}')      # data row 5 = line 6 of the file
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value).startswith(f'{path}: a quote (") opens on line 6 and is not closed before the end of the file')
+    assert old not in str(e.value) and not (tmp_path / "o").exists()
+
+
+def test_unclosed_quote_line_follows_rfc4180_quoting(tmp_path):
+    from etl.sources import unclosed_quote_line
+
+    p = tmp_path / "t.csv"
+    p.write_bytes(b'a,b\n1,"two\nlines"\n3,"say ""hi"""\n4,"x\n')
+    assert unclosed_quote_line(p) == 5          # the multi-line field and the escapes are closed
+    p.write_bytes(b'a,b\n1,"two\nlines"\n3,"say ""hi"""\n')
+    assert unclosed_quote_line(p) is None
