@@ -21,6 +21,7 @@ import polars as pl
 from etl import charlson
 from etl.errors import InputError, check_fractions, check_number
 from etl.io import atomic_write_text, cohort_digests
+from etl.limits import MAX_THREADS
 from etl.partition import PARTITIONS, assign_centers, grouped_stratified_split
 from etl.report import cohort_report, report_markdown
 from etl.schema import CARE_UNITS, COHORT_COLUMNS, DEFAULT_CARE_UNITS
@@ -39,8 +40,6 @@ EARLIEST_VITALS_HOURS = -48.0
 MAX_YEAR = 10_000
 MAX_CENTERS = 1_000_000
 SOURCES = ("mimic", "eicu", "meds")
-#: Most DuckDB threads ``--threads`` accepts (each is an OS thread; more than the cores gains nothing).
-MAX_THREADS = 1024
 
 
 @dataclass
