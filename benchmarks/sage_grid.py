@@ -78,7 +78,7 @@ def run(graphs: list[str], selectors: list[str], work: Path, tracking_uri: str |
             resume = Path(f"{out}.ckpt").exists()
             print(f"sage grid: {graph} {selector}{' (resumed)' if resume else ''} -> {dst}", flush=True)
             cli_run(preset(graph, selector), output=out, tracking_uri=tracking_uri,
-                    experiment=f"sage-grid-fmnist-{graph}-0.1", resume=resume)
+                    experiment=f"sage-grid-fmnist-{graph}-0.1", resume=resume, progress=sys.stderr.isatty())
             dst.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(dst, out.read_text())
 

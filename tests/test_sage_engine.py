@@ -210,15 +210,19 @@ def test_cifar10_path_on_fake_batches(tmp_path):
     assert res["table"][1]["stop_distribution"]["no_anchor"] == 1.0
 
 
-def test_same_seed_same_result():
+def test_same_seed_same_result(capsys):
     from etl.images import FASHION_MNIST_DIR
     assert FASHION_MNIST_DIR.is_dir(), "dataset-fashion-mnist missing (the Makefile installs it)"
     cfg = {"benchmark": "sage", "n_clients": 4, "graph": "ba", "ba_m": 2, "alpha_dir": 0.5,
            "train_samples": 1200, "test_samples": 200, "selectors": ["SAGE-OS"]}
     a = cli_run(cfg, rounds=2, seeds=[3], tracking_uri="none")
-    b = cli_run(cfg, rounds=2, seeds=[3], tracking_uri="none")
+    assert capsys.readouterr().out == ""
+    b = cli_run(cfg, rounds=2, seeds=[3], tracking_uri="none", progress=True)   # the bar changes nothing
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds_round"} for r in h]  # noqa: E731
     assert strip(a["runs"]["3"]["sage_os"]["history"]) == strip(b["runs"]["3"]["sage_os"]["history"])
+    shown = capsys.readouterr().out
+    assert "sage-fmnist-ba-0.5 runs" in shown and "1/1" in shown            # the (seed, selector) runs
+    assert "seed 3 SAGE-OS rounds" in shown and "2/2" in shown              # the last one's rounds
 
 
 def test_a_selector_alone_equals_it_in_the_preset(tmp_path):

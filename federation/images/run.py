@@ -42,6 +42,7 @@ from federation.run.checkpoint import (
     logged_steps,
     restore_global_streams,
 )
+from federation.run.progress import RoundProgress
 from federation.run.results import write_results
 from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
@@ -252,7 +253,7 @@ def config_name(cfg: SageConfig) -> str:
 
 def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = None,
             output: str | Path | None = None, tracking_uri: str | None = None,
-            experiment: str | None = None, resume: bool = False) -> dict:
+            experiment: str | None = None, resume: bool = False, progress: bool = False) -> dict:
     """Run one SAGE configuration: every configured selector, every seed.
 
     With an ``output``, round checkpoints go to ``<results.json>.ckpt`` (the config's ``checkpoint``
@@ -270,6 +271,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
             ``"none"`` = no MLflow.
         experiment: MLflow experiment name (default "sage").
         resume: go on from the checkpoint beside ``output``.
+        progress: show a progress bar over the (seed, selector) runs and the current one's rounds.
     Returns:
         {"config": ..., "graph": {...}, "runs": {seed: {selector: {"summary", "history"}}},
          "table": [summary rows]}. Resumed or not, the same figures (the ``seconds_*`` wall times aside).
@@ -297,6 +299,18 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
                                                                 ds_full.y_test) if target else "", cfg.seeds),
                          cfg.checkpoint, resume, tracker)
     result: dict[str, Any] = {"config": dump, "name": name, "runs": {}, "table": [], "graphs": {}}
+    bar = RoundProgress(progress, cfg.rounds, len(cfg.seeds) * len(cfg.selectors), name, unit="runs")
+    with bar:
+        _run_seeds(cfg, ds_full, spec, tracker, ck, name, result, bar)
+    if target is not None:
+        write_results(target, result, indent=1)
+    ck.remove()
+    return result
+
+
+def _run_seeds(cfg: SageConfig, ds_full: Any, spec: ModelSpec, tracker: Tracker | None, ck: UnitCheckpoints,
+               name: str, result: dict[str, Any], bar: RoundProgress) -> None:
+    """:func:`cli_run`'s seeds and selectors, into ``result``."""
     for seed in cfg.seeds:
         ds = subsample(ds_full, cfg.train_samples, cfg.test_samples, seed)
         shards = make_shards(ds, cfg.n_clients, cfg.alpha_dir, seed)
@@ -317,12 +331,14 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         with parent:
             for s in cfg.selectors:
                 unit = f"{seed}/{s}"
+                bar.start_unit(f"seed {seed} {get_selector(s).display}")
                 if unit in ck.done:  # finished before the resume: its MLflow run is complete
                     out = ck.done[unit]
                 else:
                     out = _tracked_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker, ck,
-                                            unit, name, params)
+                                            unit, name, params, bar)
                     ck.finish(unit, out)
+                bar.end_unit()
                 runs[s] = out
                 result["table"].append({"seed": seed, **out["summary"]})
             if tracker and not seed_done:
@@ -330,15 +346,12 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         if not seed_done:
             ck.finish(f"{seed}", True)
         result["runs"][str(seed)] = runs
-    if target is not None:
-        write_results(target, result, indent=1)
-    ck.remove()
-    return result
 
 
 def _tracked_selector(s: str, cfg: SageConfig, shards: ClientShards, spec: ModelSpec, cand: Tensor,
                       cand_valid: Tensor, degree: Tensor, seed: int, tracker: Tracker | None,
-                      ck: UnitCheckpoints, unit: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+                      ck: UnitCheckpoints, unit: str, name: str, params: dict[str, Any],
+                      bar: RoundProgress) -> dict[str, Any]:
     """:func:`run_selector` in its MLflow child run (reopened when the unit goes on from a checkpoint),
     offering ``ck`` its round checkpoints; each round and the final metrics logged once."""
     display = get_selector(s).display
@@ -348,8 +361,16 @@ def _tracked_selector(s: str, cfg: SageConfig, shards: ClientShards, spec: Model
         if tracker else contextlib.nullcontext())
     with child as child_id:
         logged = logged_steps(tracker, child_id, "comm_oh") if tracker and going_on is not None else -1
+        if going_on is not None:
+            bar.completed(int(going_on["round"]))
+
+        def after_round(tau: int, snap: Any) -> None:
+            ck.offer(unit, tau, snap)
+            bar.advance()
+
         out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker,
-                           checkpoint=lambda tau, snap: ck.offer(unit, tau, snap), resume=going_on, logged=logged)
+                           checkpoint=after_round, resume=going_on, logged=logged)
+        bar.completed(cfg.rounds)
         if tracker:
             have = set(tracker.client.get_run(child_id).data.metrics) if going_on is not None else set()
             final = {f"final_{key}": v for key, v in out["summary"].items()

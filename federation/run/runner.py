@@ -38,6 +38,7 @@ from federation.methods import Context, Method, get_method
 from federation.methods.registry import run_label
 from federation.run import checkpoint
 from federation.run.checkpoint import global_streams, restore_global_streams
+from federation.run.progress import RoundProgress
 from federation.run.realworld import RealWorld
 from federation.run.results import write_results
 from federation.run.tracking import (
@@ -502,8 +503,8 @@ def run_training(
         if writes:
             checkpoint.save(ck_path, {"stamp": ck_stamp, "mlflow": mlflow_ids, "done": results, "current": current})
     label = run_label(cfg.method, cfg.params)
-    bar = _Progress(enabled=progress, total_rounds=cfg.max_rounds, n_seeds=len(seeds), label=label,
-                    metric="AUROC" if data.metric_name == "auroc" else data.metric_name)
+    bar = RoundProgress(enabled=progress, total_rounds=cfg.max_rounds, n_units=len(seeds), label=label)
+    metric = "AUROC" if data.metric_name == "auroc" else data.metric_name
     parent_params = {"method": cfg.method, "seeds": " ".join(map(str, seeds)), "n_centers": data.n_centers,
                      "d_features": data.d, "torch_threads": torch.get_num_threads()}  # (abps train --threads)
     common = {METHOD_TAG: cfg.method, LABEL_TAG: label, COHORT_TAG: cid, METRIC_TAG: data.metric_name,
@@ -517,10 +518,10 @@ def run_training(
         if tracker:
             mlflow_ids["parent"] = parent_id
         for seed in seeds:
-            bar.start_seed(seed)
+            bar.start_unit(f"seed {seed}")
             if seed in done:  # finished before the resume: its MLflow run is complete
                 results.append(done[seed])
-                bar.end_seed()
+                bar.end_unit()
                 continue
             going_on = current if current is not None and current["seed"] == seed else None
             with (tracker.resume(going_on["child"]) if tracker and going_on is not None else
@@ -533,12 +534,12 @@ def run_training(
                 elif tracker:  # rounds after the checkpoint the stopped run had logged already
                     logged = max((m.step for m in tracker.client.get_metric_history(child_id, "cum_bytes")),
                                  default=-1)
-                    bar.resume_at(int(going_on["state"]["round"]))
+                    bar.completed(int(going_on["state"]["round"]))
 
                 def on_round(step: int, m: dict[str, float]) -> None:
                     if tracker and step > logged:
                         tracker.log_metrics(m, step)
-                    bar.advance(m)
+                    bar.advance(f"val {metric} {m['val_auroc_mean']:.3f}  bw {m['rel_bandwidth']:.2f}x")
 
                 def on_checkpoint(tau: int, snap: Callable[[], dict[str, Any]], seed: int = seed,
                                   child: str | None = child_id) -> None:
@@ -556,7 +557,7 @@ def run_training(
                     for name, obj in res.artifacts.items():
                         tracker.log_json(obj, name)
                     tracker.log_json(cfg.model_dump(mode="json"), "config.json")
-            bar.end_seed()
+            bar.end_unit()
             write_checkpoint(None)  # the seed is done: a resume keeps its result
         doc = results_document(cfg, str(cohort_dir), results)
         doc["n_centers"] = data.n_centers
@@ -593,45 +594,3 @@ class _null:
         return None
 
 
-class _Progress:
-    """A rich progress display: one bar over seeds, one over the current seed's rounds."""
-
-    def __init__(self, enabled: bool, total_rounds: int, n_seeds: int, label: str, metric: str = "AUROC") -> None:
-        self.enabled, self.metric = enabled, metric
-        self.total_rounds, self.n_seeds, self.label = total_rounds, n_seeds, label
-        self._p = None
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False)
-            self._p.__enter__()
-            from rich.markup import escape
-
-            self._seeds = self._p.add_task(escape(f"{self.label} seeds"), total=self.n_seeds, info="")
-            self._rounds = self._p.add_task("rounds", total=self.total_rounds, info="")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._p is not None:
-            self._p.__exit__(None, None, None)
-
-    def start_seed(self, seed: int) -> None:
-        if self._p is not None:
-            self._p.reset(self._rounds, total=self.total_rounds, description=f"seed {seed} rounds", info="")
-
-    def advance(self, m: dict[str, float]) -> None:
-        if self._p is not None:
-            info = f"val {self.metric} {m['val_auroc_mean']:.3f}  bw {m['rel_bandwidth']:.2f}x"
-            self._p.update(self._rounds, advance=1, info=info)
-
-    def resume_at(self, rounds: int) -> None:
-        """Show ``rounds`` rounds of the current seed done (a resumed run)."""
-        if self._p is not None:
-            self._p.update(self._rounds, completed=rounds)
-
-    def end_seed(self) -> None:
-        if self._p is not None:
-            self._p.update(self._seeds, advance=1)
