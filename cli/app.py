@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -73,26 +74,42 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:  # noq
 #: while DuckDB runs a query does not surface as the handler's exception: DuckDB interrupts the
 #: query and raises its own error (``RuntimeError: Query interrupted``). Whatever exception
 #: unwinds after a signal is therefore reported as that signal.
-_received: dict[str, int | None] = {"signal": None}
+_received: dict[str, float | None] = {"signal": None, "at": None}
+
+#: seconds after a first signal during which a repeat (Ctrl-C pressed twice, a terminal sending
+#: SIGHUP then SIGTERM) is ignored, so the unwinding that removes the temporary outputs finishes
+REPEAT_GRACE_S = 2.0
+
+
+def _first_signal(signum: int) -> bool:
+    """Record ``signum``; False for a repeat within :data:`REPEAT_GRACE_S` of the first."""
+    if _received["signal"] is not None and time.monotonic() - (_received["at"] or 0.0) < REPEAT_GRACE_S:
+        return False
+    _received["signal"], _received["at"] = signum, time.monotonic()
+    return True
 
 
 def _on_sigint(signum, frame) -> None:  # noqa: ARG001
-    _received["signal"] = signum
-    raise KeyboardInterrupt
+    if _first_signal(signum):
+        raise KeyboardInterrupt
 
 
 def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
-    # unwind normally so that temporary outputs are removed (etl.io.atomic_output_dir)
-    _received["signal"] = signum
-    raise SystemExit(143)
+    # SIGTERM, and SIGHUP (the terminal closed): unwind normally so that temporary outputs are
+    # removed (etl.io.atomic_output_dir)
+    if _first_signal(signum):
+        raise SystemExit(128 + signum)
 
 
 def _exit_interrupted() -> None:
-    """Exit for the signal received: 130 (SIGINT, Ctrl-C) or 143 (SIGTERM), with one line."""
-    import signal
-
+    """Exit for the signal received: 130 (SIGINT, Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP), with
+    one line."""
     print("error: interrupted", file=sys.stderr)
-    sys.exit(143 if _received["signal"] == signal.SIGTERM else 130)
+    sys.exit(128 + int(_received["signal"] or 2))
+
+
+#: the signals a command handles by unwinding (SIGHUP only where it exists and is not ignored)
+_HANDLED = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def _watch_signals(fd: int) -> None:
@@ -101,7 +118,6 @@ def _watch_signals(fd: int) -> None:
     threads execute them. The Python handler then runs when the query returns. Ends at EOF.
     A command that never imported the ETL's DuckDB module has no query to interrupt (and does
     not pay for importing DuckDB)."""
-    import signal
 
     while True:
         try:
@@ -112,7 +128,7 @@ def _watch_signals(fd: int) -> None:
             return
         # still being imported when the signal came: it has no query running yet
         interrupt_all = getattr(sys.modules.get("etl.sources"), "interrupt_all", None)
-        if interrupt_all is not None and {signal.SIGINT, signal.SIGTERM} & set(data):  # each byte is a signal number
+        if interrupt_all is not None and set(_HANDLED) & set(data):  # each byte is a signal number
             # a query that was still being prepared when the signal came starts afterwards and
             # would run on: interrupt again until the main thread has run the Python handler
             for _ in range(600):
@@ -125,7 +141,6 @@ def _watch_signals(fd: int) -> None:
 @contextlib.contextmanager
 def _signal_watcher():
     """Route signals to :func:`_watch_signals` (``signal.set_wakeup_fd``) for the block."""
-    import signal
     import threading
 
     r, w = os.pipe()
@@ -152,18 +167,19 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``abps``).
 
     Exit codes: 0 success; 2 bad input or usage (one ``error: ...`` line on stderr, no
-    traceback); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Outputs are written through
+    traceback); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM); 129 hung up (SIGHUP). Outputs are written through
     temporary paths, so an interrupted command leaves earlier outputs intact.
     """
-    import signal
     import warnings
 
-    _received["signal"] = None
+    _received["signal"], _received["at"] = None, None
     formatwarning, warnings.formatwarning = warnings.formatwarning, _warning_line
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in _HANDLED}
     signal.signal(signal.SIGTERM, _on_sigterm)
     if previous[signal.SIGINT] is signal.default_int_handler:  # an ignored SIGINT stays ignored
         signal.signal(signal.SIGINT, _on_sigint)
+    if previous.get(signal.SIGHUP) is signal.SIG_DFL:  # `nohup abps ...` keeps SIGHUP ignored
+        signal.signal(signal.SIGHUP, _on_sigterm)
     try:
         _register()  # the command modules' imports (a second or more): a Ctrl-C here exits 130 too
         with _signal_watcher():

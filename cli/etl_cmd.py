@@ -94,6 +94,8 @@ def etl_command(
         raise InputError("give the source folder with --mimic-dir (or --data-dir, or the MIMIC_DIR environment variable)")
     if mimic_dir is None and data_dir is None and not src_dir.is_dir():  # named by the environment, not an option
         raise InputError(f"MIMIC_DIR {src_dir}: not a directory (the environment variable; --mimic-dir names another folder)")
+    if out.resolve() == src_dir.resolve() or out.resolve() in src_dir.resolve().parents:
+        raise InputError(f"--out {out}: it holds the source folder {src_dir}; give the output a folder of its own")
     project.check_out_ignored(out)  # patient identifiers never land in a git work tree unignored
     opts = EtlOptions(
         partition=partition, window_years=window_years, window_origin=window_origin,

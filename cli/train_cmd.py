@@ -37,9 +37,8 @@ def _parse_params(items: list[str]) -> dict[str, object]:
     return out
 
 
-#: the ``abps train`` options a benchmark config (``benchmark: sage | vv``) applies; --no-progress
-#: hides the SAGE run's bar and holds trivially for vv (it draws none). Any other option given is
-#: refused, not dropped.
+#: the ``abps train`` options a benchmark config (``benchmark: sage | vv``) applies. Any other
+#: option given is refused, not dropped.
 _BENCHMARK_OPTIONS = frozenset({"config", "rounds", "seeds", "output", "force", "resume", "tracking_uri",
                                 "experiment", "threads", "no_progress"})
 
@@ -128,8 +127,8 @@ def train(
             raise InputError(f"{config}: {exc}") from None
         typer.echo(f"{name} benchmark {file_cfg.get('name', config.stem)}: running "
                    f"(per-round metrics go to MLflow as they come; results -> {out_path})")
-        bar = {"progress": not no_progress} if bench.draws_progress else {}
-        bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment, resume=resume, **bar)
+        bench.run(file_cfg, rounds, seed_list or None, str(out_path), tracking_uri, experiment, resume=resume,
+                  progress=not no_progress)
         typer.echo(f"{name} benchmark done -> {out_path}")
         return
     seed_list = seed_list or [11]

@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 
 from etl import charlson
-from etl.errors import InputError
+from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.report import rate_table
@@ -49,6 +50,14 @@ KEYS: dict[str, tuple[str, ...]] = {
     "diagnosis": ("diagnosisid",), "pastHistory": ("pasthistoryid",),
 }
 DEFAULT_MIN_CENTER_STAYS = 10
+#: tables the cohort can be built without, and what it lacks when one holds no data rows
+HEADER_ONLY = {
+    "hospital": "every hospital's region, bed count and teaching status is unknown",
+    "vitalAperiodic": "no stay has a systolic or diastolic blood pressure",
+    "diagnosis": "the Charlson comorbidities coded during the stay are all 0",
+    "pastHistory": "the Charlson comorbidities of the past history are all 0",
+    "apachePredVar": "the Charlson comorbidities of the APACHE chronic conditions are all 0",
+}
 _ID = (1, 2**62)
 #: Bounds of numeric columns whose out-of-range values would drop or move stays silently (a
 #: negative identifier or year); checked before any concept runs.
@@ -149,7 +158,11 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
             for name, bounds in RANGES.items():
                 check_range(con, tables[name], bounds)
             _check_age(con, tables["patient"])
+            require_rows(con, tables["patient"], "every stay of the cohort is one of its rows")
             require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")
+            for name, what in HEADER_ONLY.items():  # readable, and what the cohort then lacks is said
+                if not con.execute(f"SELECT 1 FROM {tables[name].scan_sql(types)} LIMIT 1").fetchall():
+                    warnings.warn(InputWarning(f"{tables[name].path}: no data rows; {what}"), stacklevel=1)
             tables = check_keys(con, tables, KEYS, types, att, root)
             s = {k: v.scan_sql(types) for k, v in tables.items()}
             con.execute("CREATE TEMP TABLE all_stays AS " + concept_sql("eicu", "stays", patient=s["patient"]))

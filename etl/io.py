@@ -40,6 +40,10 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
             the file size limit: :func:`write_refused`).
     """
     out = Path(out)
+    here, target = Path.cwd().resolve(), out.resolve()
+    if target == here or target in here.parents:  # the swap would move the folder the command runs in
+        raise InputError(f"--out {out}: it holds the current folder; give the output a folder of its own "
+                         "(e.g. --out cohort)")
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
     if any(p.exists() and not p.is_dir() for p in out.parents):

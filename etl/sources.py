@@ -411,23 +411,52 @@ def inflated(table: Table, folder: Path) -> Table:
     ``folder``: DuckDB then parses plain text on its threads instead of inflating with zlib on one
     (about a third less CPU and wall for MIMIC-IV's small tables). ``table`` itself for any other
     file, and for a gzip that does not inflate to its end (DuckDB then reads it and words the
-    error, as before). The caller removes ``folder``.
+    error, as before). The copies hold patient rows: the folder is the owner's alone (0700, files
+    0600). The caller removes ``folder``.
+
+    Raises:
+        InputError: the gzip inflates to its end but fails its CRC-32 or length check
+            (:func:`gzip_trailer_error`), or ``folder`` refuses the copy (full disk, no permission):
+            a copy that cannot be written is not read around, since DuckDB's reader would skip the
+            trailer check.
     """
     if table.is_parquet or not table.read_path.name.endswith(".gz"):
         return table
     from isal import igzip, isal_zlib
 
-    folder.mkdir(parents=True, exist_ok=True)
     dst = folder / f"{table.name}.csv"
     try:
-        with igzip.open(table.read_path, "rb") as src, dst.open("wb") as out:
-            shutil.copyfileobj(src, out, 1 << 22)
-    except (OSError, EOFError, ValueError, isal_zlib.error) as exc:
-        dst.unlink(missing_ok=True)
-        damaged = gzip_trailer_error(table.path, exc)
-        if damaged is not None:
-            raise damaged from None
-        return table
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        out = os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot write the inflated copy of {table.path} ({exc.strerror or exc})") from None
+    with out:
+        try:
+            src = igzip.open(table.read_path, "rb")
+        except OSError:
+            src = None
+        if src is None:
+            dst.unlink(missing_ok=True)
+            return table
+        with src:
+            while True:
+                try:
+                    block = src.read(1 << 22)
+                except (OSError, EOFError, ValueError, isal_zlib.error) as exc:
+                    dst.unlink(missing_ok=True)
+                    damaged = gzip_trailer_error(table.path, exc)
+                    if damaged is not None:
+                        raise damaged from None
+                    return table
+                try:
+                    if not block:
+                        out.flush()
+                        break
+                    out.write(block)
+                except OSError as exc:
+                    dst.unlink(missing_ok=True)
+                    raise InputError(f"{folder}: cannot write the inflated copy of {table.path} "
+                                     f"({exc.strerror or exc})") from None
     return replace(table, read_from=dst)
 
 
@@ -467,13 +496,18 @@ def check_key(con: duckdb.DuckDBPyConnection, table: Table, key: tuple[str, ...]
         identical duplicates; when they differ the returned table scans ``SELECT DISTINCT *``.
 
     Raises:
-        InputError: two rows share a key but differ in some column (conflicting duplicates); the
-            message names the file, the key column(s) and a count, never a value.
+        InputError: a row has no key (an empty identifier), or two rows share a key but differ in
+            some column (conflicting duplicates); the message names the file, the key column(s)
+            and a count, never a value.
     """
     scan = table.scan_sql(types)
     k = key[0] if len(key) == 1 else "(" + ", ".join(key) + ")"
     where = " AND ".join(f"{c} IS NOT NULL" for c in key)
-    n, n_keys = con.execute(f"SELECT count(*), count(DISTINCT {k}) FROM {scan} WHERE {where}").fetchall()[0]
+    n, n_keys, n_empty = con.execute(f"SELECT count(*) FILTER (WHERE {where}), count(DISTINCT {k}) FILTER (WHERE {where}), "
+                                     f"count(*) FILTER (WHERE NOT ({where})) FROM {scan}").fetchall()[0]
+    if n_empty:
+        raise InputError(f"{table.path}: {n_empty} row{'s' if n_empty != 1 else ''} without a value of "
+                         f"'{', '.join(key)}' (the identifier of its rows; an empty one cannot be linked)")
     if n == n_keys:
         return table, int(n), int(n)
     n_rows = con.execute(f"SELECT count(*) FROM (SELECT DISTINCT * FROM {scan} WHERE {where})").fetchall()[0][0]
@@ -565,6 +599,9 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
         # DuckDB's words on a compressed stream carry no row content; the paths are dropped
         why = _first(text).replace(str(culprit.read_path), "").replace(str(culprit.path), "")
         why = re.sub(r"^[A-Za-z ]*Error:\s*", "", why).strip(" :") or exc.__class__.__name__
+        # DuckDB words some failures of a damaged stream as a cast of the bytes it read: the
+        # quoted text is row content (a value, a line), never repeated
+        why = re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", why)
         return InputError(f"{culprit.path}: unreadable gzip ({why[:160]})")
     if kind == "malformed data" and types:
         hit = diagnose([culprit] if culprit else tables, types)

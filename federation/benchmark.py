@@ -18,21 +18,19 @@ __all__ = ["Benchmark", "BENCHMARKS", "get_benchmark"]
 
 @dataclass
 class Benchmark:
-    """One benchmark: ``run(config, rounds, seeds, output, tracking_uri, experiment, resume=False)``
-    (``resume``: go on from the round checkpoint beside ``output``), the config
-    key that sets its torch thread count, ``check(config, rounds, seeds)``, which validates the
-    config as ``run`` will (InputError naming the option) before anything runs, and whether ``run``
-    takes ``progress=`` (draws a progress bar)."""
+    """One benchmark: ``run(config, rounds, seeds, output, tracking_uri, experiment, resume=False,
+    progress=False)`` (``resume``: go on from the round checkpoint beside ``output``; ``progress``:
+    draw a progress bar), the config key that sets its torch thread count, and
+    ``check(config, rounds, seeds)``, which validates the config as ``run`` will (InputError naming
+    the option) before anything runs."""
 
     run: Callable[..., Any]
     threads_key: str
     check: Callable[[dict, int | None, list[int] | None], Any]
-    draws_progress: bool = False
 
 
 BENCHMARKS: dict[str, Benchmark] = {
-    "sage": Benchmark(_sage_run, "num_threads", lambda cfg, rounds, seeds: _sage_check(cfg, rounds, seeds),
-                      draws_progress=True),
+    "sage": Benchmark(_sage_run, "num_threads", lambda cfg, rounds, seeds: _sage_check(cfg, rounds, seeds)),
     "vv": Benchmark(_vv_run, "threads", lambda cfg, rounds, seeds: _vv_check(cfg, rounds)),
 }
 

@@ -46,7 +46,8 @@ def _signal_when_ready(script: str, args: tuple[str, ...], sig: int, cwd: Path,
 # arrives while DuckDB is executing (with --threads 1 the main thread runs the query's tasks and
 # DuckDB checks for a pending signal between them).
 _BUSY_CHILD = """
-import sys
+import signal, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as under a terminal, whatever started the tests
 import etl.mimic as m
 real = m.first_day_vitals
 def busy(con, *a, **k):
@@ -60,10 +61,10 @@ main(sys.argv[1:])
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
-@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signal_during_a_duckdb_query_exits_interrupted(mimic_demo_dir, tmp_path, sig, code, threads):
     """With --threads 2 the main thread waits on DuckDB's workers and never sees the signal itself:
-    cli.app's watcher thread interrupts the query."""
+    cli.app's watcher thread interrupts the query. SIGHUP (the terminal closed) unwinds as SIGTERM."""
     out = tmp_path / "o"
     _, rc, err = _signal_when_ready(_BUSY_CHILD, ("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(out),
                                                   "--window-years", "20", "--min-center-stays", "1",
@@ -585,3 +586,19 @@ def test_unclosed_quote_line_follows_rfc4180_quoting(tmp_path):
     assert unclosed_quote_line(p) == 5          # the multi-line field and the escapes are closed
     p.write_bytes(b'a,b\n1,"two\nlines"\n3,"say ""hi"""\n')
     assert unclosed_quote_line(p) is None
+
+
+def test_a_repeated_signal_does_not_cut_the_unwinding_short(monkeypatch):
+    """Ctrl-C pressed twice: the second, within the grace time, is ignored so that the temporary
+    outputs of the first are removed; a later one interrupts again."""
+    import cli.app as app
+
+    monkeypatch.setattr(app, "_received", {"signal": None, "at": None})
+    with pytest.raises(KeyboardInterrupt):
+        app._on_sigint(signal.SIGINT, None)
+    app._on_sigint(signal.SIGINT, None)                       # ignored
+    app._on_sigterm(signal.SIGTERM, None)                     # ignored too: one unwinding at a time
+    app._received["at"] -= app.REPEAT_GRACE_S + 1
+    with pytest.raises(SystemExit) as e:
+        app._on_sigterm(signal.SIGHUP, None)
+    assert e.value.code == 129 and app._received["signal"] == signal.SIGHUP

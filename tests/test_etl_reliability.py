@@ -387,3 +387,95 @@ def test_truncated_csv_gz_names_the_file(mimic_demo_dir, tmp_path, how):
         run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
     assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
     assert not (tmp_path / "o").exists()
+
+
+def test_out_that_holds_the_source_or_the_current_folder_is_refused(eicu_demo_dir, tmp_path):
+    """Replacing such an --out would move the source tables or the folder the command runs in."""
+    from tests.test_cli_errors import one_line_error, run
+
+    src = _copy_eicu(eicu_demo_dir, tmp_path / "data" / "e")
+    before = sorted(p.name for p in src.iterdir())
+    for out in (src, tmp_path / "data"):
+        one_line_error(run("etl", "--source", "eicu", "--data-dir", str(src), "--out", str(out)),
+                       f"--out {out}: it holds the source folder")
+    work = tmp_path / "w" / "work"
+    work.mkdir(parents=True)
+    for out in (".", str(tmp_path / "w")):
+        one_line_error(run("etl", "--source", "eicu", "--data-dir", str(src), "--out", out, cwd=work),
+                       f"--out {out}: it holds the current folder")
+    assert sorted(p.name for p in src.iterdir()) == before and list(work.iterdir()) == []
+
+
+def test_inflated_copies_are_private_and_a_refused_copy_is_an_error(eicu_demo_dir, tmp_path):
+    """The copies hold patient rows (owner-only); a folder that refuses the copy is an error, never
+    a silent read of the gzip by DuckDB, whose reader skips the CRC-32 check."""
+    import stat
+
+    from etl.sources import inflated as inflate
+    from etl.sources import locate
+
+    table = locate(eicu_demo_dir, "", "patient", ("patientunitstayid",), {})
+    copy = inflate(table, tmp_path / "inflated")
+    assert copy.read_from == tmp_path / "inflated" / "patient.csv" and copy.path == table.path
+    assert stat.S_IMODE((tmp_path / "inflated").stat().st_mode) == 0o700
+    assert stat.S_IMODE(copy.read_from.stat().st_mode) == 0o600
+    assert copy.read_from.read_bytes() == gzip.decompress(table.path.read_bytes())
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError) as e:
+        inflate(table, tmp_path / "file" / "inflated")
+    assert str(e.value).startswith(f"{tmp_path / 'file' / 'inflated'}: cannot write the inflated copy of {table.path}")
+
+
+def test_duckdb_words_quoting_row_content_are_not_repeated(eicu_demo_dir, tmp_path):
+    """A damaged stream that DuckDB words as a failed cast of what it read: the value is dropped."""
+    from etl.sources import locate, wrap_duckdb_error
+
+    src = _copy_eicu(eicu_demo_dir, tmp_path / "e")
+    path = src / "vitalAperiodic.csv.gz"
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])   # a stream that does not inflate to its end
+    table = locate(src, "", "vitalAperiodic", ("vitalaperiodicid",), {})
+    exc = duckdb.ConversionException(f"Could not convert string '9328297910826354911' to INT64 when casting "
+                                     f"from source column vitalaperiodicid in gzip file {path}")
+    msg = str(wrap_duckdb_error(exc, [table]))
+    assert msg.startswith(f"{path}: unreadable gzip (") and "9328297910826354911" not in msg, msg
+
+
+def test_eicu_header_only_and_empty_identifier(eicu_demo_dir, tmp_path):
+    """A table the cohort needs is refused when it holds no rows; one it can do without is warned
+    about, saying what the cohort lacks; a row without its identifier is refused, not kept."""
+    import warnings
+
+    from etl.errors import InputWarning
+
+    def header_only(path: Path) -> None:
+        path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).split(b"\n", 1)[0] + b"\n"))
+
+    src = _copy_eicu(eicu_demo_dir, tmp_path / "e")
+    for name in ("hospital", "pastHistory"):
+        header_only(src / f"{name}.csv.gz")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        run_eicu_etl(src, tmp_path / "o", EtlOptions(min_center_stays=10, seed=1))
+    said = sorted(str(w.message) for w in caught if issubclass(w.category, InputWarning))
+    assert said == [f"{src / 'hospital.csv.gz'}: no data rows; every hospital's region, bed count and teaching status is unknown",
+                    f"{src / 'pastHistory.csv.gz'}: no data rows; the Charlson comorbidities of the past history are all 0"]
+    assert pl.read_parquet(tmp_path / "o" / "centers.parquet")["region"].null_count() > 0
+
+    header_only(src / "patient.csv.gz")
+    with pytest.raises(InputError) as e:
+        run_eicu_etl(src, tmp_path / "o2", EtlOptions(min_center_stays=10, seed=1))
+    assert str(e.value).startswith(f"{src / 'patient.csv.gz'}: ") and "no data rows" in str(e.value)
+
+    src = _copy_eicu(eicu_demo_dir, tmp_path / "e2")
+    path = src / "patient.csv.gz"
+    lines = gzip.decompress(path.read_bytes()).decode().split("\n")
+    i = lines[0].split(",").index("patientunitstayid")
+    cells = lines[4].split(",")
+    cells[i] = ""
+    lines[4] = ",".join(cells)
+    path.write_bytes(gzip.compress("\n".join(lines).encode()))
+    with pytest.raises(InputError) as e:
+        run_eicu_etl(src, tmp_path / "o3", EtlOptions(min_center_stays=10, seed=1))
+    assert str(e.value).startswith(f"{path}: 1 row without a value of 'patientunitstayid'")
+    assert not (tmp_path / "o3").exists()

@@ -11,7 +11,7 @@ from federation.gossip import cli_run
 
 
 @pytest.mark.slow
-def test_end_to_end_on_fashion_mnist_learns_and_is_tracked(tmp_path):
+def test_end_to_end_on_fashion_mnist_learns_and_is_tracked(tmp_path, capsys):
     assert FASHION_MNIST_DIR.is_dir(), "Fashion-MNIST IDX files not installed"
     torch.set_num_threads(1)
     cfg = {"benchmark": "vv", "name": "vv-tiny",
@@ -21,7 +21,10 @@ def test_end_to_end_on_fashion_mnist_learns_and_is_tracked(tmp_path):
            "tracking": {"experiment": "vv-test"}}
     uri = f"sqlite:///{tmp_path}/ml/mlflow.db"
     (tmp_path / "ml").mkdir()
-    doc = cli_run(cfg, rounds=None, seeds=[0], output=str(tmp_path / "out"), tracking_uri=uri, experiment=None)
+    doc = cli_run(cfg, rounds=None, seeds=[0], output=str(tmp_path / "out"), tracking_uri=uri, experiment=None,
+                  progress=True)
+    shown = capsys.readouterr().out   # the bar: the one run, and its 80 ticks
+    assert "vv-tiny runs" in shown and "1/1" in shown and "variance_corrected" in shown and "80/80" in shown
     run = doc["runs"][0]
     acc = np.array(run["curves"]["accuracy"])
     assert acc.shape == (3, 8)

@@ -139,8 +139,6 @@ def _fake_ui_server(monkeypatch, scratch: Path) -> None:
     monkeypatch.setattr(rc, "_wait_healthy", lambda base, proc, timeout_s: True)
 
 
-_BENCH_TRIVIAL = {"no_progress": "the vv benchmark draws no progress bar: hiding it holds trivially"}
-
 KINDS = [
     Kind(("train",), "train-clinical", lambda i: ["--method", "fedprox", "--cohort", str(i["c1"]), *_TRAIN],
          {**_COMMON, "cohort": lambda i: Probe(["--cohort", str(i["c2"])]),
@@ -150,7 +148,7 @@ KINDS = [
           "config": lambda i: Probe(["--config", str(i["root"] / "sage2.yaml")])}),
     Kind(("train",), "train-vv", lambda i: ["--config", str(i["root"] / "vv.yaml"), *_TRAIN],
          {**_COMMON, "cohort": lambda i: Probe(["--cohort", str(i["c2"])]),
-          "config": lambda i: Probe(["--config", str(i["root"] / "vv2.yaml")])}, trivial=_BENCH_TRIVIAL),
+          "config": lambda i: Probe(["--config", str(i["root"] / "vv2.yaml")])}),
     # FedProx's local loss term does not run on images: FedAvg, whose --param is refused
     Kind(("train",), "train-images", lambda i: ["--method", "fedavg", "--cohort", str(i["root"] / "fm"), *_TRAIN],
          {**_COMMON, "cohort": lambda i: Probe(["--cohort", str(i["root"] / "fm2")]),

@@ -20,6 +20,7 @@ from federation.core.config import CheckpointConfig
 from federation.core.limits import MAX_THREADS
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
 from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id, logged_steps
+from federation.run.progress import RoundProgress
 from federation.run.results import write_results
 from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
@@ -127,7 +128,8 @@ def _clean(x: Any) -> Any:
 
 
 def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = None, output: str | None = None,
-            tracking_uri: str | None = None, experiment: str | None = None, resume: bool = False) -> dict:
+            tracking_uri: str | None = None, experiment: str | None = None, resume: bool = False,
+            progress: bool = False) -> dict:
     """Run every (grid cell, arm, seed) of a ``benchmark: vv`` config; log to MLflow; write results JSON.
 
     Entry point of ``abps train --config configs/vv-*.yaml`` (the CLI dispatches here when the
@@ -147,6 +149,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
             is false.
         experiment: MLflow experiment (default: config ``tracking.experiment`` or "vv").
         resume: go on from the checkpoint beside the results JSON.
+        progress: show a progress bar over the (cell, arm, seed) runs and the current one's ticks.
     Returns:
         the results document: {"benchmark", "name", "output", "runs": [...], "comparison": [...]};
         each run holds its cell, arm, seed, config, summary and curves. Resumed or not, the same
@@ -179,16 +182,20 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
                          checkpoint_config(config), resume, tracker)
 
     results: list[dict] = []
+    bar = RoundProgress(progress, 0, len(runs) * len(seeds), name, unit="runs")
 
     def run_one(cell: dict, arm: str, cfg: GossipConfig, seed: int) -> None:
         label = f"{arm}|{_cell_label(cell)}|seed{seed}"
+        bar.start_unit(label, cfg.ticks)
         if label in ck.done:  # finished before the resume: its MLflow run is complete
             results.append(ck.done[label])
+            bar.end_unit()
             return
         going_on = ck.going_on(label)
 
-        def offer(t: int, snap: Any) -> None:
+        def offer(t: int, snap: Any) -> None:   # t ticks done, the run goes on
             ck.offer(label, t, snap)
+            bar.completed(t)
 
         params = {**cfg.model_dump(), "seed": seed, "arm": arm, "data": data.name}
         if tracker is None:
@@ -211,18 +218,21 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
         results.append(_clean({"cell": cell, "arm": arm, "seed": seed, "config": cfg.model_dump(),
                                "summary": res.summary(), "curves": res.curves()}))
         ck.finish(label, results[-1])
+        bar.completed(cfg.ticks)
+        bar.end_unit()
 
     def run_all() -> None:
         for (cell, arm, cfg), seed in itertools.product(runs, seeds):
             run_one(cell, arm, cfg, seed)
 
-    if tracker is None:
-        run_all()
-    else:
-        with ck.run(tracker, "parent", lambda: tracker.parent(
-                name, {"benchmark": "vv", "n_runs": len(runs) * len(seeds), "seeds": json.dumps(seeds),
-                       "data": data.name}, {BENCHMARK_TAG: "vv"})):
+    with bar:
+        if tracker is None:
             run_all()
+        else:
+            with ck.run(tracker, "parent", lambda: tracker.parent(
+                    name, {"benchmark": "vv", "n_runs": len(runs) * len(seeds), "seeds": json.dumps(seeds),
+                           "data": data.name}, {BENCHMARK_TAG: "vv"})):
+                run_all()
 
     doc = {"benchmark": "vv", "name": name, "data": data.name, "output": str(json_path),
            "runs": results, "comparison": compare(results)}

@@ -364,9 +364,9 @@ def _tracked_selector(s: str, cfg: SageConfig, shards: ClientShards, spec: Model
         if going_on is not None:
             bar.completed(int(going_on["round"]))
 
-        def after_round(tau: int, snap: Any) -> None:
+        def after_round(tau: int, snap: Any) -> None:   # tau rounds done, the run goes on
             ck.offer(unit, tau, snap)
-            bar.advance()
+            bar.completed(tau)
 
         out = run_selector(s, cfg, shards, spec, cand, cand_valid, degree, seed, tracker,
                            checkpoint=after_round, resume=going_on, logged=logged)

@@ -30,12 +30,14 @@ class RoundProgress:
         if self._p is not None:
             self._p.__exit__(None, None, None)
 
-    def start_unit(self, name: str) -> None:
-        """A new unit (``"seed 11"``, ``"seed 0 SAGE-OS"``): its round bar starts at 0."""
+    def start_unit(self, name: str, total_rounds: int | None = None) -> None:
+        """A new unit (``"seed 11"``, ``"seed 0 SAGE-OS"``) of ``total_rounds`` rounds (default the
+        display's): its round bar starts at 0."""
         if self._p is not None:
             from rich.markup import escape
 
-            self._p.reset(self._rounds, total=self.total_rounds, description=escape(f"{name} rounds"), info="")
+            total = self.total_rounds if total_rounds is None else total_rounds
+            self._p.reset(self._rounds, total=total, description=escape(f"{name} rounds"), info="")
 
     def advance(self, info: str = "") -> None:
         """One round done; ``info`` (e.g. the validation AUROC so far) is shown beside the bar."""
