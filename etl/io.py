@@ -40,6 +40,8 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
             the file size limit: :func:`write_refused`).
     """
     out = Path(out)
+    if out.is_symlink():  # the output goes to the folder the link names; the link stays
+        out = out.resolve()
     here, target = Path.cwd().resolve(), out.resolve()
     if target == here or target in here.parents:  # the swap would move the folder the command runs in
         raise InputError(f"--out {out}: it holds the current folder; give the output a folder of its own "
@@ -90,10 +92,18 @@ def remove_tree(path: Path) -> None:
 
     Warns (``UserWarning``, naming the path) when something still cannot be removed.
     """
+    root = os.path.abspath(path)
+
+    def inside(q: str) -> bool:  # only folders of the tree are made writable, never its parent
+        q = os.path.abspath(q)
+        return q == root or q.startswith(root + os.sep)
+
     def writable_then_retry(func, p, _error):
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p) or ".", 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
+            parent = os.path.dirname(p) or "."
+            if inside(parent):
+                os.chmod(parent, 0o700)
+            if inside(p) and os.path.isdir(p) and not os.path.islink(p):
                 os.chmod(p, 0o700)
             func(p)
 

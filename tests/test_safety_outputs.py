@@ -504,3 +504,42 @@ def test_an_earlier_read_only_output_leaves_nothing_behind(tmp_path, monkeypatch
         (tmp / "new.txt").write_text("new")
     assert (out / "new.txt").read_text() == "new" and (out / "sub" / "rows.parquet").read_bytes() == b"rows"
     assert sorted(q.name for q in tmp_path.iterdir()) == ["o"]
+
+
+def test_a_failed_removal_leaves_the_parent_folder_as_it_was(tmp_path, monkeypatch):
+    """Only folders inside the temporary tree are made writable to remove it: the folder that holds
+    --out (a shared folder, /tmp) keeps its mode when the removal fails."""
+    import os
+    import stat
+    import warnings
+
+    from etl.io import atomic_output_dir
+
+    parent = tmp_path / "shared"
+    (parent / "o").mkdir(parents=True)
+    parent.chmod(0o1777)
+    real_rmdir = os.rmdir
+
+    def refuse_the_root(path, *, dir_fd=None):
+        if os.path.basename(os.fspath(path)).startswith(".o.tmp-"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_rmdir(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "rmdir", refuse_the_root)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with atomic_output_dir(parent / "o") as tmp:
+            (tmp / "new.txt").write_text("new")
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o1777
+    assert any("could not be removed" in str(w.message) for w in caught)
+
+
+def test_an_out_that_is_a_link_writes_into_the_folder_it_names(tmp_path):
+    from etl.io import atomic_output_dir
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with atomic_output_dir(tmp_path / "link") as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "new.txt").read_text() == "new"
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["link", "real"]
