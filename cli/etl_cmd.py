@@ -91,6 +91,8 @@ def etl_command(
         raise InputError("give the source folder once: --mimic-dir or --data-dir, not both")
     src_dir = mimic_dir or data_dir or (Path(os.environ["MIMIC_DIR"]) if source == "mimic" and os.environ.get("MIMIC_DIR") else None)
     if src_dir is None:
+        if source != "mimic":
+            raise InputError(f"give the {source} folder with --data-dir (MIMIC_DIR names a MIMIC-IV folder only)")
         raise InputError("give the source folder with --mimic-dir (or --data-dir, or the MIMIC_DIR environment variable)")
     if mimic_dir is None and data_dir is None and not src_dir.is_dir():  # named by the environment, not an option
         raise InputError(f"MIMIC_DIR {src_dir}: not a directory (the environment variable; --mimic-dir names another folder)")

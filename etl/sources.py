@@ -340,7 +340,13 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
     except PermissionError:  # a folder that cannot be searched: is_file raises instead of saying False
         raise InputError(f"{base}: unreadable folder (permission denied)") from None
     if not found:
-        raise InputError(f"missing table {label} (.csv.gz, .csv or .parquet) under {root}")
+        wanted = {f"{name}{suffix}".lower() for suffix in SUFFIXES}
+        try:
+            near = sorted(p.name for p in base.iterdir() if p.name.lower() in wanted)
+        except OSError:
+            near = []
+        hint = f"; {near[0]} is there: the file names are case-sensitive" if near else ""
+        raise InputError(f"missing table {label} (.csv.gz, .csv or .parquet) under {root}{hint}")
     if len(found) > 1:
         raise InputError(f"ambiguous table {label}: {' and '.join(p.name for p in found)} both exist "
                          f"under {base}; keep exactly one")

@@ -479,3 +479,14 @@ def test_eicu_header_only_and_empty_identifier(eicu_demo_dir, tmp_path):
         run_eicu_etl(src, tmp_path / "o3", EtlOptions(min_center_stays=10, seed=1))
     assert str(e.value).startswith(f"{path}: 1 row without a value of 'patientunitstayid'")
     assert not (tmp_path / "o3").exists()
+
+
+def test_a_table_named_in_other_letter_case_is_pointed_out(eicu_demo_dir, tmp_path):
+    from tests.test_cli_errors import one_line_error, run
+
+    src = _copy_eicu(eicu_demo_dir, tmp_path / "e")
+    (src / "patient.csv.gz").rename(src / "PATIENT.CSV.GZ")
+    one_line_error(run("etl", "--source", "eicu", "--data-dir", str(src), "--out", str(tmp_path / "o")),
+                   f"missing table patient (.csv.gz, .csv or .parquet) under {src}; PATIENT.CSV.GZ is there")
+    one_line_error(run("etl", "--source", "eicu", "--out", str(tmp_path / "o")),
+                   "give the eicu folder with --data-dir")
