@@ -625,6 +625,10 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
         if opened is not None:  # DuckDB reads the rest of the file as one field and cannot say where
             return InputError(f"{culprit.path}: a quote (\") opens on line {opened} and is not closed before the "
                               f"end of the file (malformed data, {exc.__class__.__name__})")
+        if not line:  # DuckDB's sniffer gives up on a row of another width without naming it
+            width = row_width_problem(culprit.read_path)
+            if width is not None:
+                return InputError(f"{culprit.path}: {width} (malformed data, {exc.__class__.__name__})")
     at = f" near line {line.group(1)}" if (culprit and line and not culprit.is_parquet) else ""
     return InputError(f"{where}: {kind}{at} ({exc.__class__.__name__})")
 
@@ -648,6 +652,26 @@ def unclosed_quote_line(path: Path) -> int | None:
     except (OSError, EOFError, ValueError):
         return None
     return opened if inside else None
+
+
+def row_width_problem(path: Path) -> str | None:
+    """``line N has K fields where the header has H`` for the first row of the CSV file ``path``
+    (plain or gzip; RFC 4180 quoting) whose field count differs from the header's, else None.
+    Reads up to that row: for the error path only."""
+    import csv
+    import gzip
+
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as fh:
+            reader = csv.reader(fh, strict=True)
+            width = len(next(reader, []))
+            for row in reader:
+                if row and len(row) != width:
+                    return f"line {reader.line_num} has {len(row)} fields where the header has {width}"
+    except (OSError, EOFError, ValueError, csv.Error):
+        return None
+    return None
 
 
 def _first(text: str) -> str:

@@ -602,3 +602,23 @@ def test_a_repeated_signal_does_not_cut_the_unwinding_short(monkeypatch):
     with pytest.raises(SystemExit) as e:
         app._on_sigterm(signal.SIGHUP, None)
     assert e.value.code == 129 and app._received["signal"] == signal.SIGHUP
+
+
+@pytest.mark.parametrize("change,fields", [("extra", 7), ("short", 5)])
+def test_a_row_of_another_width_is_named_with_its_line(mimic_demo_dir, tmp_path, change, fields):
+    """DuckDB's sniffer gives up on such a file without a line; the error names the row's line and
+    its width against the header's (patients has 6 columns), never its values."""
+    import gzip
+
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "hosp/patients.csv.gz"
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    lines[9] = lines[9] + ",x" if change == "extra" else lines[9].rsplit(",", 1)[0]   # line 10 of the file
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value).startswith(f"{path}: line 10 has {fields} fields where the header has 6")
+    assert not (tmp_path / "o").exists()
