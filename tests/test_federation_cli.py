@@ -101,12 +101,16 @@ def test_benchmark_config_dispatches(tmp_path, monkeypatch):
     from federation.benchmark import BENCHMARKS
 
     seen = {}
-    monkeypatch.setattr(BENCHMARKS["vv"], "run", lambda config, rounds, seeds, output, uri, exp, resume=False:
-                        seen.update(config=config, seeds=seeds, rounds=rounds))
+    monkeypatch.setattr(BENCHMARKS["vv"], "run",
+                        lambda config, rounds, seeds, output, uri, exp, resume=False, progress=False:
+                        seen.update(config=config, seeds=seeds, rounds=rounds, progress=progress))
     cfg = tmp_path / "vv.yaml"
     cfg.write_text("benchmark: vv\nsimulation: {ticks: 4}\n")
     main(["train", "--config", str(cfg), "--seeds", "1", "2", "--rounds", "5"])
-    assert seen == {"config": {"benchmark": "vv", "simulation": {"ticks": 4}}, "seeds": [1, 2], "rounds": 5}
+    assert seen == {"config": {"benchmark": "vv", "simulation": {"ticks": 4}}, "seeds": [1, 2], "rounds": 5,
+                    "progress": True}
+    main(["train", "--config", str(cfg), "--rounds", "5", "--no-progress", "--force"])
+    assert seen["progress"] is False
     cfg.write_text("benchmark: vv\nnodes: 4\n")  # checked before it runs: one line naming the file
     seen.clear()
     with pytest.raises(SystemExit) as exc:
