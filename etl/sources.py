@@ -431,38 +431,35 @@ def inflated(table: Table, folder: Path) -> Table:
     from isal import igzip, isal_zlib
 
     dst = folder / f"{table.name}.csv"
+
+    def refused(exc: OSError) -> InputError:
+        with contextlib.suppress(OSError):
+            dst.unlink(missing_ok=True)
+        return InputError(f"{folder}: cannot write the inflated copy of {table.path} ({exc.strerror or exc})")
+
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         out = os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
     except OSError as exc:
-        raise InputError(f"{folder}: cannot write the inflated copy of {table.path} ({exc.strerror or exc})") from None
+        raise refused(exc) from None
     with out:
         try:
-            src = igzip.open(table.read_path, "rb")
-        except OSError:
-            src = None
-        if src is None:
+            with igzip.open(table.read_path, "rb") as src:
+                while block := src.read(1 << 22):
+                    try:
+                        out.write(block)
+                    except OSError as exc:
+                        raise refused(exc) from None
+        except (OSError, EOFError, ValueError, isal_zlib.error) as exc:  # reading the gzip
             dst.unlink(missing_ok=True)
+            damaged = gzip_trailer_error(table.path, exc)
+            if damaged is not None:
+                raise damaged from None
             return table
-        with src:
-            while True:
-                try:
-                    block = src.read(1 << 22)
-                except (OSError, EOFError, ValueError, isal_zlib.error) as exc:
-                    dst.unlink(missing_ok=True)
-                    damaged = gzip_trailer_error(table.path, exc)
-                    if damaged is not None:
-                        raise damaged from None
-                    return table
-                try:
-                    if not block:
-                        out.flush()
-                        break
-                    out.write(block)
-                except OSError as exc:
-                    dst.unlink(missing_ok=True)
-                    raise InputError(f"{folder}: cannot write the inflated copy of {table.path} "
-                                     f"({exc.strerror or exc})") from None
+        try:
+            out.flush()
+        except OSError as exc:
+            raise refused(exc) from None
     return replace(table, read_from=dst)
 
 
@@ -633,17 +630,19 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
     return InputError(f"{where}: {kind}{at} ({exc.__class__.__name__})")
 
 
+def _open_csv(path: Path, mode: str, **kw):
+    """``path`` opened for reading, inflated when it is a gzip (the error-path readers below)."""
+    return (gzip.open if path.name.endswith(".gz") else open)(path, mode, **kw)
+
+
 def unclosed_quote_line(path: Path) -> int | None:
     """The line (1 = the header) on which a quoted field opens that no quote closes before the end
     of the CSV file ``path`` (plain or gzip), or None when every quote is closed. A doubled quote
     inside a quoted field (RFC 4180's escape) opens and closes, so it leaves the state as it was.
     Reads the whole file: for the error path only."""
-    import gzip
-
-    opener = gzip.open if path.name.endswith(".gz") else open
     inside, opened, n = False, None, 0
     try:
-        with opener(path, "rb") as fh:
+        with _open_csv(path, "rb") as fh:
             for n, raw in enumerate(fh, start=1):
                 count = raw.count(b'"')
                 if count % 2:
@@ -659,11 +658,9 @@ def row_width_problem(path: Path) -> str | None:
     (plain or gzip; RFC 4180 quoting) whose field count differs from the header's, else None.
     Reads up to that row: for the error path only."""
     import csv
-    import gzip
 
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as fh:
+        with _open_csv(path, "rt", encoding="utf-8", errors="replace", newline="") as fh:
             reader = csv.reader(fh, strict=True)
             width = len(next(reader, []))
             for row in reader:
