@@ -18,7 +18,7 @@ from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.pipeline import Attrition, EtlOptions, check_keys, concept_sql, connect, finish, frame, scalar
 from etl.report import rate_table
-from etl.sources import Table, check_flags, check_range, duckdb_errors, inflated, locate, require_rows
+from etl.sources import Table, check_flags, check_range, check_text, duckdb_errors, inflated, locate, require_rows
 from etl.tasks import DEFAULT_TASK, column_types, relabel, required_columns
 
 REQUIRED = {
@@ -60,7 +60,8 @@ HEADER_ONLY = {
 }
 _ID = (1, 2**62)
 #: Bounds of numeric columns whose out-of-range values would drop or move stays silently (a
-#: negative identifier or year); checked before any concept runs.
+#: negative identifier or year); checked before any concept runs, with the text columns of the
+#: same tables (a NUL byte refused): theirs are the values that reach the outputs.
 RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "patient": {"patientunitstayid": _ID, "patienthealthsystemstayid": _ID, "hospitalid": _ID,
                 "hospitaldischargeyear": (1, 9999)},
@@ -157,6 +158,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
             check_flags(con, tables["apachePredVar"], REQUIRED["apachePredVar"][1:])
             for name, bounds in RANGES.items():
                 check_range(con, tables[name], bounds)
+                check_text(con, tables[name], tuple(c for c in REQUIRED[name] if c not in TYPES))
             _check_age(con, tables["patient"])
             require_rows(con, tables["patient"], "every stay of the cohort is one of its rows")
             require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")

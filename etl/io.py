@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
+import glob
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +38,10 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
     new folder replaces the old one whole (a writer that owns the folder, such as ``abps synth``,
     whose earlier output must not outlive a run that does not write it).
 
+    The temporary directory stays locked (``flock``) while its writer lives, so a temporary
+    directory that a killed run (``kill -9``, a power cut) left beside ``out``, with the rows it
+    had written, is removed by the next run for the same ``out`` (:func:`clear_stale_temporaries`).
+
     Raises:
         InputError: ``out`` (or a parent) is a file, or the folder cannot be created or written,
             or the block failed because the file system refused a write (full, over quota, past
@@ -52,9 +60,11 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
         raise InputError(f"--out {out}: a parent path is a file")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        clear_stale_temporaries(out)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
         raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    held = _lock_dir(tmp)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the renamed output gets normal permissions
@@ -74,6 +84,58 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
             raise InputError(f"--out {out}: cannot replace it ({exc.strerror or exc})") from None
     finally:
         remove_tree(tmp)
+        if held is not None:
+            os.close(held)
+
+
+#: A temporary directory younger than this (seconds) is never taken for stale: its writer may
+#: not have locked it yet.
+STALE_AFTER_S = 5.0
+
+
+def _lock_dir(path: Path, blocking: bool = False) -> int | None:
+    """An open descriptor of the directory ``path`` holding an exclusive ``flock``, or None where
+    the lock is taken by a living process or the file system cannot lock (the kernel drops the
+    lock when the holder exits, however it exits)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def clear_stale_temporaries(out: Path) -> list[Path]:
+    """Remove the temporary directories of :func:`atomic_output_dir` beside ``out`` whose writer
+    is gone (killed before it could clean up): unlocked, and older than :data:`STALE_AFTER_S`.
+    A directory a running writer holds is left alone. Returns the directories removed; warns
+    (``UserWarning``) naming how many, since each held rows of an unfinished output."""
+    removed = []
+    now = time.time()
+    for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.tmp-*")):
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < STALE_AFTER_S:
+            continue
+        fd = _lock_dir(p)
+        if fd is None:  # a living writer holds it (or the lock cannot be taken: leave it)
+            continue
+        try:
+            remove_tree(p)
+        finally:
+            os.close(fd)
+        if not p.exists():
+            removed.append(p)
+    if removed:
+        warnings.warn(f"--out {out}: removed {len(removed)} unfinished output(s) an interrupted run left beside it",
+                      stacklevel=2)
+    return removed
 
 
 def rmtree_calling(path: str | os.PathLike[str], handler) -> None:

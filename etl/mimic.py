@@ -41,6 +41,7 @@ from etl.sources import (
     Table,
     check_flags,
     check_range,
+    check_text,
     duckdb_errors,
     inflated,
     load_checked,
@@ -88,15 +89,21 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 def _checks(con: duckdb.DuckDBPyConnection, table: Table):
-    """The value checks of a keyed table (the 0/1 outcome flag of admissions, :data:`RANGES`)
-    on a relation of its rows as read."""
+    """The value checks of a keyed table (the 0/1 outcome flag of admissions, :data:`RANGES`, no
+    NUL byte in its text columns) on a relation of its rows as read."""
 
     def run(scan: str) -> None:
         if table.name == "admissions":
             check_flags(con, table, ("hospital_expire_flag",), scan=scan)
         check_range(con, table, RANGES[table.name], scan=scan)
+        check_text(con, table, text_columns(table.name), scan=scan)
 
     return run
+
+
+def text_columns(name: str) -> tuple[str, ...]:
+    """The text columns of the table ``name`` in :data:`REQUIRED` (those :data:`TYPES` does not type)."""
+    return next((tuple(c for c in cols if c not in TYPES) for (_, n), cols in REQUIRED.items() if n == name), ())
 
 
 def _locate_all(mimic_dir: Path, task: str, types: dict[str, str]) -> dict[str, Table]:

@@ -194,6 +194,43 @@ def check_range(con: duckdb.DuckDBPyConnection, table: Table, bounds: dict[str, 
             raise InputError(f"{table.path}: column '{c}' must lie in [{lo:g}, {hi:g}] ({n} rows do not)")
 
 
+def check_text(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, ...], scan: str | None = None) -> None:
+    """Refuse a text column holding a NUL byte: no clinical text has one, so it marks a damaged
+    file, and the value would otherwise reach the outputs (a care unit name, a center) as read.
+    ``cols``: the text columns whose values reach the outputs or select rows; ``scan``: as
+    :func:`check_flags`.
+
+    Raises:
+        InputError: naming the file, the column, how many rows, and the line of the first NUL.
+    """
+    cols = tuple(c for c in cols if c in table.columns)
+    if not cols:
+        return
+    checks = ", ".join(f"count(*) FILTER (WHERE contains(CAST({c} AS VARCHAR), chr(0)))" for c in cols)
+    bad = con.execute(f"SELECT {checks} FROM {scan or table.varchar_scan()}").fetchall()[0]
+    for c, n in zip(cols, bad):
+        if n:
+            line = nul_line(table.read_path)
+            at = f"; the first on line {line}" if line else ""
+            raise InputError(f"{table.path}: column '{c}' holds a NUL byte in {n} row{'s' if n != 1 else ''} "
+                             f"(a damaged file?){at}")
+
+
+def nul_line(path: Path) -> int | None:
+    """The line (1 = the header) of the first NUL byte in the file ``path`` (plain or gzip), or
+    None (a Parquet file, none found, unreadable). Reads up to it: for the error path only."""
+    if path.suffix == ".parquet":
+        return None
+    try:
+        with _open_csv(path, "rb") as fh:
+            for n, raw in enumerate(fh, start=1):
+                if b"\0" in raw:
+                    return n
+    except (OSError, EOFError, ValueError):
+        return None
+    return None
+
+
 def require_rows(con: duckdb.DuckDBPyConnection, table: Table, why: str) -> None:
     """Refuse a table with a header (or schema) but no data row. Cheap: DuckDB stops after the
     first row (``LIMIT 1``).

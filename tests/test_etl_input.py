@@ -622,3 +622,43 @@ def test_a_row_of_another_width_is_named_with_its_line(mimic_demo_dir, tmp_path,
         run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
     assert str(e.value).startswith(f"{path}: line 10 has {fields} fields where the header has 6")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("source,rel,col", [("mimic", "icu/icustays", "first_careunit"),
+                                            ("mimic", "hosp/admissions", "race"),
+                                            ("eicu", "patient", "unittype"), ("eicu", "hospital", "region")])
+def test_a_nul_byte_in_a_text_column_is_refused_with_its_line(mimic_demo_dir, eicu_demo_dir, tmp_path, source,
+                                                               rel, col):
+    """A NUL byte marks a damaged file; read as is it would reach the outputs (a care unit, a center
+    name). The error names the file, the column, the count and the line, never the value."""
+    import csv
+    import gzip
+    import io
+    import shutil
+
+    from etl.eicu import REQUIRED, run_eicu_etl
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    if source == "mimic":
+        src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    else:
+        src = tmp_path / "e"
+        src.mkdir()
+        for name in REQUIRED:
+            shutil.copy(eicu_demo_dir / f"{name}.csv.gz", src / f"{name}.csv.gz")
+    path = src / f"{rel}.csv.gz"
+    rows = list(csv.reader(io.StringIO(gzip.decompress(path.read_bytes()).decode(), newline="")))
+    i = rows[0].index(col)
+    for r in (4, 7):                                          # data row 4 = line 5 of the file
+        rows[r][i] += "\0"
+    text = io.StringIO(newline="")
+    csv.writer(text, lineterminator="\n").writerows(rows)    # eICU quotes fields holding commas
+    path.write_bytes(gzip.compress(text.getvalue().encode()))
+    with pytest.raises(InputError) as e:
+        if source == "mimic":
+            run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+        else:
+            run_eicu_etl(src, tmp_path / "o", EtlOptions(min_center_stays=10))
+    assert str(e.value) == f"{path}: column '{col}' holds a NUL byte in 2 rows (a damaged file?); the first on line 5"
+    assert not (tmp_path / "o").exists()

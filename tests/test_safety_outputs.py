@@ -543,3 +543,43 @@ def test_an_out_that_is_a_link_writes_into_the_folder_it_names(tmp_path):
         (tmp / "new.txt").write_text("new")
     assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "new.txt").read_text() == "new"
     assert sorted(q.name for q in tmp_path.iterdir()) == ["link", "real"]
+
+
+def test_a_killed_runs_unfinished_output_is_removed_by_the_next_run_and_a_living_ones_kept(tmp_path):
+    """A writer killed with SIGKILL cannot clean up: its hidden temporary folder, with the rows it
+    had written, must not outlive the next run for the same --out; a writer still running keeps it."""
+    import signal
+    import warnings
+
+    from etl.io import atomic_output_dir
+
+    out = tmp_path / "cohort"
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from etl.io import atomic_output_dir\n"
+         f"with atomic_output_dir({str(out)!r}) as tmp:\n"
+         "    (tmp / 'rows.parquet').write_bytes(b'patient rows')\n"
+         "    print('ready', flush=True)\n"
+         "    time.sleep(60)\n"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        (left,) = tmp_path.glob(".cohort.tmp-*")
+        os.utime(left, (1.0, 1.0))  # old enough to be taken for stale, were it not locked
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing removed, so no warning
+            with atomic_output_dir(out) as tmp:
+                (tmp / "a.txt").write_text("1")
+        assert (left / "rows.parquet").read_bytes() == b"patient rows"  # the living writer's folder is kept
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert left.exists()  # SIGKILL: nothing ran to remove it
+    os.utime(left, (1.0, 1.0))
+    with pytest.warns(UserWarning, match=r"--out .*cohort: removed 1 unfinished output\(s\)"), \
+            atomic_output_dir(out) as tmp:
+        (tmp / "a.txt").write_text("2")
+    assert not left.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cohort"]
+    assert (out / "a.txt").read_text() == "2"
