@@ -310,12 +310,21 @@ def connect(threads: int = 1, memory_limit: str | None = None, scratch: Path | N
     return con
 
 
+#: The longest CSV header line read (bytes): MIMIC-IV's and eICU's are under 1 KiB.
+HEADER_MAX_BYTES = 1 << 20
+
+
 def _csv_header(path: Path) -> tuple[str, ...]:
     try:  # the first line as bytes: a text reader would decode (and refuse) the rows after it too
         with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as fh:
-            raw = fh.readline()
+            raw = fh.readline(HEADER_MAX_BYTES)
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: unreadable ({_reason(exc)})") from None
+    if b"\r" in raw.rstrip(b"\r\n"):
+        raise InputError(f"{path}: its lines end in a carriage return alone (classic Mac OS); convert them to "
+                         "line feeds, e.g. tr '\\r' '\\n'")
+    if len(raw) == HEADER_MAX_BYTES and not raw.endswith(b"\n"):
+        raise InputError(f"{path}: no line break in the first {HEADER_MAX_BYTES >> 20} MiB (not a CSV header)")
     try:
         line = raw.decode("utf-8-sig")
     except UnicodeDecodeError:

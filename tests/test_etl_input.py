@@ -662,3 +662,27 @@ def test_a_nul_byte_in_a_text_column_is_refused_with_its_line(mimic_demo_dir, ei
             run_eicu_etl(src, tmp_path / "o", EtlOptions(min_center_stays=10))
     assert str(e.value) == f"{path}: column '{col}' holds a NUL byte in 2 rows (a damaged file?); the first on line 5"
     assert not (tmp_path / "o").exists()
+
+
+def test_carriage_return_line_ends_and_a_header_without_a_line_break_are_named(mimic_demo_dir, tmp_path):
+    """Lines ending in CR alone read as one line, which DuckDB calls an empty or headerless file;
+    the error says what the lines end in. A first line over 1 MiB is not read into memory whole."""
+    import gzip
+
+    from etl import sources
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "hosp/patients.csv.gz"
+    text = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(text.replace(b"\n", b"\r")))
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == (f"{path}: its lines end in a carriage return alone (classic Mac OS); convert them to "
+                            "line feeds, e.g. tr '\\r' '\\n'")
+    path.write_bytes(gzip.compress(text.replace(b"\n", b"\r\n")))   # Windows line ends read as the file
+    run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    path.write_bytes(gzip.compress(b"x" * (sources.HEADER_MAX_BYTES + 10)))
+    with pytest.raises(InputError, match=r"patients.csv.gz: no line break in the first 1 MiB \(not a CSV header\)$"):
+        run_etl(src, tmp_path / "o2", EtlOptions(**WIDE))
