@@ -668,6 +668,12 @@ def wrap_duckdb_error(exc: duckdb.Error, tables: list[Table], types: dict[str, s
         if opened is not None:  # DuckDB reads the rest of the file as one field and cannot say where
             return InputError(f"{culprit.path}: a quote (\") opens on line {opened} and is not closed before the "
                               f"end of the file (malformed data, {exc.__class__.__name__})")
+        too_long = re.search(r"Maximum line size of (\d+) bytes exceeded", text)
+        if too_long:  # DuckDB counts lines of its own read buffers here, not of the file
+            found = long_line(culprit.read_path, int(too_long.group(1)))
+            if found is not None:
+                return InputError(f"{culprit.path}: line {found[0]} holds {found[1] / 1e6:.1f} MB, past the "
+                                  f"{int(too_long.group(1)) / 1e6:g} MB a CSV line may hold (a damaged file?)")
         if not line:  # DuckDB's sniffer gives up on a row of another width without naming it
             width = row_width_problem(culprit.read_path)
             if width is not None:
@@ -697,6 +703,23 @@ def unclosed_quote_line(path: Path) -> int | None:
     except (OSError, EOFError, ValueError):
         return None
     return opened if inside else None
+
+
+def long_line(path: Path, limit: int) -> tuple[int, int] | None:
+    """``(line, bytes)`` of the first line of the file ``path`` (plain or gzip; 1 = the header)
+    longer than ``limit`` bytes, else None. Reads in 1 MiB pieces up to it: for the error path only."""
+    n, size = 1, 0
+    try:
+        with _open_csv(path, "rb") as fh:
+            while piece := fh.readline(1 << 20):
+                size += len(piece)
+                if piece.endswith(b"\n"):
+                    if size - 1 > limit:
+                        return n, size - 1
+                    n, size = n + 1, 0
+    except (OSError, EOFError, ValueError):
+        return None
+    return (n, size) if size > limit else None
 
 
 def row_width_problem(path: Path) -> str | None:

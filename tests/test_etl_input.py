@@ -686,3 +686,22 @@ def test_carriage_return_line_ends_and_a_header_without_a_line_break_are_named(m
     path.write_bytes(gzip.compress(b"x" * (sources.HEADER_MAX_BYTES + 10)))
     with pytest.raises(InputError, match=r"patients.csv.gz: no line break in the first 1 MiB \(not a CSV header\)$"):
         run_etl(src, tmp_path / "o2", EtlOptions(**WIDE))
+
+
+def test_a_line_past_duckdbs_line_size_is_named_with_its_line(mimic_demo_dir, tmp_path):
+    """DuckDB counts the lines of its read buffer when a line passes its 2 MB limit ("line 1");
+    the error names the file's own line and its size, never its text."""
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+    from etl.sources import long_line
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "hosp/admissions.csv.gz"
+    _edit_column(path, "race", (20,), "A" * 2_500_000)     # data row 20 = line 21 of the file
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value).startswith(f"{path}: line 21 holds 2.5 MB, past the 2 MB a CSV line may hold")
+    assert "AAA" not in str(e.value) and not (tmp_path / "o").exists()
+    p = tmp_path / "t.csv"
+    p.write_bytes(b"a,b\n" + b"x" * 10 + b"\n" + b"y" * (3 << 20))   # the last line has no line break
+    assert long_line(p, 10) == (3, 3 << 20) and long_line(p, 3 << 20) is None
