@@ -58,6 +58,9 @@ def atomic_output_dir(out: str | os.PathLike[str], keep_unwritten: bool = True) 
         raise InputError(f"--out {out}: exists and is not a directory")
     if any(p.exists() and not p.is_dir() for p in out.parents):
         raise InputError(f"--out {out}: a parent path is a file")
+    mount = _mount_inside(out)
+    if mount is not None:  # the swap and the removal of the old output would reach into another file system
+        raise InputError(f"--out {out}: {mount} inside it is a mount point; give the output a folder of its own")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         clear_stale_temporaries(out)
@@ -136,6 +139,18 @@ def clear_stale_temporaries(out: Path) -> list[Path]:
         warnings.warn(f"--out {out}: removed {len(removed)} unfinished output(s) an interrupted run left beside it",
                       stacklevel=2)
     return removed
+
+
+def _mount_inside(out: Path) -> Path | None:
+    """The first mount point at or inside the folder ``out`` (``out`` itself counts: it cannot be
+    renamed), else None; links are not followed."""
+    if not out.is_dir():
+        return None
+    for root, dirs, _ in os.walk(out):
+        if os.path.ismount(root):
+            return Path(root)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+    return None
 
 
 def rmtree_calling(path: str | os.PathLike[str], handler) -> None:

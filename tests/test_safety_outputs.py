@@ -583,3 +583,26 @@ def test_a_killed_runs_unfinished_output_is_removed_by_the_next_run_and_a_living
     assert not left.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cohort"]
     assert (out / "a.txt").read_text() == "2"
+
+
+def test_an_out_holding_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Replacing such a folder would copy the mounted files into the new output and remove them
+    with the old one: another file system's files are never touched."""
+    from etl.errors import InputError
+    from etl.io import atomic_output_dir
+
+    out = tmp_path / "cohort"
+    (out / "data" / "disk").mkdir(parents=True)
+    (out / "data" / "disk" / "f.txt").write_text("not ours")
+    mounted = str(out / "data" / "disk")
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: str(p) == mounted or real(p))
+    with pytest.raises(InputError) as e, atomic_output_dir(out):
+        pass
+    assert str(e.value) == f"--out {out}: {mounted} inside it is a mount point; give the output a folder of its own"
+    assert (out / "data" / "disk" / "f.txt").read_text() == "not ours"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cohort"]   # no temporary folder made
+    monkeypatch.setattr(os.path, "ismount", real)
+    with atomic_output_dir(out) as tmp:
+        (tmp / "a.txt").write_text("1")
+    assert (out / "data" / "disk" / "f.txt").read_text() == "not ours"   # kept: the run did not write it
