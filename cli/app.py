@@ -57,6 +57,19 @@ def _register() -> None:
     for name in ("cli.etl_cmd", "cli.synth_cmd", "cli.synth_fedprox_cmd", "cli.train_cmd", "cli.sweep_cmd",
                  "cli.report_cmd", "cli.runs_cmd", "cli.cache_cmd", "cli.p2p_cmd"):
         importlib.import_module(name)  # a module that fails to import fails the command, never drops it
+    for typer_app in (app, synth_app, cache_app):
+        _summaries_as_paragraphs(typer_app)
+
+
+def _summaries_as_paragraphs(typer_app: typer.Typer) -> None:
+    """A command list shows each command's first docstring paragraph as one paragraph: typer keeps
+    the docstring's line breaks there (rich markup mode), which cut sentences at the source's width."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        text = info.help or (inspect.getdoc(info.callback) if info.callback else None)
+        if info.short_help is None and text:
+            info.short_help = " ".join(text.split("\n\n")[0].split())
 
 
 def _first_line(text: str, limit: int = 300) -> str:

@@ -70,7 +70,7 @@ def train(
     config: Path | None = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
     output: Path | None = typer.Option(
-        None, "--output", parser=project.file_path, metavar="FILE", help="results.json path (default runs/<experiment>/<method>-<UTC time>/results.json)"),
+        None, "--output", parser=project.file_path, metavar="FILE", help="results.json path (default: results.json in a new folder named <method>-<UTC time> under runs/<experiment>/)"),
     force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
     resume: bool = typer.Option(
         False, "--resume", help="go on from the last checkpointed round of a stopped run (same options; its "

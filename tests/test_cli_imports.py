@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import subprocess
 import sys
@@ -42,8 +43,9 @@ print(json.dumps(out))
 
 
 def _probe(argvs: list[list[str]], cwd: Path) -> list[dict]:
+    env = {**os.environ, "COLUMNS": "80"}  # the help as an 80-column terminal shows it
     proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs), json.dumps(HEAVY)], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # no library noise either (MLflow INFO lines, deprecation warnings)
     assert proc.stderr == "", proc.stderr[-3000:]
@@ -104,11 +106,26 @@ def test_every_help_imports_no_heavy_library(tmp_path: Path) -> None:
         assert r["heavy"] == [], f"abps {' '.join(r['argv'])} imported {r['heavy']}"
         # a flag shows no value type (typer 0.29 would print `--force <bool>`); valued options keep theirs
         assert "<bool>" not in r["stdout"], f"abps {' '.join(r['argv'])} shows <bool> beside a flag"
+        # at 80 columns no help text is cut short (rich ends a word longer than its column with "…")
+        assert "…" not in r["stdout"], f"abps {' '.join(r['argv'])} cuts a word of its help at 80 columns"
     train = next(r for r in results if r["argv"] == ["train", "--help"])
     # the method list of --method is there, in Table 1 order, without importing a method
     flat = " ".join(train["stdout"].replace("│", " ").split())
     assert "local, fedavg, fedprox" in flat and "centralized" in flat and "random-partners" in flat
     assert "--force replace an existing" in flat and "--threads <int range>" in flat
+
+
+def test_command_lists_show_each_summary_as_one_paragraph() -> None:
+    """typer keeps a docstring's line breaks in a command list; each summary is one paragraph."""
+    from cli.app import _register, app, cache_app, synth_app
+
+    _register()
+    infos = [i for a in (app, synth_app, cache_app) for i in a.registered_commands]
+    assert len(infos) >= 10
+    for info in infos:
+        assert info.short_help and "\n" not in info.short_help, info.name
+    ui = next(i for i in infos if i.callback.__name__ == "ui")
+    assert "print the URL of the comparison of the experiment's latest runs" in ui.short_help
 
 
 def _log_runs(uri: str) -> dict[str, list[str]]:
