@@ -119,7 +119,7 @@ def test_every_path_and_module_a_page_names_exists():
     assert gen.missing_paths("federation/engine/mlp.py, federation.engine.mixing.mix, etl.schema") == []
 
 
-HISTORY = re.compile(r"\bsession [0-9]|this session|the lead\b|[0-9]+ engineers|load average|\bat load [0-9]|\(load [0-9]|[Ii]ssue [0-9]+|"
+HISTORY = re.compile(r"\b[Ss]ession[- ][0-9]|this session|the lead\b|[0-9]+ engineers|load average|\bat load [0-9]|\(load [0-9]|[Ii]ssue [0-9]+|"
                      r"issue #[0-9]+|left for later")
 
 

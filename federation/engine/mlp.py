@@ -153,7 +153,7 @@ def tune_allocator() -> bool:
     regions whose pages fault in on first touch and go back to the kernel on free: 26-37 k minor
     page faults and 0.07-0.23 s of system CPU per round of the 230-center benchmark. Serving blocks below
     :data:`MALLOC_MMAP_THRESHOLD` from the heap and trimming the heap only above
-    :data:`MALLOC_TRIM_THRESHOLD` removes nearly all of them (docs/benchmarks.md, "Session 4").
+    :data:`MALLOC_TRIM_THRESHOLD` removes nearly all of them (measured with the engine benchmark, docs/benchmarks.md).
     Larger blocks (large n) are still ``mmap``-ed and returned at once, so memory peaks do not
     grow by more than about the trim threshold. Set ``ABPS_MALLOC_TUNE=0`` to leave the
     allocator alone. No effect (returns False) off glibc.
