@@ -87,6 +87,9 @@ class WelchWindows:
         count: ``[n, n]`` int64 observations since the pair's last restart.
     """
 
+    #: instances may be rebuilt from a round checkpoint (federation.run.checkpoint.read)
+    __checkpoint_state__ = True
+
     def __init__(self, n: int, window: int, rows: int | None = None) -> None:
         if window < 2:
             raise ValueError(f"drift window must be >= 2, got {window}")
@@ -227,6 +230,9 @@ class DriftMonitor:
         params: any model with the :class:`DriftParams` fields (``drift_window >= 2``).
         n: number of centers.
     """
+
+    #: instances may be rebuilt from a round checkpoint (federation.run.checkpoint.read)
+    __checkpoint_state__ = True
 
     def __init__(self, params: DriftParams, n: int) -> None:
         self.alpha = float(params.drift_alpha)

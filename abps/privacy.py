@@ -172,6 +172,9 @@ class MetadataRelease:
         seed: run seed (the noise generator is seeded from it).
     """
 
+    #: instances may be rebuilt from a round checkpoint (federation.run.checkpoint.read)
+    __checkpoint_state__ = True
+
     def __init__(self, params: MetadataDpParams, n_train: Tensor, seed: int) -> None:
         eps = params.metadata_dp_epsilon
         self.epsilon = math.inf if eps is None else float(eps)

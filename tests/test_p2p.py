@@ -27,6 +27,7 @@ from federation.p2p.engine import PeerEngine
 from federation.p2p.launch import launch, read_peers_file
 from federation.p2p.local import announce, build_local, center_list, read_own_rows
 from federation.p2p.wire import Message, MessageError, decode, encode
+from federation.run import checkpoint
 from federation.run.runner import run_one
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,7 +244,7 @@ def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy:
         while time.monotonic() < deadline:
             if ck.is_file() and 2 in pids:
                 try:
-                    if torch.load(ck, weights_only=False)["round"] >= 1:
+                    if checkpoint.read(ck)["round"] >= 1:
                         os.kill(pids[2], signal.SIGKILL)
                         return
                 except (OSError, EOFError, RuntimeError):

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import signal
@@ -86,13 +85,11 @@ def _round_trip(cfg, data: FederatedData, at: int = AT, seed: int = 3):
     def ck(tau, snap):
         offered.append(tau)
         if tau == at:  # through bytes, as a file would: nothing shared with the live run
-            buf = io.BytesIO()
-            torch.save(snap(), buf)
-            saved["b"] = buf.getvalue()
+            saved["b"] = checkpoint.encode(snap())
 
     again = run_one(cfg, data, seed, checkpoint=ck)
     assert again.history == full.history  # offering checkpoints changes nothing
-    state = torch.load(io.BytesIO(saved["b"]), weights_only=False)
+    state = checkpoint.decode(saved["b"])  # the safe reader builds every method's state
     resumed = run_one(cfg, data, seed, resume=state)
     return full, resumed, offered
 
@@ -168,7 +165,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_results(cohort: Path, tmp_pa
     ck = checkpoint.checkpoint_path(tmp_path / "r.json")
     assert ck.is_file() and not (tmp_path / "r.json").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["r.json.ckpt"]  # no temporary file left behind
-    saved = torch.load(ck, weights_only=False)
+    saved = checkpoint.read(ck)
     assert [r.seed for r in saved["done"]] == [1, 2] and saved["current"] is None
     doc = run_training(cfg, cohort, [1, 2], output=tmp_path / "r.json", progress=False, track=False, resume=True)
     assert not ck.exists()  # removed once results.json is written
@@ -209,8 +206,52 @@ def test_resume_without_a_checkpoint_or_with_a_broken_one_is_refused(cohort: Pat
     with pytest.raises(InputError, match="no checkpoint"):
         run_training(cfg, cohort, [1], output=tmp_path / "r.json", progress=False, track=False, resume=True)
     checkpoint.checkpoint_path(tmp_path / "r.json").write_bytes(b"not a checkpoint")
-    with pytest.raises(InputError, match="not a readable checkpoint"):
+    with pytest.raises(InputError, match="is not a checkpoint of layout 2$"):
         run_training(cfg, cohort, [1], output=tmp_path / "r.json", progress=False, track=False, resume=True)
+
+
+class _Runs:
+    """A pickle that calls a function when it is read, as a crafted checkpoint would."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def test_a_checkpoint_runs_no_code_and_a_damaged_one_is_refused_before_it_is_read(cohort: Path, tmp_path: Path,
+                                                                                  monkeypatch):
+    """--resume reads a file the user points at: it is unpickled by torch's weights-only reader,
+    which builds this project's state records and nothing else, after its SHA-256 is checked."""
+    import io
+
+    cfg = _stopped_run(cohort, tmp_path / "r.json", monkeypatch)
+    ck = checkpoint.checkpoint_path(tmp_path / "r.json")
+    good = ck.read_bytes()
+    doc = checkpoint.read(ck)
+
+    def resume():
+        with pytest.raises(InputError) as err:
+            run_training(cfg, cohort, [1, 2], output=tmp_path / "r.json", progress=False, track=False, resume=True)
+        return str(err.value)
+
+    marker = tmp_path / "ran"
+    for fn, named in [(os.system, "posix.system"), (checkpoint.save, "federation.run.checkpoint.save")]:
+        args = (f"touch {marker}",) if fn is os.system else (str(marker), {})
+        ck.write_bytes(checkpoint.encode({**doc, "done": _Runs(fn, *args)}))
+        assert resume() == f"--resume: {ck} is refused: it names code outside this program's state ({named})"
+        assert not marker.exists()                                   # nothing ran
+    damaged = bytearray(good)
+    damaged[len(good) // 2] ^= 0x01                                  # one bit, inside the tensors
+    ck.write_bytes(bytes(damaged))
+    assert resume() == f"--resume: {ck} is damaged (its SHA-256 does not match its content)"
+    buf = io.BytesIO()
+    torch.save(doc, buf)                                             # a bare torch.save file
+    ck.write_bytes(buf.getvalue())
+    assert resume() == f"--resume: {ck} is not a checkpoint of layout 2"
+    ck.write_bytes(good)                                             # the file as written resumes
+    run_training(cfg, cohort, [1, 2], output=tmp_path / "r.json", progress=False, track=False, resume=True)
 
 
 def test_cadence_every_n_rounds_or_t_minutes():
@@ -264,7 +305,7 @@ def _abps(args: list[str], cwd: Path) -> list[str]:
 
 def _progress(ck: Path) -> int:
     """Rounds done across seeds in the checkpoint."""
-    doc = torch.load(ck, weights_only=False)
+    doc = checkpoint.read(ck)
     cur = doc["current"]
     return sum(r.rounds_run for r in doc["done"]) + (int(cur["state"]["round"]) if cur else 0)
 
@@ -291,7 +332,7 @@ def test_sigkill_at_a_random_round_then_resume_equals_the_uninterrupted_run(coho
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
     done = _progress(ck)
     assert done == kill_after  # a checkpoint every round: the last one on disk is the kill round's
-    at_kill = torch.load(ck, weights_only=False)  # the checkpoint the resume goes on from
+    at_kill = checkpoint.read(ck)  # the checkpoint the resume goes on from
     assert not (tmp_path / "part" / "results.json").exists()
     resumed = subprocess.run([*argv("part"), "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-800:]

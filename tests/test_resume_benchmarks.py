@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -26,6 +25,7 @@ import yaml
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR
 from federation.benchmark import get_benchmark
+from federation.run import checkpoint
 from tests.cli_helpers import run_killed, run_main, stop_at_first_checkpoint
 
 pytestmark = pytest.mark.skipif(not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file(),
@@ -45,9 +45,7 @@ def _no_wall(obj):
 
 
 def _through_bytes(snap) -> dict:
-    buf = io.BytesIO()
-    torch.save(snap(), buf)
-    return torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    return checkpoint.decode(checkpoint.encode(snap()))  # as a file would, through the safe reader
 
 
 # ------------------------------------------------------------------------------- in process: SAGE
@@ -165,7 +163,7 @@ def _kill_and_resume(tmp_path: Path, yaml_text: str, kill_after: int) -> tuple[d
     killed = run_killed(argv("part"), tmp_path, kill_after, env)  # after its kill_after-th checkpoint
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
     assert not (tmp_path / "part" / "results.json").exists()
-    at_kill = torch.load(ck, weights_only=False)
+    at_kill = checkpoint.read(ck)
     assert at_kill["current"] is not None  # killed inside a unit, right after its checkpoint
     with pytest.MonkeyPatch.context() as m:  # the resume: `abps train ... --resume` in this process
         m.chdir(tmp_path)

@@ -12,8 +12,8 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
+from federation.run import checkpoint
 from tests.cli_helpers import run_killed, stop_at_first_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:per-center preprocessing")
@@ -40,7 +40,7 @@ def test_a_sweep_killed_inside_a_cell_goes_on_from_the_cells_checkpoint(tmp_path
                          uri, "--experiment", "part", "--no-progress"], tmp_path, kill_after)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-800:]
     (ck,) = folder.iterdir()  # the interrupted cell's checkpoint
-    at = int(torch.load(ck, weights_only=False)["current"]["state"]["round"])
+    at = int(checkpoint.read(ck)["current"]["state"]["round"])
     assert at == (kill_after - 1) % (ROUNDS - 1) + 1  # a checkpoint after every round but the last
 
     client = MlflowClient(uri)
@@ -86,7 +86,7 @@ def test_a_cell_checkpoint_of_another_code_version_fails_the_cell_naming_it(tmp_
     path = tmp_path / "ck" / "cell.ckpt"
     stop_at_first_checkpoint(monkeypatch, lambda: run_cell(cfg.model_dump(mode="json"), str(cohort), 5,
                                                            checkpoint_path=str(path)))
-    assert int(torch.load(path, weights_only=False)["current"]["state"]["round"]) == 1
+    assert int(checkpoint.read(path)["current"]["state"]["round"]) == 1
     monkeypatch.setattr(checkpoint, "code_version", lambda: "0123456789abcdef")
     with pytest.raises(InputError) as err:
         run_cell(cfg.model_dump(mode="json"), str(cohort), 5, checkpoint_path=str(path))

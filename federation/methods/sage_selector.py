@@ -61,6 +61,9 @@ class SageRound:
         schedule: long [L] cumulative anchors; probe_unit: bytes one anchor probe moves.
     """
 
+    #: instances may be rebuilt from a round checkpoint (federation.run.checkpoint.read)
+    __checkpoint_state__ = True
+
     def __init__(self, rule: Selector, cand: Tensor, cand_valid: Tensor, degree: Tensor, schedule: Tensor,
                  probe_unit: int) -> None:
         self.rule, self.cand, self.cand_valid, self.degree = rule, cand, cand_valid, degree

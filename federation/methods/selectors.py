@@ -344,6 +344,9 @@ class Selector(ABC):
         n_train: long [K] local training-set sizes; generator: the selector's random stream.
     """
 
+    #: instances may be rebuilt from a round checkpoint (federation.run.checkpoint.read)
+    __checkpoint_state__ = True
+
     name: str = ""
     display: str = ""
     aliases: tuple[str, ...] = ()

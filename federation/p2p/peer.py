@@ -35,6 +35,7 @@ from federation.p2p.engine import PeerEngine
 from federation.p2p.local import announce, build_local, read_own_rows
 from federation.p2p.transport import Node, PeerUnavailable, TlsFiles
 from federation.p2p.wire import Message
+from federation.run import checkpoint
 from federation.run.realworld import mask_mixing
 from federation.run.runner import early_stop_step, finalize_run, round_metrics
 
@@ -123,7 +124,7 @@ class PeerSpec:
         start_timeout: seconds to wait for every peer's hello.
         listen: ``host:port`` to serve on (default: the own address).
         payload_log: append every message sent to this file.
-        checkpoint: write the center's own round state here after every round (``torch.save``).
+        checkpoint: write the center's own round state here after every round (:func:`federation.run.checkpoint.save`).
         rejoin: the peer was restarted: it asks the coordinator for the federation's public log,
             replays it, takes its own model from ``checkpoint`` and goes on with the next round.
         await_rejoin: the launcher restarts a peer that dies: the coordinator counts a center that
@@ -494,9 +495,8 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
     def save(tau: int) -> None:
         """The center's own round state (a restarted peer goes on from it)."""
         if spec.checkpoint is not None:
-            tmp = spec.checkpoint.with_name(spec.checkpoint.name + ".tmp")
-            torch.save({"round": tau, "params": params, "adam": (state.m, state.v, state.t), "momentum": momentum}, tmp)
-            os.replace(tmp, spec.checkpoint)
+            checkpoint.save(spec.checkpoint, {"round": tau, "params": params, "adam": (state.m, state.v, state.t),
+                                              "momentum": momentum})
 
     records: list[tuple[int, dict[str, float]]] = []
     start = 0
@@ -515,7 +515,7 @@ def _run(spec: PeerSpec, cfg: RunConfig, cls: type[Method], rows: Any, node: Nod
         peer.roster = list(joined.body["roster"])
         start = len(records)
         if spec.checkpoint is not None and spec.checkpoint.is_file():  # own model: where this center stopped
-            snap = torch.load(spec.checkpoint, weights_only=False)
+            snap = checkpoint.read(spec.checkpoint, who="--checkpoint")
             for k, v in snap["params"].items():
                 params[k].copy_(v)
             state = AdamState(*snap["adam"])

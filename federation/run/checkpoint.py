@@ -23,7 +23,18 @@ from etl.io import atomic_write_bytes
 from federation.core.config import CheckpointConfig, RunConfig
 
 #: layout of the checkpoint dict; a file of another layout is refused
-FORMAT = 1
+FORMAT = 2
+#: a checkpoint file is MAGIC, the SHA-256 of the rest (32 bytes), then torch.save's bytes
+MAGIC = b"abps-checkpoint\n"
+#: the library objects a checkpoint may name besides this project's own state classes: NumPy
+#: arrays (legacy random states), torch generators, networkx graphs (DeceFL's topology); each is
+#: data that is built without running code of the file's choosing
+_LIBRARY_GLOBALS = frozenset({"numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct",
+                              "numpy.core.multiarray._reconstruct", "torch._C.Generator", "torch.Generator",
+                              "networkx.classes.graph.Graph", "networkx.classes.digraph.DiGraph"})
+#: library modules whose classes are data a checkpoint may hold (a graph's cached views)
+_LIBRARY_MODULES = ("networkx.classes.",)
+_OWN_PACKAGES = ("federation", "abps", "etl")
 SUFFIX = ".ckpt"
 #: the packages whose source computes a run (their .py files make the code version)
 _PACKAGES = ("etl", "federation", "abps")
@@ -111,23 +122,96 @@ def save(path: Path, payload: dict[str, Any]) -> None:
     Raises:
         InputError: the write fails (a full disk, a read-only folder): one line naming ``path``.
     """
+    atomic_write_bytes(path, encode({"format": FORMAT, **payload}))
+
+
+def encode(obj: Any) -> bytes:
+    """``obj`` as checkpoint bytes: :data:`MAGIC`, the SHA-256 of the rest, ``torch.save``'s bytes."""
     buf = io.BytesIO()
-    torch.save({"format": FORMAT, **payload}, buf)
-    atomic_write_bytes(path, buf.getbuffer())
+    torch.save(obj, buf)
+    body = buf.getbuffer()
+    return b"".join((MAGIC, hashlib.sha256(body).digest(), body))
+
+
+def _allowed_globals(names: list[str]) -> list[Any]:
+    """The objects the unpickler may build for a checkpoint naming ``names``: :data:`_LIBRARY_GLOBALS`,
+    the classes of :data:`_LIBRARY_MODULES`, and this project's state and config records: its
+    dataclasses, pydantic models and classes marked ``__checkpoint_state__ = True`` (built from
+    their fields, running no code of the file's choosing). Raises ValueError naming the first
+    other name (a function, another class, another package)."""
+    import dataclasses
+    import importlib
+
+    import pydantic
+
+    allowed: list[Any] = [getattr(np.dtypes, n) for n in np.dtypes.__all__]  # what NumPy arrays are built with
+    for name in sorted(names):  # the same name refused first, whatever order torch lists them in
+        module, _, attr = name.rpartition(".")
+        own = module.split(".")[0] in _OWN_PACKAGES
+        library_class = name.startswith(_LIBRARY_MODULES)
+        if name not in _LIBRARY_GLOBALS and not own and not library_class:
+            raise ValueError(name)
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            raise ValueError(name) from None
+        record = isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, pydantic.BaseModel)
+                                            or getattr(obj, "__checkpoint_state__", False) is True)
+        if (own or library_class) and not (record or (library_class and isinstance(obj, type))):
+            raise ValueError(name)
+        allowed.append(obj)
+    return allowed
+
+
+def read(path: Path, who: str = "--resume") -> Any:
+    """The object a checkpoint file written by :func:`save` holds, read without running code from it.
+
+    The file's SHA-256 must match its content (a damaged file is refused before it is unpickled),
+    and torch's weights-only unpickler builds only tensors, plain containers, the objects of
+    :func:`_allowed_globals` and nothing else: a file naming any other function or class (as a
+    crafted pickle would, to run it) is refused.
+
+    Raises:
+        InputError: one line beginning with ``who`` and naming ``path``: unreadable, not a
+            checkpoint, damaged, or naming foreign code.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"{who}: {path} is not readable ({exc.strerror or exc.__class__.__name__})") from None
+    return decode(raw, path, who)
+
+
+def decode(raw: bytes, path: Path | str = "checkpoint", who: str = "--resume") -> Any:
+    """The object :func:`encode` turned into ``raw``; checks and errors as :func:`read`, naming ``path``."""
+    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 32:
+        raise InputError(f"{who}: {path} is not a checkpoint of layout {FORMAT}")
+    digest, body = raw[len(MAGIC):len(MAGIC) + 32], memoryview(raw)[len(MAGIC) + 32:]
+    if hashlib.sha256(body).digest() != digest:
+        raise InputError(f"{who}: {path} is damaged (its SHA-256 does not match its content)")
+    src = io.BytesIO(body)
+    try:
+        allowed = _allowed_globals(torch.serialization.get_unsafe_globals_in_checkpoint(src))
+    except ValueError as exc:
+        raise InputError(f"{who}: {path} is refused: it names code outside this program's state ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - any unreadable body gets the same one-line error
+        raise InputError(f"{who}: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
+    src.seek(0)
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(src, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - as above
+        raise InputError(f"{who}: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
 
 
 def load(path: Path, now: dict[str, Any], who: str = "--resume") -> dict[str, Any]:
-    """Read a checkpoint and check it against this run's :func:`stamp`.
+    """Read a checkpoint (:func:`read`) and check it against this run's :func:`stamp`.
 
     Raises:
-        InputError: unreadable file, another layout, or a stamp that differs (one line naming
-            the difference, beginning with ``who``).
+        InputError: unreadable file, another layout, damaged, foreign code, or a stamp that
+            differs (one line naming the difference, beginning with ``who``).
     """
-    try:
-        with open(path, "rb") as fh:
-            doc = torch.load(fh, weights_only=False)  # our own pickle (module docstring)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
-        raise InputError(f"{who}: {path} is not a readable checkpoint ({exc.__class__.__name__})") from None
+    doc = read(path, who)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise InputError(f"{who}: {path} is not a checkpoint of layout {FORMAT}")
     why = mismatch(doc.get("stamp", {}), now)
