@@ -10,20 +10,21 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 from scipy import stats
 from torch import Tensor
 
 from abps.beliefs import BetaBeliefs
 from abps.goal_filter import candidate_mask
 from abps.privacy import MetadataRelease
+from federation.core.config import NumbersNotFlags
 from federation.data.drift_scenario import drift_centers
 
 __all__ = ["DriftParams", "WelchWindows", "DriftMonitor", "welch_pvalues", "restart_beliefs", "rounds_until_zero",
            "candidate_overlap"]
 
 
-class DriftParams(BaseModel):
+class DriftParams(NumbersNotFlags):
     """Method parameters of the drift windows (ABPS config ``params:``; mixed into AbpsParams).
 
     Attributes:

@@ -17,6 +17,7 @@ from abps.goal_filter import candidate_mask
 from abps.matching import Matching, fedavg_mixing, propose_reject
 from abps.privacy import MetadataDpParams
 from abps.shapley import ShapleyResult, build_coalitions, clip_phi, shapley_from_utilities
+from etl.errors import InputError
 from federation.core.checks import check_finite
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
@@ -172,7 +173,8 @@ class AbpsMethod(PrivacyDriftHooks, Method):
         ids = list(ctx.data.center_ids)
         unknown = sorted(set(p.watch_centers) - set(ids))
         if unknown:
-            raise ValueError(f"watch_centers: unknown center_id {unknown[0]!r}")
+            raise InputError(f"params.watch_centers: unknown center_id {unknown[0]!r} (the cohort's "
+                             f"centers.parquet lists {len(ids)} centers)")
         self.watched = torch.tensor([c in set(p.watch_centers) for c in ids], dtype=torch.bool)
 
     def _rng(self, ctx: Context, round_idx: int, stream: int) -> np.random.Generator:

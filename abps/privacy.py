@@ -9,9 +9,10 @@ import functools
 import math
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor
 
+from federation.core.config import NumbersNotFlags
 from federation.core.seeding import mix_seed
 
 __all__ = [
@@ -30,7 +31,7 @@ _YEAR_SCALE = 2030.0  # v_i's year coordinate is mean admission year / 2030 (etl
 _STREAM = 0xD9E7A  # generator stream of the metadata noise (mix_seed(seed, stream, release))
 
 
-class MetadataDpParams(BaseModel):
+class MetadataDpParams(NumbersNotFlags):
     """Method parameters of the DP metadata release (ABPS config ``params:``; mixed into AbpsParams).
 
     Attributes:

@@ -231,9 +231,10 @@ def _report(exc: Exception) -> None:
         print(f"error: {_first_line(exc.format_message())}", file=sys.stderr)
         sys.exit(2)
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        print(f"error: invalid config {loc}: {first.get('msg')}", file=sys.stderr)
+        from federation.core.config import first_error
+
+        loc, msg = first_error(exc)
+        print(f"error: invalid config {loc}: {msg}" if loc else f"error: invalid config: {msg}", file=sys.stderr)
         sys.exit(2)
     if type(exc).__module__.startswith("mlflow"):
         print(f"error: MLflow: {_first_line(exc)}", file=sys.stderr)

@@ -138,7 +138,10 @@ def train(
         from federation.methods.registry import goal_preset
 
         method = goal_preset(goal)
-        goal = None
+        given = _parse_params(param or []).get("goal")
+        if given is not None and str(given).strip().lower() != goal.strip().lower():
+            raise InputError(f"--goal {goal}: --param goal={given} names another goal; give one of them")
+        goal = None  # the preset is the goal's method
     if method is None:
         raise InputError("--method is required (or --goal, or a --config naming `method:`)")
     from federation.methods import get_method

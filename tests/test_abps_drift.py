@@ -24,6 +24,7 @@ from abps.drift import (
     welch_pvalues,
 )
 from abps.method import AbpsMethod
+from etl.errors import InputError
 from federation.core.config import build_config
 from federation.data.drift_scenario import LabelFlipDrift, apply_drift, drift_centers, drifting_copy
 from federation.data.synthetic import generate_fedprox_cohort
@@ -141,7 +142,7 @@ def test_label_flip_scenario_on_a_copy(small):
     assert torch.equal(small.splits["train"].y, y0)  # the shared data is untouched
     assert torch.equal(cp.splits["test"].y, small.splits["test"].y)
     assert torch.allclose(cp.meta[c, 0], 1 - small.meta[c, 0])
-    with pytest.raises(ValueError, match="unknown center_id"):
+    with pytest.raises(InputError, match="unknown center_id"):
         drift_centers(small, LabelFlipDrift(round=1, centers=("nope",)))
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from abps.method import PRESETS, AbpsMethod, AbpsParams
+from etl.errors import InputError
 from federation.core.config import build_config, load_yaml
 from federation.core.ledger import Ledger
 from federation.core.metrics import batched_auroc
@@ -267,7 +268,7 @@ def test_watched_centers_share_and_auroc(small):
     for h in res.history:
         assert 0.0 <= h["watched_partnership_share"] <= 1.0
         assert 0.5 < h["unwatched_test_auroc_mean"] <= 1.0
-    with pytest.raises(ValueError, match="unknown center_id"):
+    with pytest.raises(InputError, match="unknown center_id"):
         bad = build_config("abps", {}, {"params": {"watch_centers": ["nope"]}}, rounds=1)
         run_one(bad, small, 11)
 

@@ -35,6 +35,11 @@ def _refused(argv: list[str], capsys) -> str:
     (["--method", "abps", "--param", "goal=homogeneity", "--goal", "diversity"],
      "--goal diversity: --param goal=homogeneity names another goal"),
     (["--method", "fedavg", "--experiment", " "], "--experiment: an empty name"),
+    (["--goal", "diversity", "--param", "goal=homogeneity"],             # the goal's preset, not --method
+     "--goal diversity: --param goal=homogeneity names another goal"),
+    (["--method", "abps", "--param", "kappa=true"],
+     "abps: invalid parameter kappa (--param or the config's params:): a number, not true / false"),
+    (["--method", "fedprox", "--param", "mu=false"], "fedprox: invalid parameter mu"),
 ])
 def test_train_refuses(cohort, tmp_path, capsys, extra, words):
     err = _refused(["train", "--cohort", str(cohort), "--rounds", "1", "--no-progress",
@@ -89,10 +94,10 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("line", "words"), [
-    ("rounds: true", "invalid sweep field rounds: Value error, a number, not true / false"),
-    ("workers: true", "invalid sweep field workers: Value error, a number, not true / false"),
-    ("experiment: ''", "experiment: Value error, an empty name"),
-    ("checkpoints: {afile}", "checkpoints: Value error, '{afile}' is not a folder"),
+    ("rounds: true", "invalid sweep field rounds: a number, not true / false"),
+    ("workers: true", "invalid sweep field workers: a number, not true / false"),
+    ("experiment: ''", "experiment: an empty name"),
+    ("checkpoints: {afile}", "checkpoints: '{afile}' is not a folder"),
 ])
 def test_a_sweep_file_refuses(cohort, tmp_path, capsys, line, words):
     """Before any cell trains: a flag where a number goes, an empty experiment name (it fell back
@@ -277,3 +282,23 @@ def test_a_config_that_is_a_folder_is_named_as_one(cohort, tmp_path, capsys):
     err = _refused(["train", "--cohort", str(cohort), "--config", str(tmp_path), "--no-progress",
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert err == f"error: {tmp_path}: a folder, not a config file", err
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("method: fedavg\nrounds: 2\ndrift: {round: 5, count: 1}\n",
+     "cfg.yaml: drift.round 5 is past the run's last round (2): the labels would never flip"),
+    ("method: fedavg\nrounds: 2\ndrift: {round: 1, centers: [NOPE]}\n",
+     "drift.centers: unknown center_id 'NOPE' (the cohort's centers.parquet lists 3 centers)"),
+    ("method: fedavg\nrounds: 2\ndrift: {round: 1, count: 4}\n", "drift.count 4 exceeds the cohort's 3 centers"),
+    ("method: fedavg\nrounds: 7\nearly_stopping: {enabled: true, max_rounds: 2}\n",
+     "cfg.yaml: rounds: 7 is not used while early_stopping is enabled (early_stopping.max_rounds 2 bounds the run)"),
+    ("method: abps\nrounds: 2\nparams: {watch_centers: [NOPE]}\n", "params.watch_centers: unknown center_id 'NOPE'"),
+])
+def test_a_run_config_that_would_be_ignored_or_end_in_a_traceback_is_refused(cohort, tmp_path, capsys, text, words):
+    """A drift that never happens, a round count that early stopping replaces, a center the cohort
+    does not have: one line before any round, never a traceback or a silent change."""
+    (tmp_path / "cfg.yaml").write_text(text)
+    err = _refused(["train", "--cohort", str(cohort), "--config", str(tmp_path / "cfg.yaml"), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json")], capsys)
+    assert words in err, err
+    assert not (tmp_path / "r.json").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import typing
 from collections.abc import Callable, Hashable
 from pathlib import Path
@@ -160,7 +161,8 @@ class LabelFlipDrift(BaseModel):
     Attributes:
         round: first round (1-based) with flipped labels.
         centers: center_ids that flip (give this or ``count``).
-        count: number of centers that flip, drawn from the run seed (give this or ``centers``).
+        count: number of centers that flip: those with the most training rows, ties by center_id
+            (give this or ``centers``).
         splits: which splits of those centers flip (some of train, val, test).
     """
 
@@ -385,6 +387,13 @@ class RunConfig(_Strict):
         """Rounds the runner may run: early_stopping.max_rounds when enabled, else rounds."""
         return self.early_stopping.max_rounds if self.early_stopping.enabled else self.rounds
 
+    @model_validator(mode="after")
+    def _drift_within_the_run(self) -> RunConfig:
+        if self.drift is not None and self.drift.round > self.max_rounds:
+            raise ValueError(f"drift.round {self.drift.round} is past the run's last round ({self.max_rounds}): "
+                             "the labels would never flip")
+        return self
+
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """Recursive dict merge; values of ``over`` win, nested dicts merge."""
@@ -442,6 +451,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def first_error(exc: ValidationError) -> tuple[str, str]:
+    """``(location, message)`` of the first error of a pydantic ValidationError: the dotted key
+    (``engine.lr``; ``""`` for a check of the whole model) and pydantic's message without its
+    ``Value error, `` prefix (the text our validators raise reads as is)."""
+    first = exc.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    msg = re.sub(r"^(Value error|Assertion failed), ", "", str(first.get("msg", "")))
+    return loc, msg
+
+
 def check_config_file(path: str | Path, build: Callable[[], Any]) -> Any:
     """``build()`` (a validation of the config read from ``path``), with its errors as one line
     naming the file and the key: ``<path>: key 'lr': Input should be a valid number``.
@@ -452,9 +471,8 @@ def check_config_file(path: str | Path, build: Callable[[], Any]) -> Any:
     try:
         return build()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
-        raise InputError(f"{path}: key '{loc}': {first.get('msg')}") from None
+        loc, msg = first_error(exc)
+        raise InputError(f"{path}: key '{loc}': {msg}" if loc else f"{path}: {msg}") from None
     except InputError as exc:
         raise InputError(f"{path}: {exc}") from None
 
@@ -472,6 +490,11 @@ def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[st
         if fm != method.lower():
             raise InputError(f"config names method {fm!r} but --method is {method!r}")
         raw = deep_merge(raw, file_cfg)
+        stopping = raw.get("early_stopping", {})
+        if rounds is None and "rounds" in file_cfg and stopping.get("enabled") \
+                and stopping.get("max_rounds", file_cfg["rounds"]) != file_cfg["rounds"]:
+            raise InputError(f"rounds: {file_cfg['rounds']} is not used while early_stopping is enabled "
+                             f"(early_stopping.max_rounds {stopping.get('max_rounds')} bounds the run); give one of them")
     if rounds is not None:
         raw["rounds"] = rounds
         if raw.get("early_stopping", {}).get("enabled"):

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from etl.errors import InputError
 from federation.core.config import LabelFlipDrift
 from federation.data.tensors import FederatedData
 
@@ -18,16 +19,17 @@ def drift_centers(data: FederatedData, drift: LabelFlipDrift) -> torch.Tensor:
     """``[n]`` bool: the centers that flip.
 
     Raises:
-        ValueError: an unknown center_id, or ``count`` above the number of centers.
+        InputError: an unknown center_id, or ``count`` above the number of centers.
     """
     ids = list(data.center_ids)
     if drift.centers:
         unknown = sorted(set(drift.centers) - set(ids))
         if unknown:
-            raise ValueError(f"drift.centers: unknown center_id {unknown[0]!r}")
+            raise InputError(f"drift.centers: unknown center_id {unknown[0]!r} (the cohort's centers.parquet "
+                             f"lists {len(ids)} centers)")
         return torch.tensor([c in set(drift.centers) for c in ids], dtype=torch.bool)
     if drift.count > len(ids):
-        raise ValueError(f"drift.count {drift.count} exceeds the {len(ids)} centers")
+        raise InputError(f"drift.count {drift.count} exceeds the cohort's {len(ids)} centers")
     order = sorted(range(len(ids)), key=lambda i: (-int(data.n_train[i]), ids[i]))
     out = torch.zeros(len(ids), dtype=torch.bool)
     out[order[: drift.count]] = True
@@ -38,7 +40,7 @@ def drifting_copy(data: FederatedData, drift: LabelFlipDrift | None) -> Federate
     """A copy of ``data`` whose flipping labels and metadata are its own tensors (``data`` when no drift).
 
     Raises:
-        ValueError: see :func:`drift_centers`.
+        InputError: see :func:`drift_centers`.
     """
     if drift is None:
         return data

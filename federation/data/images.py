@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from etl.errors import InputError
-from federation.core.config import load_yaml
+from federation.core.config import first_error, load_yaml
 from federation.core.image_metrics import accuracy
 from federation.data.image_shards import load_image_dataset, make_shards, subsample
 from federation.data.tensors import FederatedData, SplitTensors
@@ -71,9 +71,8 @@ def read_image_spec(path: str | Path) -> ImageSpec:
     try:
         return ImageSpec.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "images"
-        raise InputError(f"{f}: option '{loc}': {err['msg']}") from None
+        loc, msg = first_error(exc)
+        raise InputError(f"{f}: option '{loc}': {msg}" if loc else f"{f}: {msg}") from None
 
 
 def image_federation_id(path: str | Path) -> str:

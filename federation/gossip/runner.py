@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
-from federation.core.config import CheckpointConfig
+from federation.core.config import CheckpointConfig, first_error
 from federation.core.limits import MAX_THREADS
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
 from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id, logged_steps
@@ -29,9 +29,8 @@ _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "
 
 
 def _config_error(exc: ValidationError, where: str) -> InputError:
-    first = exc.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
-    return InputError(f"vv config {where}.{loc}: {first.get('msg')}")
+    loc, msg = first_error(exc)
+    return InputError(f"vv config {where}.{loc}: {msg}" if loc else f"vv config {where}: {msg}")
 
 
 def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str, GossipConfig]]:

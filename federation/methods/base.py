@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from federation.core.config import RunConfig
+from federation.core.config import NumbersNotFlags, RunConfig
 from federation.core.ledger import Ledger
 from federation.data.tensors import FederatedData
 from federation.engine.build import build_engine
@@ -21,7 +21,7 @@ from federation.engine.mlp import Batch, StackedParams
 from federation.engine.protocol import Engine
 
 
-class NoParams(BaseModel):
+class NoParams(NumbersNotFlags):
     """A method without parameters of its own."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -6,8 +6,9 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from federation.core.config import NumbersNotFlags
 from federation.engine.mlp import Batch, StackedParams, forward
 from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.registry import register
@@ -96,7 +97,7 @@ class FedAvgX(FedAvg):
     }
 
 
-class FedProxParams(BaseModel):
+class FedProxParams(NumbersNotFlags):
     """FedProx's proximal weight mu."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -118,7 +119,7 @@ class FedProx(FedAvg):
         return 0.5 * self.p.mu * _sq_dist(params, ref, ctx.exchanged)  # type: ignore[attr-defined]
 
 
-class FedDynParams(BaseModel):
+class FedDynParams(NumbersNotFlags):
     """FedDyn's regularization weight alpha and its averaging.
 
     ``aggregation``: ``uniform`` (Acar et al. 2021, Alg. 1: ``(1/m) sum_k`` over the
@@ -201,7 +202,7 @@ class FedDyn(Method):
         return out
 
 
-class MoonParams(BaseModel):
+class MoonParams(NumbersNotFlags):
     """MOON's contrastive weight mu and temperature tau."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

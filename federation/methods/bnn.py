@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from etl.errors import InputError
-from federation.core.config import EngineConfig, RunConfig
+from federation.core.config import EngineConfig, NumbersNotFlags, RunConfig
 from federation.core.seeding import mix_seed
 from federation.data.tensors import FederatedData
 from federation.engine.mixing import mix
@@ -39,7 +39,7 @@ def gaussian_kl(mu: torch.Tensor, sigma: torch.Tensor, prior_sigma: float) -> to
     return kl.flatten(1).sum(1)
 
 
-class BnnParams(BaseModel):
+class BnnParams(NumbersNotFlags):
     """BNN+FL parameters.
 
     ``prior_sigma``: s of the prior N(0, s^2); ``init_sigma``: sigma of every weight at

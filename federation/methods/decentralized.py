@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from federation.core.config import NumbersNotFlags
 from federation.core.graphs import adjacency_tensor, build_graph, edge_list, graph_summary, metropolis_weights
 from federation.engine.mlp import forward
 from federation.methods.base import Context, Method, RoundPlan
@@ -17,7 +18,7 @@ from federation.methods.registry import register
 GraphKind = Literal["sparse", "ring", "k-regular", "erdos-renyi", "barabasi-albert"]
 
 
-class GraphParams(BaseModel):
+class GraphParams(NumbersNotFlags):
     """Communication-graph parameters shared by the fixed-graph methods.
 
     ``graph``: family (:data:`federation.core.graphs.GRAPH_KINDS`; default ``sparse`` = connected,
@@ -225,7 +226,7 @@ class DeFTA(_FixedGraphMethod[DeftaParams]):
         return {"trust_mean": tm, "trust_dropped": self._dropped}
 
 
-class WpfedParams(BaseModel):
+class WpfedParams(NumbersNotFlags):
     """WPFed's parameters.
 
     ``lsh_bits``: SimHash code length b; ``embedding``: what is hashed, ``"params"`` (the

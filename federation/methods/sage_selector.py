@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import Tensor
 
+from federation.core.config import NumbersNotFlags
 from federation.core.graphs import neighbour_table
 from federation.core.seeding import mix_seed
 from federation.data.image_shards import make_graph
@@ -91,7 +92,7 @@ class SageRound:
         return SageStep(dec, self.rule.mix(dec), exchange_adjacency(dec.peers), evals, int(round(evals * self.unit)))
 
 
-class SageSelectorParams(BaseModel):
+class SageSelectorParams(NumbersNotFlags):
     """``params:`` of ``sage`` (defaults: the SAGE paper's Sec. V; graph: complete).
 
     Attributes:

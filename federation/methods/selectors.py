@@ -24,7 +24,7 @@ from torch import Tensor
 
 import federation.methods.sage_rule as sage
 from etl.errors import InputError
-from federation.core.config import CheckpointConfig, NumbersNotFlags
+from federation.core.config import CheckpointConfig, NumbersNotFlags, first_error
 from federation.methods.probe import ProbeTable
 from federation.methods.registry import SELECTORS, canonical_selector, register_selector
 
@@ -590,6 +590,5 @@ def parse_config(config: dict[str, Any], rounds: int | None = None,
     try:
         return SageConfig(**cfg)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
-        raise InputError(f"sage config: option '{loc}': {err['msg']}") from None
+        loc, msg = first_error(exc)
+        raise InputError(f"sage config: option '{loc}': {msg}" if loc else f"sage config: {msg}") from None

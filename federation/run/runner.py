@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from etl.errors import InputError
 from etl.io import check_writable
 from federation.core.checks import check_finite, check_finite_params
-from federation.core.config import RunConfig, config_hash
+from federation.core.config import RunConfig, config_hash, first_error
 from federation.core.evaluation import ClinicalEvaluation, evaluate_final, log_clinical, publishable_per_center
 from federation.core.ledger import Ledger
 from federation.core.loop import EvalSchedule, drive
@@ -328,10 +328,9 @@ def check_method_params(cfg: RunConfig) -> None:
     try:
         get_method(cfg.method).Params(**cfg.params)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{cfg.method}: invalid parameter {loc} (--param or the config's params:): "
-                         f"{first.get('msg')}") from None
+        loc, msg = first_error(exc)
+        raise InputError(f"{cfg.method}: invalid parameter {loc or 'set'} (--param or the config's params:): "
+                         f"{msg}") from None
 
 
 def early_stop_step(es: Any, best: tuple, tau: int, val_mean: float,

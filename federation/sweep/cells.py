@@ -23,6 +23,7 @@ from federation.core.config import (
     check_config_file,
     config_hash,
     deep_merge,
+    first_error,
     load_yaml,
 )
 from federation.data.load import federation_id, load_federation
@@ -133,10 +134,9 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
                 full = cls.Params.model_validate(cfg.params).model_dump(mode="json")
                 cfg = cfg.model_copy(update={"params": full})
             except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first.get("loc", ()))
+                loc, msg = first_error(exc)
                 raise InputError(f"sweep entry {entry.name!r}{' ' + _option_suffix(opts) if opts else ''}: "
-                                 f"invalid {loc}: {first.get('msg')}") from None
+                                 + (f"invalid {loc}: {msg}" if loc else msg)) from None
             # a row is named by the options that tell cells apart: one set for the whole sweep (an
             # evaluation rule, say) names no row, so Table 1 still finds the paper's rows
             shown = {k: v for k, v in opts.items() if k in varying}

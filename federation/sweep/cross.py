@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from etl.errors import InputError
-from federation.core.config import load_yaml
+from federation.core.config import first_error, load_yaml
 from federation.data.load import load_federation
 from federation.run.tracking import METRIC_TAG, Tracker
 from federation.sweep.driver import run_sweep
@@ -49,15 +49,14 @@ def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDatase
         try:
             d = CrossDataset.model_validate({"cohort": v} if isinstance(v, str) else v)
         except ValidationError as exc:
-            raise InputError(f"{path}: datasets.{label}: {exc.errors()[0]['msg']}") from None
+            raise InputError(f"{path}: datasets.{label}: {first_error(exc)[1]}") from None
         p = Path(d.cohort)
         sets[str(label)] = d.model_copy(update={"cohort": str(p if p.is_absolute() else base / p)})
     try:
         spec = SweepSpec.model_validate(doc)  # the rest is an ordinary sweep file
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{path}: invalid sweep field {loc}: {first.get('msg')}") from None
+        loc, msg = first_error(exc)
+        raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None
     labels = [e.name for e in spec.methods]
     if len(set(labels)) != len(labels):
         raise InputError(f"{path}: methods: a label appears twice (give entries distinct `label:`)")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from etl.errors import InputError
-from federation.core.config import NumbersNotFlags, load_yaml
+from federation.core.config import NumbersNotFlags, first_error, load_yaml
 from federation.core.limits import MAX_SEED
 
 __all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
@@ -149,9 +149,8 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     try:
         spec = SweepSpec.model_validate(doc)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise InputError(f"{path}: invalid sweep field {loc}: {first.get('msg')}") from None
+        loc, msg = first_error(exc)
+        raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None
     labels = [e.name for e in spec.methods]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
