@@ -98,6 +98,12 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     ("workers: true", "invalid sweep field workers: a number, not true / false"),
     ("experiment: ''", "experiment: an empty name"),
     ("checkpoints: {afile}", "checkpoints: '{afile}' is not a folder"),
+    # --rounds sets every cell's rounds: a per-cell value would be replaced unseen (and its cells run once)
+    ("options: {{rounds: [2, 3]}}", "sweep s: options.rounds varies what --rounds (1) sets for every cell"),
+    ("options: {{rounds: [0]}}", "sweep s: options.rounds varies what --rounds (1) sets for every cell"),
+    ("methods: [{{method: fedavg, overrides: {{rounds: -1}}}}]", "sweep entry 'fedavg': overrides.rounds is replaced by"),
+    ("options: {{engine.lr: [0.01, 0.010]}}", "sweep s: row 'fedavg[engine.lr=0.01]' twice with seed 1: the same run"),
+    ("methods: [fedavg, {{method: fedavg, label: again}}]", "sweep s: rows 'fedavg' and 'again' with seed 1: the same run"),
 ])
 def test_a_sweep_file_refuses(cohort, tmp_path, capsys, line, words):
     """Before any cell trains: a flag where a number goes, an empty experiment name (it fell back
@@ -105,7 +111,8 @@ def test_a_sweep_file_refuses(cohort, tmp_path, capsys, line, words):
     afile = tmp_path / "afile"
     afile.write_text("x")
     spec = tmp_path / "s.yaml"
-    spec.write_text(f"name: s\nseeds: [1]\nmethods: [fedavg]\n{line.format(afile=afile)}\n")
+    methods = "" if line.startswith("methods:") else "methods: [fedavg]\n"
+    spec.write_text(f"name: s\nseeds: [1]\n{methods}{line.format(afile=afile)}\n")
     err = _refused(["sweep", "--config", str(spec), "--cohort", str(cohort), "--rounds", "1",
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert words.format(afile=afile) in err, err

@@ -101,9 +101,19 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
         InputError: unknown method, unreadable config file, or an option that the run config
             rejects (the message names the entry and the option).
     """
+    where = "--rounds" if rounds is not None else "the sweep's rounds:"
     rounds = rounds if rounds is not None else spec.rounds
     seed_list = list(seeds) if seeds else list(spec.seeds)
     keys = list(spec.options)
+    if rounds is not None:  # it sets every cell's rounds: a per-cell value would be replaced unseen
+        for k in ("rounds", "early_stopping.max_rounds"):
+            if k in spec.options:
+                raise InputError(f"sweep {spec.name}: options.{k} varies what {where} ({rounds}) sets for every "
+                                 "cell; give one of them")
+        for entry in spec.methods:
+            if "rounds" in (entry.overrides or {}):
+                raise InputError(f"sweep entry {entry.name!r}: overrides.rounds is replaced by {where} ({rounds}); "
+                                 "give one of them")
     combos = [dict(zip(keys, vals)) for vals in itertools.product(*(spec.options[k] for k in keys))]
     varying = {k for k in keys if len(spec.options[k]) > 1}
     cells: list[Cell] = []
@@ -144,6 +154,13 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
             h = config_hash(cfg, cohort)
             for seed in seed_list:
                 cells.append(Cell(len(cells), label, cfg.method, int(seed), cfg, dict(opts), h))
+    seen: dict[tuple[str, int], Cell] = {}
+    for c in cells:  # two cells that are one run would be counted as two and run once
+        other = seen.setdefault((c.config_hash, c.seed), c)
+        if other is not c:
+            what = f"rows {other.label!r} and {c.label!r}" if other.label != c.label else f"row {c.label!r} twice"
+            raise InputError(f"sweep {spec.name}: {what} with seed {c.seed}: the same run config (an option value "
+                             "listed twice, or an option or entry that changes nothing)")
     return cells
 
 
