@@ -309,3 +309,25 @@ def test_a_run_config_that_would_be_ignored_or_end_in_a_traceback_is_refused(coh
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--output", str(tmp_path / "r.json")], capsys)
     assert words in err, err
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    (["--mean-size", "nan"], "--mean-size must be a finite number"),
+    (["--mean-size", "inf"], "--mean-size must be a finite number"),
+    (["--mean-size", "0"], "--mean-size must be > 0"),
+    (["--mean-size", "1e9"], "about 3,000,000,000 stays, above the 10,000,000"),
+    (["--beta", "inf"], "--beta must be a finite number"),
+    (["--alpha", "1e9"], "--alpha must be <= 1000"),
+    (["--seed", "-3"], "--seed"),
+])
+def test_synth_fedprox_refuses_numbers_that_would_end_in_a_traceback_or_a_broken_cohort(tmp_path, capsys, options,
+                                                                                         words):
+    err = _refused(["synth", "fedprox", "--out", str(tmp_path / "g"), "--centers", "3", *options], capsys)
+    assert words in err, err
+    assert not (tmp_path / "g").exists()
+
+
+def test_launch_refuses_a_negative_seed(cohort, tmp_path, capsys):
+    err = _refused(["launch", "--method", "fedavg", "--cohort", str(cohort), "--output", str(tmp_path / "r.json"),
+                    "--local", "3", "--seed", "-1", "--rounds", "1"], capsys)
+    assert "--seed" in err and not (tmp_path / "r.json").exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from etl.errors import InputError
+from etl.errors import InputError, check_number
 from etl.io import atomic_output_dir, cohort_digests
 from etl.pipeline import center_metadata
 from etl.schema import (
@@ -22,6 +22,14 @@ from etl.schema import (
     COHORT_COLUMNS,
     VITAL_COLUMNS,
 )
+from federation.core.limits import MAX_SEED
+
+#: the largest --alpha / --beta: variances of the centers' models and feature means (the paper
+#: uses 0 to 1); far past it the logistic labels are all 0 or 1 and the features overflow
+MAX_VARIANCE = 1e3
+#: the most stays a FedProx-Synthetic cohort may hold (about 5 GB while generated; the
+#: 10,000-center scale benchmark draws about 3 M)
+MAX_STAYS = 10_000_000
 
 CARE_UNITS: tuple[str, ...] = ("MICU", "MICU/SICU", "CVICU", "SICU", "CCU", "TSICU")
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -89,12 +97,21 @@ def generate_fedprox_cohort(
     """
     if n_centers < 1:
         raise InputError(f"--centers must be >= 1, got {n_centers}")
-    if alpha < 0 or beta < 0:
-        raise InputError(f"--alpha and --beta must be >= 0, got alpha={alpha}, beta={beta}")
-    if not 0.0 <= shared <= 1.0:
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(f"--seed must be an integer from 0 to {MAX_SEED}, got {seed}")
+    for option, v in (("--alpha", alpha), ("--beta", beta)):  # variances; past the bound the logits overflow
+        check_number(option, v, at_least=0.0)
+        if v > MAX_VARIANCE:
+            raise InputError(f"{option} must be <= {MAX_VARIANCE:g} (a variance of the generator), got {v}")
+    check_number("--shared", shared, at_least=0.0)
+    if shared > 1.0:
         raise InputError(f"--shared must be in [0, 1], got {shared}")
-    if mean_size <= 0 or size_sigma < 0 or min_size < 10:
-        raise InputError("mean_size must be > 0, size_sigma >= 0 and min_size >= 10")
+    check_number("--mean-size", mean_size, above=0.0)
+    if mean_size * n_centers > MAX_STAYS:
+        raise InputError(f"--mean-size {mean_size:g} x --centers {n_centers} is about {mean_size * n_centers:,.0f} "
+                         f"stays, above the {MAX_STAYS:,} a synthetic cohort may hold")
+    if size_sigma < 0 or min_size < 10:
+        raise InputError("size_sigma must be >= 0 and min_size >= 10")
     rng = np.random.default_rng(seed)
     d = N_LATENT
     sizes = np.maximum(
