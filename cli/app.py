@@ -30,6 +30,23 @@ cache_app = typer.Typer(help="The per-user caches (ETL chartevents cache, compil
 app.add_typer(cache_app, name="cache")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"abps {version('abps')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("abps (not installed: run `make install`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                        help="print the installed version and exit")) -> None:
+    """Clinical federated learning: cohort ETL, stacked multi-center training, ABPS partner selection."""
+
+
 def _flags_without_a_type() -> None:
     """Help shows no value type beside a flag: typer 0.29 prints ``<bool>`` there (``--force <bool>``),
     which reads as if the flag took a value; options that take one keep typer's ``<int>`` etc.

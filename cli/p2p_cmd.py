@@ -11,7 +11,6 @@ import typer
 from cli import project
 from cli.app import app
 from etl.errors import InputError
-from federation.core.limits import MAX_SEED
 from federation.method_catalog import P2P_METHODS
 
 
@@ -37,7 +36,7 @@ def peer(
     center: str = typer.Option(..., "--center", help="center_id this process runs (a line of --peers)"),
     peers: Path = typer.Option(..., "--peers", help="peers file: one line 'center_id host:port' per center"),
     method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(P2P_METHODS)}"),
-    seed: int = typer.Option(..., "--seed", min=0, max=MAX_SEED, help="run seed (the same on every peer)"),
+    seed: int = typer.Option(..., "--seed", callback=project.seed_value, help="run seed (the same on every peer)"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE",
                                help="this peer's result JSON"),
     certs: Path | None = typer.Option(None, "--certs", help="folder with ca.pem and center-<i>.pem / .key "
@@ -99,7 +98,7 @@ def peer(
 def launch(
     method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(P2P_METHODS)}"),
     cohort: Path = typer.Option(..., "--cohort", help="cohort directory (each peer reads only its own center's rows)"),
-    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="run seed"),
+    seed: int = typer.Option(0, "--seed", callback=project.seed_value, help="run seed"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE", help="results.json path"),
     local: int | None = typer.Option(None, "--local", min=1, help="start N peers on this host, one per center"),
     peers: Path | None = typer.Option(None, "--peers", help="peers file: 'center_id host:port [command prefix]' "

@@ -206,3 +206,16 @@ def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
     if len(set(seeds)) != len(seeds):
         raise InputError("--seeds holds a seed twice")
     return seeds
+
+
+def seed_value(value: int | None) -> int | None:
+    """A ``--seed`` option's value, checked as :func:`parse_seeds` checks each of ``--seeds`` (a
+    typer ``callback``: the bound stays out of the help's type column).
+
+    Raises:
+        InputError: a seed outside 0 .. :data:`MAX_SEED`.
+    """
+    if value is not None and not 0 <= value <= MAX_SEED:
+        raise InputError(f"--seed must be an integer from 0 to {MAX_SEED} (2^63 - 1, the largest a random stream "
+                         f"takes), got {value}")
+    return value

@@ -15,7 +15,8 @@ from etl.synth_spec import DEFAULT_STAYS
 def synth_mimic_command(
     out: Path = typer.Option(..., "--out", parser=project.folder_path, metavar="DIR", help="Output folder (hosp/, icu/, ground_truth.parquet); new, empty or a previous synth output."),
     stays: int = typer.Option(DEFAULT_STAYS, "--stays", help="Number of ICU stays (default: MIMIC-IV v3.1's 94,458)."),
-    seed: int = typer.Option(0, "--seed", help="Seed; the same seed and options give byte-identical files."),
+    seed: int = typer.Option(0, "--seed", callback=project.seed_value,
+                             help="Seed; the same seed and options give byte-identical files."),
     chart_hours_step: float = typer.Option(1.0, "--chart-hours-step", help="Hours between charting rounds (0.5 doubles chartevents)."),
     chartevents: bool = typer.Option(True, "--chartevents/--no-chartevents", help="Write icu/chartevents.csv.gz (the slow part)."),
     compress_level: int = typer.Option(1, "--compress-level", help="gzip level 1..9."),

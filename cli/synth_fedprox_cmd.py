@@ -8,7 +8,6 @@ import typer
 
 from cli import project
 from cli.app import synth_app
-from federation.core.limits import MAX_SEED
 
 
 @synth_app.command("fedprox")
@@ -17,7 +16,7 @@ def synth_fedprox(
     centers: int = typer.Option(230, "--centers", min=1, help="number of centers n"),
     alpha: float = typer.Option(1.0, "--alpha", min=0.0, help="model heterogeneity (variance of u_k)"),
     beta: float = typer.Option(1.0, "--beta", min=0.0, help="feature heterogeneity (variance of B_k)"),
-    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="generator seed"),
+    seed: int = typer.Option(0, "--seed", callback=project.seed_value, help="generator seed"),
     mean_size: float = typer.Option(300.0, "--mean-size", help="mean stays per center (lognormal sizes)"),
     shared: float = typer.Option(0.0, "--shared", help="weight of a model component common to all centers"),
 ) -> None:

@@ -293,3 +293,16 @@ def test_runs_and_report_on_the_default_store_make_nothing(tmp_path: Path, monke
     (tmp_path / "empty.db").touch()
     assert main(["runs", "--tracking-uri", f"sqlite:///{tmp_path}/empty.db"]) in (0, None)
     assert (tmp_path / "empty.db").stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
+def test_version_prints_the_installed_version(capsys) -> None:
+    import tomllib
+
+    from cli.app import main
+
+    try:
+        main(["--version"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"abps {declared}"
