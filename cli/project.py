@@ -50,7 +50,15 @@ def folder_path(value: str) -> Path:
 
 def tracking_uri_option() -> Any:
     """The ``--tracking-uri`` option (default None: MLFLOW_TRACKING_URI, else the project's store)."""
-    return typer.Option(None, "--tracking-uri", help=TRACKING_URI_HELP)
+    return typer.Option(None, "--tracking-uri", callback=_non_empty_uri, help=TRACKING_URI_HELP)
+
+
+def _non_empty_uri(value: str | None) -> str | None:
+    """An empty ``--tracking-uri`` is refused, not taken for the default store."""
+    if value is not None and not value.strip():
+        raise InputError("--tracking-uri: an empty URI (leave the option out for MLFLOW_TRACKING_URI or this "
+                         "project's store)")
+    return value
 
 
 def _state_path() -> Path:

@@ -42,6 +42,12 @@ def ui(
     if uri.startswith(("http://", "https://")):
         typer.echo(f"MLflow UI: {compare_url(uri.rstrip('/'), uri, experiment)}")
         return 0
+    named = experiment_source(experiment)
+    if named is not None:  # a named experiment that the store lacks is refused, as abps runs does
+        from federation.run.store_read import experiment_or_error, open_store
+
+        with open_store(uri) as store:
+            experiment_or_error(store, default_experiment(experiment, uri, store), named)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     _check_port_free(host, port)
     base = f"http://{shown}:{port}"
@@ -90,11 +96,17 @@ def _check_port_free(host: str, port: int) -> None:
     """Raise InputError when ``host:port`` cannot be bound (another server holds it)."""
     import socket
 
+    import errno
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         try:
             s.bind((host, port))
+        except socket.gaierror as exc:  # not an address nor a name this machine resolves
+            raise InputError(f"--host {host}: not an address of this machine ({exc.strerror or exc})") from None
         except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise InputError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
             raise InputError(f"--port {port}: {host}:{port} is taken ({exc.strerror or exc}); "
                              "give another --port") from None
 

@@ -40,6 +40,7 @@ def _refused(argv: list[str], capsys) -> str:
     (["--method", "abps", "--param", "kappa=true"],
      "abps: invalid parameter kappa (--param or the config's params:): a number, not true / false"),
     (["--method", "fedprox", "--param", "mu=false"], "fedprox: invalid parameter mu"),
+    (["--method", "fedavg", "--tracking-uri", " "], "--tracking-uri: an empty URI"),
 ])
 def test_train_refuses(cohort, tmp_path, capsys, extra, words):
     err = _refused(["train", "--cohort", str(cohort), "--rounds", "1", "--no-progress",
@@ -331,3 +332,12 @@ def test_launch_refuses_a_negative_seed(cohort, tmp_path, capsys):
     err = _refused(["launch", "--method", "fedavg", "--cohort", str(cohort), "--output", str(tmp_path / "r.json"),
                     "--local", "3", "--seed", "-1", "--rounds", "1"], capsys)
     assert "--seed" in err and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--host", "999.1.1.1"], "--host 999.1.1.1: not an address of this machine"),
+    (["--experiment", "nosuch"], "--experiment 'nosuch': no such MLflow experiment in "),
+])
+def test_ui_names_a_bad_host_or_an_unknown_experiment_before_a_server_starts(tmp_path, capsys, extra, words):
+    err = _refused(["ui", "--port", "5989", "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", *extra], capsys)
+    assert words in err, err
