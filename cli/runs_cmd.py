@@ -94,9 +94,8 @@ def stop_process_tree(pid: int, timeout_s: float = 10.0) -> None:
 
 def _check_port_free(host: str, port: int) -> None:
     """Raise InputError when ``host:port`` cannot be bound (another server holds it)."""
-    import socket
-
     import errno
+    import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
