@@ -193,6 +193,43 @@ def _signal_watcher():
         os.close(r)
 
 
+def single_value_options(path: list[str]) -> tuple[list[str], dict[str, str]]:
+    """For the command that ``path`` (its leading tokens) names: the tokens after the command's
+    name and ``{spelling: first spelling}`` of its options that take one value (not repeatable)."""
+    import typer.main
+
+    # duck-typed: typer may ship its own click, whose classes are not the installed click's
+    cmd, args = typer.main.get_command(app), list(path)
+    while args and args[0] in (getattr(cmd, "commands", None) or {}):
+        cmd = cmd.commands[args.pop(0)]
+    single = {}
+    for p in getattr(cmd, "params", []):
+        if getattr(p, "param_type_name", "") == "option" and not p.multiple and not getattr(p, "count", False):
+            for name in (*p.opts, *p.secondary_opts):
+                single[name] = p.opts[0]
+    return args, single
+
+
+def refuse_repeated_options(argv: list[str]) -> None:
+    """Refuse an option that takes one value given twice (``--rounds 5 --rounds 50``): click keeps
+    the last without a word, so one of the two would be accepted and ignored.
+
+    Raises:
+        InputError: naming the option.
+    """
+    args, single = single_value_options(argv)
+    seen: set[str] = set()
+    for tok in args:
+        if tok == "--":
+            break
+        name = single.get(tok.split("=", 1)[0])
+        if name is None:
+            continue
+        if name in seen:
+            raise InputError(f"{tok.split('=', 1)[0]}: given twice (it takes one value; give it once)")
+        seen.add(name)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``abps``).
 
@@ -212,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGHUP, _on_sigterm)
     try:
         _register()  # the command modules' imports (a second or more): a Ctrl-C here exits 130 too
+        refuse_repeated_options(sys.argv[1:] if argv is None else list(argv))
         with _signal_watcher():
             rv = app(args=argv, standalone_mode=False)
     except BaseException as exc:
