@@ -490,14 +490,15 @@ def build_config(method: str, method_defaults: dict[str, Any], file_cfg: dict[st
         if fm != method.lower():
             raise InputError(f"config names method {fm!r} but --method is {method!r}")
         raw = deep_merge(raw, file_cfg)
-        stopping = raw.get("early_stopping", {})
-        if rounds is None and "rounds" in file_cfg and stopping.get("enabled") \
+        stopping = raw.get("early_stopping")
+        stopping = stopping if isinstance(stopping, dict) else {}  # another type is refused by the validation below
+        if rounds is None and "rounds" in file_cfg and stopping.get("enabled") is True \
                 and stopping.get("max_rounds", file_cfg["rounds"]) != file_cfg["rounds"]:
             raise InputError(f"rounds: {file_cfg['rounds']} is not used while early_stopping is enabled "
                              f"(early_stopping.max_rounds {stopping.get('max_rounds')} bounds the run); give one of them")
     if rounds is not None:
         raw["rounds"] = rounds
-        if raw.get("early_stopping", {}).get("enabled"):
+        if isinstance(raw.get("early_stopping"), dict) and raw["early_stopping"].get("enabled"):
             raw["early_stopping"] = {**raw["early_stopping"], "max_rounds": rounds}
     return RunConfig.model_validate(raw)
 
