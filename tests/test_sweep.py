@@ -288,13 +288,17 @@ def test_a_local_ray_that_times_out_at_startup_is_started_again():
             self.calls.append(("shutdown", None))
 
     timeout = Exception("The current node timed out during startup. This could happen because ...")
+    gcs = RuntimeError("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_ab12")
     ray = FakeRay([timeout])
     start_local_ray(ray, 2)
     assert ray.calls == [("init", 2), ("shutdown", None), ("init", 2)]
-    ray = FakeRay([timeout, timeout])
+    ray = FakeRay([gcs, timeout])
+    start_local_ray(ray, 2)
+    assert [c[0] for c in ray.calls] == ["init", "shutdown", "init", "shutdown", "init"]
+    ray = FakeRay([timeout, gcs, timeout])
     with pytest.raises(Exception, match="timed out during startup"):
         start_local_ray(ray, 2)
-    assert [c[0] for c in ray.calls] == ["init", "shutdown", "init"]
+    assert [c[0] for c in ray.calls] == ["init", "shutdown", "init", "shutdown", "init"]
     ray = FakeRay([ValueError("num_cpus")])
     with pytest.raises(ValueError):
         start_local_ray(ray, 2)

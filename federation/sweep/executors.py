@@ -147,16 +147,22 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                          f"(no answer within {timeout_s:g} s)") from None
 
 
-def start_local_ray(ray: Any, workers: int, attempts: int = 2) -> None:
+#: Ray's words for a local start that ran out of its fixed waits (the raylet registering, the GCS
+#: server writing its port file)
+RAY_STARTUP_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+
+
+def start_local_ray(ray: Any, workers: int, attempts: int = 3) -> None:
     """``ray.init`` of a local Ray with ``workers`` CPUs, started again (after ``ray.shutdown``) when
-    its node times out at startup: Ray waits a fixed 30 s for the raylet to register, which a machine
-    whose cores are busy can miss once. Any other error, or the last attempt's, is raised."""
+    its start times out (:data:`RAY_STARTUP_TIMEOUTS`): Ray waits fixed times for the raylet and the
+    GCS server, which a machine whose cores are busy can miss. Any other error, or the last
+    attempt's, is raised."""
     for attempt in range(1, attempts + 1):
         try:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
             return
         except Exception as exc:
-            if attempt == attempts or "timed out during startup" not in str(exc):
+            if attempt == attempts or not any(w in str(exc) for w in RAY_STARTUP_TIMEOUTS):
                 raise
             ray.shutdown()
 
