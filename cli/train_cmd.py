@@ -66,7 +66,7 @@ def train(
     cohort: Path | None = typer.Option(
         None, "--cohort", help="directory with cohort.parquet + centers.parquet (default: the cohort of this "
         "project's most recent `abps etl`, recorded in .abps/state.json, else ./cohort)"),
-    seeds: list[int] | None = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55"),
+    seeds: list[int] | None = typer.Option(None, "--seeds", help="seeds, e.g. --seeds 11 22 33 44 55 (default: 11; a benchmark config: its own seeds)"),
     config: Path | None = typer.Option(None, "--config", help="YAML run config (configs/<method>.yaml)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
     output: Path | None = typer.Option(
