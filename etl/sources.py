@@ -153,6 +153,17 @@ def whole_number_sql(path: Path, col: str, kind: str) -> str:
             f"ELSE error('{NOT_WHOLE}{where}') END")
 
 
+def _rows_failing(con: duckdb.DuckDBPyConnection, table: Table, failing: dict[str, str],
+                  scan: str | None) -> tuple[str, int] | None:
+    """``(column, rows)`` of the first column of ``failing`` (column -> SQL condition a bad row
+    meets) with a bad row, counted in one scan of ``scan`` (default the file's text scan); else None."""
+    if not failing:
+        return None
+    checks = ", ".join(f"count(*) FILTER (WHERE {cond})" for cond in failing.values())
+    bad = con.execute(f"SELECT {checks} FROM {scan or table.varchar_scan()}").fetchall()[0]
+    return next(((c, int(n)) for c, n in zip(failing, bad) if n), None)
+
+
 def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, ...], scan: str | None = None) -> None:
     """Refuse a label / flag column holding a value that is not exactly 0 or 1 once parsed as a
     number (``1.0`` is 1; ``0.6``, ``2``, ``yes`` are refused; empty is missing). ``scan``: the
@@ -161,15 +172,10 @@ def check_flags(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, .
     Raises:
         InputError: naming the file, the column and how many rows hold other values.
     """
-    cols = tuple(c for c in cols if c in table.columns)
-    if not cols:
-        return
-    checks = ", ".join(f"count(*) FILTER (WHERE {c} IS NOT NULL AND coalesce(TRY_CAST(CAST({c} AS VARCHAR) "
-                       f"AS DOUBLE) IN (0, 1), false) = false)" for c in cols)
-    bad = con.execute(f"SELECT {checks} FROM {scan or table.varchar_scan()}").fetchall()[0]
-    for c, n in zip(cols, bad):
-        if n:
-            raise InputError(f"{table.path}: column '{c}' must be 0 or 1 ({n} rows hold other values)")
+    hit = _rows_failing(con, table, {c: f"{c} IS NOT NULL AND coalesce(TRY_CAST(CAST({c} AS VARCHAR) AS DOUBLE) "
+                                        "IN (0, 1), false) = false" for c in cols if c in table.columns}, scan)
+    if hit:
+        raise InputError(f"{table.path}: column '{hit[0]}' must be 0 or 1 ({hit[1]} rows hold other values)")
 
 
 def check_range(con: duckdb.DuckDBPyConnection, table: Table, bounds: dict[str, tuple[float, float]],
@@ -181,17 +187,13 @@ def check_range(con: duckdb.DuckDBPyConnection, table: Table, bounds: dict[str, 
     Raises:
         InputError: naming the file, the column, the bounds and how many rows are outside.
     """
-    cols = {c: b for c, b in bounds.items() if c in table.columns}
-    if not cols:
-        return
     # no trim(): DuckDB's cast to DOUBLE already reads a number between blanks or tabs (' 7 ' -> 7),
     # and the extra string per value was half of this query's CPU
-    checks = ", ".join(f"count(*) FILTER (WHERE TRY_CAST(CAST({c} AS VARCHAR) AS DOUBLE) NOT BETWEEN {lo} AND {hi})"
-                       for c, (lo, hi) in cols.items())
-    bad = con.execute(f"SELECT {checks} FROM {scan or table.varchar_scan()}").fetchall()[0]
-    for (c, (lo, hi)), n in zip(cols.items(), bad):
-        if n:
-            raise InputError(f"{table.path}: column '{c}' must lie in [{lo:g}, {hi:g}] ({n} rows do not)")
+    hit = _rows_failing(con, table, {c: f"TRY_CAST(CAST({c} AS VARCHAR) AS DOUBLE) NOT BETWEEN {lo} AND {hi}"
+                                     for c, (lo, hi) in bounds.items() if c in table.columns}, scan)
+    if hit:
+        lo, hi = bounds[hit[0]]
+        raise InputError(f"{table.path}: column '{hit[0]}' must lie in [{lo:g}, {hi:g}] ({hit[1]} rows do not)")
 
 
 def check_text(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, ...], scan: str | None = None) -> None:
@@ -203,17 +205,14 @@ def check_text(con: duckdb.DuckDBPyConnection, table: Table, cols: tuple[str, ..
     Raises:
         InputError: naming the file, the column, how many rows, and the line of the first NUL.
     """
-    cols = tuple(c for c in cols if c in table.columns)
-    if not cols:
-        return
-    checks = ", ".join(f"count(*) FILTER (WHERE contains(CAST({c} AS VARCHAR), chr(0)))" for c in cols)
-    bad = con.execute(f"SELECT {checks} FROM {scan or table.varchar_scan()}").fetchall()[0]
-    for c, n in zip(cols, bad):
-        if n:
-            line = nul_line(table.read_path)
-            at = f"; the first on line {line}" if line else ""
-            raise InputError(f"{table.path}: column '{c}' holds a NUL byte in {n} row{'s' if n != 1 else ''} "
-                             f"(a damaged file?){at}")
+    hit = _rows_failing(con, table, {c: f"contains(CAST({c} AS VARCHAR), chr(0))" for c in cols
+                                     if c in table.columns}, scan)
+    if hit:
+        c, n = hit
+        line = nul_line(table.read_path)
+        at = f"; the first on line {line}" if line else ""
+        raise InputError(f"{table.path}: column '{c}' holds a NUL byte in {n} row{'s' if n != 1 else ''} "
+                         f"(a damaged file?){at}")
 
 
 def nul_line(path: Path) -> int | None:
