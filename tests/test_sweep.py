@@ -143,6 +143,29 @@ def test_bad_sweep_files(tmp_path):
         sw.expand_cells(_spec({"methods": ["fedavg"], "options": {"engine.lr": [-1]}}), tmp_path, "c")
 
 
+def test_a_sweep_file_reads_its_paths_from_its_own_folder(tmp_path, monkeypatch):
+    """`cohort:`, `checkpoints:` and `config:` are read from the sweep file's folder whichever
+    folder the sweep is started from; a missing preset names the entry and where it was looked for."""
+    sub = tmp_path / "study"
+    sub.mkdir()
+    (sub / "s.yaml").write_text("methods: [{method: abps, config: presets/a.yaml}]\ncohort: coh\n"
+                                "checkpoints: ck\nseeds: [1]\n")
+    (sub / "presets").mkdir()
+    (sub / "presets" / "a.yaml").write_text("params: {kappa: 3}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    spec, base = sw.load_sweep(Path("..") / "study" / "s.yaml")
+    assert (spec.cohort, spec.checkpoints, base) == (str(sub / "coh"), str(sub / "ck"), sub)
+    assert sw.expand_cells(spec, base, "c")[0].config.params["kappa"] == 3
+    (sub / "s.yaml").write_text("methods: [{method: abps, config: abps.yaml}]\ncohort: /abs/coh\nseeds: [1]\n")
+    spec, base = sw.load_sweep(sub / "s.yaml")
+    assert spec.cohort == "/abs/coh"
+    with pytest.raises(InputError, match=r"entry 'abps': config abps.yaml not found at .*study/abps.yaml "
+                                         r"\(a relative `config:` is read from the sweep file's folder\)"):
+        sw.expand_cells(spec, base, "c")
+
+
 def _cell_runs(client, exp_id):
     return client.search_runs([exp_id], "tags.`abps.kind` = 'cell'", max_results=1000)
 

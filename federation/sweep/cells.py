@@ -126,6 +126,9 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
         if entry.config:
             p = Path(entry.config)
             path = p if p.is_absolute() else Path(base_dir) / p
+            if not path.is_file():
+                raise InputError(f"sweep {spec.name}: entry {entry.name!r}: config {entry.config} not found at {path} "
+                                 "(a relative `config:` is read from the sweep file's folder)")
             file_cfg = load_yaml(path)
             file_cfg.setdefault("method", entry.method)
             # the file alone first: a bad key is reported with the file's name

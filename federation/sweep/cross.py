@@ -13,7 +13,7 @@ from federation.core.config import first_error, load_yaml
 from federation.data.load import load_federation
 from federation.run.tracking import METRIC_TAG, Tracker
 from federation.sweep.driver import run_sweep
-from federation.sweep.spec import SweepSpec
+from federation.sweep.spec import SweepSpec, paths_from_file
 
 __all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_sweep", "cross_summary_line",
            "DATASET_TAG", "METRIC_TAG"]
@@ -53,7 +53,7 @@ def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDatase
         p = Path(d.cohort)
         sets[str(label)] = d.model_copy(update={"cohort": str(p if p.is_absolute() else base / p)})
     try:
-        spec = SweepSpec.model_validate(doc)  # the rest is an ordinary sweep file
+        spec = SweepSpec.model_validate(paths_from_file(doc, path))  # the rest is an ordinary sweep file
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None

@@ -63,14 +63,14 @@ class SweepSpec(_Strict):
     Attributes:
         name: sweep name (parent run name; default experiment name).
         experiment: MLflow experiment (default: ``name``).
-        cohort: cohort directory (``--cohort`` overrides).
+        cohort: cohort directory, relative to the sweep file (``--cohort`` overrides).
         seeds: run seeds (paper: 11 22 33 44 55).
         rounds: optional override of every cell's rounds (max rounds with early stopping).
         methods: method names or :class:`MethodEntry` mappings.
         options: dotted run-config key -> list of values; the sweep runs their cross product.
         resources: :class:`Resources`.
         checkpoints: folder of the cells' round checkpoints (default ``runs/<experiment>/checkpoints``,
-            relative to the working folder); on a Ray cluster a folder every node reads and writes.
+            relative to the working folder; given in the file, relative to the file); on a Ray cluster a folder every node reads and writes.
         executor, workers, address: defaults of ``--executor``, ``--workers``, ``--address``
             (``executor`` was called ``engine`` before; the old key is refused with the new name,
             since ``engine`` is also the run config's model / optimizer section).
@@ -135,6 +135,21 @@ class SweepSpec(_Strict):
         return v
 
 
+def paths_from_file(doc: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """``doc`` with its relative ``cohort:`` and ``checkpoints:`` made absolute against the folder
+    of the sweep file ``path``, as its ``config:`` entries and a cross sweep's ``datasets:`` are
+    (a sweep reads the same files whichever folder it is started from)."""
+    base = Path(path).resolve().parent
+    out = dict(doc)
+    for key in ("cohort", "checkpoints"):
+        v = out.get(key)
+        if isinstance(v, str) and v.strip() and not Path(v).expanduser().is_absolute():
+            out[key] = str(base / v)
+        elif isinstance(v, str) and v.strip():
+            out[key] = str(Path(v).expanduser())
+    return out
+
+
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     """Read and validate a sweep YAML. Returns (spec, folder of the file).
 
@@ -147,7 +162,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     if "engine" in doc:
         raise InputError(f"{path}: the sweep key `engine:` (local / ray) is now called `executor:`")
     try:
-        spec = SweepSpec.model_validate(doc)
+        spec = SweepSpec.model_validate(paths_from_file(doc, path))
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None
