@@ -322,6 +322,11 @@ def check_writable(path: str | os.PathLike[str], option: str) -> None:
                 raise InputError(f"{option} {path}: {parent} is a file, not a folder")
             if not os.access(parent, os.W_OK | os.X_OK) or _read_only_fs(parent):
                 raise InputError(f"{option} {path}: {parent} is not writable")
+            try:  # what the permission bits do not tell (/proc, /sys, a full or odd file system)
+                with tempfile.NamedTemporaryFile(dir=parent, prefix=".abps-probe-"):
+                    pass
+            except OSError as exc:
+                raise InputError(f"{option} {path}: {parent} does not take a new file ({exc.strerror})") from None
             return
 
 

@@ -136,6 +136,15 @@ def test_an_output_that_cannot_be_written_fails_before_the_work(cohort, tmp_path
     assert _mlflow_runs(uri) == []  # refused before any MLflow run started, not after training
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_in_a_folder_that_takes_no_file_fails_before_the_work(cohort, tmp_path, capsys):
+    # /proc passes the permission bits for root and is not mounted read-only: only a try tells
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    code, _, err = cli(capsys, *_train(cohort, uri, "--output", "/proc/abps-results.json"))
+    one_line_error(code, err, "--output /proc/abps-results.json: /proc")
+    assert _mlflow_runs(uri) == []
+
+
 @needs_root
 def test_a_read_only_output_folder_fails_before_the_work(cohort, tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
