@@ -98,6 +98,10 @@ def test_train_rejects_bad_cohort_values(tiny_cohort, tmp_path):
         ("label7", lambda c: c.with_columns(pl.col("label") * 7), "'label'"),
         ("infage", lambda c: c.with_columns(pl.lit(float("inf")).alias("age")), "'age'"),
         ("intcenter", lambda c: c.with_columns(pl.col("center_id").rank("dense").cast(pl.Int64)), "center_id"),
+        # a split value the contract lacks is named as such, not as a centers.parquet count mismatch
+        ("Train", lambda c: c.with_columns(pl.col("split").replace({"train": "Train"})),
+         "column 'split' holds"),
+        ("intsplit", lambda c: c.with_columns(pl.col("split").rank("dense")), "column 'split' must be text"),
     ]:
         d = tmp_path / name
         shutil.copytree(tiny_cohort, d)

@@ -45,6 +45,21 @@ def cohort_id(cohort_dir: str | Path) -> str:
     return cohort_file_digests(cohort_dir)[0][:16]
 
 
+def _check_split(cohort: pl.DataFrame, source: str | Path) -> None:
+    """Refuse a ``split`` column that is not text or holds a value other than train / val / test
+    (or a null); the message counts the rows and quotes no value (a value could be a patient's).
+
+    Raises:
+        InputError: naming ``source`` and the column.
+    """
+    col = cohort["split"]
+    if col.dtype not in (pl.Utf8, pl.Categorical, pl.Enum):
+        raise InputError(f"{source}: column 'split' must be text (train / val / test), got {col.dtype}")
+    n_bad = int((~col.cast(pl.Utf8).is_in(list(SPLITS))).fill_null(True).sum())
+    if n_bad:
+        raise InputError(f"{source}: column 'split' holds {n_bad} row(s) with a value other than train / val / test")
+
+
 def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path, centers_path: Path) -> None:
     """Validate the contract's value domains; raise InputError naming the file and column.
 
@@ -57,6 +72,7 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
     for frame, path in ((cohort, cohort_path), (centers, centers_path)):
         if frame.schema["center_id"] != pl.Utf8:
             raise InputError(f"{path}: column 'center_id' must be text, got {frame.schema['center_id']}")
+    _check_split(cohort, cohort_path)
     lab = cohort["label"]
     if not lab.dtype.is_numeric():
         raise InputError(f"{cohort_path}: column 'label' must be 0/1 integers, got {lab.dtype}")
@@ -404,9 +420,7 @@ class FederatedData:
         frame, and ``fit(train, cfg) -> (mode, median, mean, std, bytes)`` the numeric encoding's fit:
         a peer holding one center's rows builds its tensors with the federation's vocabulary and
         statistics (federation/p2p/local.py)."""
-        bad = set(cohort["split"].unique().to_list()) - set(SPLITS)
-        if bad:
-            raise InputError(f"{source}: column 'split' holds values other than train/val/test")
+        _check_split(cohort, source)
         n_tr = cohort.filter(pl.col("split") == "train").group_by("center_id").len()
         keep = n_tr.filter(pl.col("len") >= max(1, min_train))["center_id"]
         gone = cohort.filter(~pl.col("center_id").is_in(keep.implode()))
