@@ -21,15 +21,34 @@ def _files(folder) -> list:
     return [f for f in folder.rglob("*") if f.is_file() and not f.is_symlink()] if folder.is_dir() else []
 
 
+def _cache_folder(kind: str):
+    """``etl.io.user_cache_dir(kind)``, refused when it or a folder above it is a file (for
+    instance ``ABPS_CACHE_DIR`` naming a file), which would otherwise list as empty.
+
+    Raises:
+        InputError: naming the path and the variable that set it.
+    """
+    from etl.io import user_cache_dir
+
+    d = user_cache_dir(kind)
+    for p in (d, *d.parents):
+        if p.exists() or p.is_symlink():
+            if p.is_dir():
+                return d
+            var = next((v for v in ("ABPS_CACHE_DIR", "XDG_CACHE_HOME") if os.environ.get(v)), "HOME")
+            raise InputError(f"{p}: a file, not a folder; the cache folder {d} ({var}) cannot be there")
+    return d
+
+
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Remove the ETL's chartevents cache and the compiled kernels under $ABPS_CACHE_DIR (else
     $XDG_CACHE_HOME/abps, else ~/.cache/abps); they are rebuilt when next needed."""
-    from etl.io import rmtree_calling, user_cache_dir
+    from etl.io import rmtree_calling
 
     freed = 0
     for kind in KINDS:
-        d = user_cache_dir(kind)
+        d = _cache_folder(kind)
         if not d.exists():
             continue
         if d.is_symlink() or not d.is_dir():
@@ -43,7 +62,7 @@ def cache_clear() -> None:
         rmtree_calling(d, refused)
         freed += size
         typer.echo(f"removed {d}")
-    root = user_cache_dir(KINDS[0]).parent
+    root = _cache_folder(KINDS[0]).parent
     if root.is_dir() and not any(root.iterdir()):
         root.rmdir()
     typer.echo(f"cache clear: {freed / 2**20:.1f} MiB freed")
@@ -55,11 +74,9 @@ def cache_list() -> None:
     $XDG_CACHE_HOME/abps, else ~/.cache/abps): each folder with its files and size, and each
     chartevents entry with the source file it caches (its path; marked when it no longer exists),
     its rows and size (no row content)."""
-    from etl.io import user_cache_dir
-
     total = 0
     for kind in KINDS:
-        d = user_cache_dir(kind)
+        d = _cache_folder(kind)
         files = _files(d)
         size = sum(f.stat().st_size for f in files)
         total += size

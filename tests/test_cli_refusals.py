@@ -260,6 +260,20 @@ def test_cache_clear_names_what_it_cannot_remove(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "c" / "chartevents").exists() and (tmp_path / "c" / "kernels" / "k.so").exists()
 
 
+@pytest.mark.parametrize("command", ["list", "clear"])
+def test_a_cache_folder_under_a_file_is_refused_not_listed_as_empty(command, tmp_path, monkeypatch, capsys):
+    (tmp_path / "afile").write_text("keep")
+    monkeypatch.setenv("ABPS_CACHE_DIR", str(tmp_path / "afile"))
+    err = _refused(["cache", command], capsys)
+    assert err == (f"error: {tmp_path}/afile: a file, not a folder; the cache folder {tmp_path}/afile/chartevents "
+                   "(ABPS_CACHE_DIR) cannot be there")
+    monkeypatch.setenv("ABPS_CACHE_DIR", str(tmp_path / "c"))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "chartevents").write_text("keep")
+    assert _refused(["cache", command], capsys).startswith(f"error: {tmp_path}/c/chartevents: a file, not a folder")
+    assert (tmp_path / "afile").read_text() == (tmp_path / "c" / "chartevents").read_text() == "keep"
+
+
 def _folder_options() -> list[tuple[tuple[str, ...], str]]:
     """(command path, option) of every --out of the app: a folder to write."""
     from cli.project import folder_path
