@@ -53,6 +53,6 @@ ui: $(STAMP)
 	$(ABPS) ui --port 5000
 
 # the ETL's chartevents cache lives outside the repo ($$ABPS_CACHE_DIR, else ~/.cache/abps)
+# this clone's outputs only: the per-user caches (~/.cache/abps) serve every clone; `abps cache clear` removes them
 clean:
-	-test -x $(ABPS) && $(ABPS) cache clear
 	rm -rf $(VENV) $(DEMO_DIR) site

@@ -1,5 +1,5 @@
-"""``abps cache list`` and ``abps cache clear``: show or remove the per-user caches (``make clean``
-runs ``clear``)."""
+"""``abps cache list`` and ``abps cache clear``: show or remove the per-user caches, which every
+clone of the project on the machine shares (``make clean`` leaves them)."""
 
 from __future__ import annotations
 
