@@ -17,7 +17,7 @@ from typing import Any
 
 GOALS = ("diversity", "homogeneity", "alignment")
 PRESET = {"diversity": "abps-div", "homogeneity": "abps-hom", "alignment": "abps-align"}
-#: ABPS paper Sec. 6.5 / Table 1 (50 rounds, 5 seeds): rest share per round, E|P|, bandwidth x FedAvg, AUROC.
+#: ABPS paper Sec. 6.5 / Table 1 (50 rounds, 5 seeds): isolation per round, E|P|, bandwidth x FedAvg, AUROC.
 PAPER = {
     "diversity": {"rest": 0.41, "partners": 0.59, "bandwidth": 0.16, "auroc": 0.694},
     "homogeneity": {"rest": None, "partners": 0.99, "bandwidth": 0.25, "auroc": 0.742},
@@ -40,7 +40,7 @@ def reading_label(r: dict[str, Any]) -> str:
 
 
 def selection_only(meta: Any, reading: dict[str, Any], goal: str, rounds: int = 20, seed: int = 11) -> float:
-    """Rest share of the matching alone, every UCB at the prior (0.5 = tau_acc, as in round 1): the
+    """Isolation rate of the matching alone, every UCB at the prior (0.5 = tau_acc, as in round 1): the
     rest that the candidate sets and the kappa = 1 capacity produce by themselves, without training.
 
     Args:
@@ -65,7 +65,7 @@ def selection_only(meta: Any, reading: dict[str, Any], goal: str, rounds: int = 
 def target_distance(rows: dict[str, dict[str, float]]) -> float:
     """How far one reading's three goal rows fall outside the study's targets (0 = all met).
 
-    Diversity: rest share per round in [0.20, 0.60]. Homogeneity and alignment: rest share <= 0.05
+    Diversity: isolation per round in [0.20, 0.60]. Homogeneity and alignment: isolation rate <= 0.05
     and E|P| >= 0.95. Distances are in share units and summed over the rows.
     """
     d = rows["diversity"]["rest"]
@@ -76,7 +76,7 @@ def target_distance(rows: dict[str, dict[str, float]]) -> float:
 
 
 def paper_distance(rows: dict[str, dict[str, float]]) -> float:
-    """Summed absolute distance to the paper's rest share (diversity) and E|P| (all three rows)."""
+    """Summed absolute distance to the paper's isolation rate (diversity) and E|P| (all three rows)."""
     out = abs(rows["diversity"]["rest"] - PAPER["diversity"]["rest"])
     return out + sum(abs(rows[g]["partners"] - PAPER[g]["partners"]) for g in GOALS)
 
@@ -100,7 +100,7 @@ def _cohort(out: Path) -> Path:
 
 
 def run_cell(data: Any, goal: str, reading: dict[str, Any], rounds: int, seed: int) -> dict[str, Any]:
-    """One ABPS+P+Q+kappa=1 run under ``goal`` and ``reading``: per-round rest share and |P|, final
+    """One ABPS+P+Q+kappa=1 run under ``goal`` and ``reading``: per-round isolation rate and |P|, final
     bandwidth and AUROC."""
     from federation.core.config import build_config
     from federation.methods import get_method
@@ -144,9 +144,9 @@ def _pct(x: float | None) -> str:
 
 def markdown(table: dict[str, dict[str, dict[str, float]]], rounds: int, seeds: list[int]) -> str:
     """The Sec. 6.5 table of every reading beside the paper's rows, and the chosen reading."""
-    lines = [f"Rounds {rounds}, seeds {' '.join(map(str, seeds))}. Rest share = mean over rounds of the share "
+    lines = [f"Rounds {rounds}, seeds {' '.join(map(str, seeds))}. Isolation = mean over rounds of the share "
              "of centers with P_i empty (min-max over rounds in brackets).", "",
-             "| reading | goal | rest share per round | E\\|P\\| | bandwidth x FedAvg | AUROC | target miss |",
+             "| reading | goal | isolation per round | E\\|P\\| | bandwidth x FedAvg | AUROC | target miss |",
              "|---|---|---|---|---|---|---|"]
     for g in GOALS:
         p = PAPER[g]
@@ -167,8 +167,8 @@ def markdown(table: dict[str, dict[str, dict[str, float]]], rounds: int, seeds: 
 
 
 def structural_markdown(structural: dict[str, dict[str, float]]) -> str:
-    """Table of :func:`selection_only` rest shares for every reading's candidate structure."""
-    lines = ["Selection only (no training; every UCB at the prior, kappa 1, 20 matchings): rest share per goal.",
+    """Table of :func:`selection_only` isolation rates for every reading's candidate structure."""
+    lines = ["Selection only (no training; every UCB at the prior, kappa 1, 20 matchings): isolation rate per goal.",
              "", "| candidate structure | diversity | homogeneity | alignment |", "|---|---|---|---|"]
     for label, row in structural.items():
         lines.append(f"| {label.rsplit('/g=', 1)[0]} | " + " | ".join(_pct(row[g]) for g in GOALS) + " |")

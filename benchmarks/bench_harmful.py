@@ -115,7 +115,7 @@ def main() -> None:
             for m in METHODS:
                 x = summ[m]
                 print(f"{m:16s} rounds {a}-{b} ({wname}): harmful share {x['harmful_share']:.3f}, mixed share "
-                      f"{x['mixed_share']:.3f}, rest share {x['rest_share']:.3f}, healthy AUROC "
+                      f"{x['mixed_share']:.3f}, isolation rate {x['rest_share']:.3f}, healthy AUROC "
                       f"{x['healthy_auroc']:.3f}", flush=True)
             ratio = summ["abps"]["mixed_share"] / summ["random-partners"]["mixed_share"]
             ok = ratio <= 0.5 and summ["abps"]["healthy_auroc"] >= summ["random-partners"]["healthy_auroc"]

@@ -164,7 +164,7 @@ def drift_study(data: FederatedData, rounds: int, seeds: list[int], flip_round: 
 
 
 def figure(priv: list[dict[str, Any]], drift: list[dict[str, Any]], path: Path, flip_round: int) -> None:
-    """Privacy-utility panels (AUROC, isolation share, candidate overlap vs epsilon per goal) and the
+    """Privacy-utility panels (AUROC, isolation rate, candidate overlap vs epsilon per goal) and the
     drift panel (share of partnerships touching a flipped center per round, per variant)."""
     import matplotlib
 
@@ -183,7 +183,7 @@ def figure(priv: list[dict[str, Any]], drift: list[dict[str, Any]], path: Path, 
                     v = [r[key] for r in priv if r["goal"] == goal and r["epsilon"] == e and r[key] is not None]
                     ys.append(sum(v) / len(v) if v else float("nan"))
                 a.plot(xs, ys, marker="o", label=goal)
-        for a, title in zip(ax[:3], ("final test AUROC", "isolation share", "exact candidate pairs kept")):
+        for a, title in zip(ax[:3], ("final test AUROC", "isolation rate", "exact candidate pairs kept")):
             a.set_xticks(xs, labels)
             a.set_xlabel("epsilon per release")
             a.set_title(title)

@@ -167,13 +167,13 @@ def runs(
 ) -> None:
     """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
     mean +- std across seeds, bandwidth (x FedAvg's reference traffic) and isolation (share of
-    centers with no partner, mean over rounds)."""
+    centers that rest, with no partner, mean over rounds)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     from federation.report import collect_runs, table1
-    from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell
+    from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell, isolation_cell
     from federation.run.store_read import experiment_or_error, open_store
 
     with open_store(tracking_uri) as store:
@@ -194,7 +194,7 @@ def runs(
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
         auroc = auroc_cell(r).replace("±", "+-")
-        table.add_row(escape(r.label), r.seeds, auroc, f"{_fmt(r.bandwidth, '.2f')}x", _fmt(r.rest_share, '.2f'))
+        table.add_row(escape(r.label), r.seeds, auroc, f"{_fmt(r.bandwidth, '.2f')}x", isolation_cell(r.rest_share).replace("–", "-"))
     Console(width=max(100, Console().width)).print(table)
     typer.echo(BANDWIDTH_NOTE.replace("×", "x") + " " + ISOLATION_NOTE)
     for note in col.notes:

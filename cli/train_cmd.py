@@ -199,9 +199,11 @@ def train(
         return f"{stat['mean']:.4f} +/- {stat['std']:.4f}"
 
     seeds_text = f"{len(seed_list)} seed" + ("s" if len(seed_list) != 1 else "")
+    from federation.report.abps_table1 import isolation_cell
+
     rest = [r.get("method_summary", {}).get("rest_share_mean") for r in doc["seeds"].values()]
     rest = [x for x in rest if isinstance(x, (int, float))]
-    iso = f", isolation {sum(rest) / len(rest):.2f}" if rest else ""  # share of centers resting, mean over rounds
+    iso = f", isolation {isolation_cell(sum(rest) / len(rest))}" if rest else ""  # centers resting, mean over rounds
     head = fmt(s["final_auroc_mean"])
     over = "" if s["final_auroc_mean"]["mean"] is None else f"; mean over the {scored} of {n} {what}"
     typer.echo(

@@ -306,7 +306,7 @@ def test_tmc_shapley_kappa_above_five_against_exact():
 
 
 def test_report_shows_rest_share():
-    """`abps report`'s Table 1 carries the per-seed rest share (final MLflow metric rest_share_mean)."""
+    """`abps report`'s Table 1 carries the per-seed isolation rate (final MLflow metric rest_share_mean)."""
     from federation.report import CellRun, table1, table1_markdown
 
     def cell(method, seed, rest):
@@ -318,12 +318,12 @@ def test_report_shows_rest_share():
     by = {r.label: r for r in rows}
     assert by["abps-div"].rest_share == pytest.approx(0.35) and by["fedavg"].rest_share != by["fedavg"].rest_share
     md = table1_markdown(rows)
-    assert "Rest share" in md and "35.0 %" in md and "| –" in md
+    assert "| Isolation |" in md and "35.0 %" in md and "| –" in md
 
 
 def test_report_shows_isolation_per_seed(tmp_path):
     """`abps report` has a per-seed isolation section whose figures are the ones in results.json
-    (``method_summary`` of each seed): rest share, E|P_i|, acceptance rate, centers ever rested."""
+    (``method_summary`` of each seed): isolation rate, E|P_i|, acceptance rate, centers ever rested."""
     import json
 
     from federation.data.synthetic import write_fedprox_cohort

@@ -81,7 +81,7 @@ def test_first_hour_etl_then_train_goal_then_runs(project: Path, mimic_demo_dir:
     exp = client.get_experiment_by_name("cohort_iid").experiment_id
     (run,) = client.search_runs([exp], "tags.method = 'abps-div' and tags.seed = '11'")
     rest = doc["seeds"]["11"]["method_summary"]["rest_share_mean"]  # isolation: mean over rounds
-    assert line.split("│")[-2].strip() == f"{rest:.2f}" == f"{run.data.metrics['Isolation']:.2f}"
+    assert line.split("│")[-2].strip() == f"{100 * rest:.1f} %" == f"{100 * run.data.metrics['Isolation']:.1f} %"
     fed = next(ln for ln in table.splitlines() if "fedavg" in ln)
     # FedAvg, 1 round of its reference's 50: 0.02x; no isolation
     assert "0.02x" in fed and fed.split("│")[-2].strip() == "-"

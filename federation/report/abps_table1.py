@@ -11,7 +11,7 @@ from federation import method_catalog as catalog
 from federation.report.collect import CellRun
 from federation.report.common import fmt, md_table, mean_std, pareto_front
 
-__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "PAPER_TABLE1", "BANDWIDTH_NOTE", "ISOLATION_NOTE", "Table1Row", "table1", "table1_markdown", "figure3"]
+__all__ = ["PAPER_ORDER", "DISPLAY", "FAMILY", "PAPER_TABLE1", "BANDWIDTH_NOTE", "ISOLATION_NOTE", "isolation_cell", "Table1Row", "table1", "table1_markdown", "figure3"]
 
 #: ABPS paper Table 1 row order, Table 1 row names and Figure 3 colour families (paper caption: blue
 #: star FL, green decentralized, orange ABPS+P/Q, red ABPS-X, purple goal-aware, olive local-only):
@@ -61,7 +61,7 @@ class Table1Row:
     bytes_mean: float
     bandwidth: float
     rounds_mean: float
-    rest_share: float = math.nan  # mean over seeds of the per-seed mean rest share (partner-selection methods)
+    rest_share: float = math.nan  # mean over seeds of the per-seed mean isolation rate (partner-selection methods)
     n_undefined: int = 0  # seeds whose mean AUROC is undefined (too few evaluable centers): then the row's too
     n_scored_min: float = math.nan  # fewest evaluable centers of a seed
     min_scored: float = math.nan  # evaluable centers a mean needs (the runs' evaluation setting)
@@ -78,9 +78,15 @@ def _order_key(label: str, method: str) -> tuple[int, str]:
 #: ``abps runs``, report): federation.ledger.Ledger.relative_bandwidth
 BANDWIDTH_NOTE = ("Bandwidth: cumulative model bytes relative to FedAvg's reference traffic (every center sends "
                   "the full fp32 model each of reference_rounds rounds, default 50; FedAvg over 50 rounds = 1.00×).")
-#: the one definition of isolation (``abps runs``, report, MLflow ``Isolation`` / ``rest_share_mean``)
-ISOLATION_NOTE = ("Isolation: share of centers with no partner (P_i empty), mean over rounds (and seeds); "
+#: the one definition of isolation (``abps train``, ``abps runs``, report, MLflow ``Isolation`` /
+#: ``rest_share_mean``)
+ISOLATION_NOTE = ("Isolation: share of centers that rest (no partner, P_i empty), mean over rounds (and seeds); "
                   "partner-selection methods only.")
+
+
+def isolation_cell(share: float) -> str:
+    """An isolation figure as every table shows it: ``35.0 %``, or ``–`` for a method without rest."""
+    return "–" if not math.isfinite(share) else f"{100 * share:.1f} %"
 
 
 def table1(cells: Sequence[CellRun]) -> list[Table1Row]:
@@ -129,17 +135,17 @@ def _rounds_cell(rounds: float) -> str:
 
 
 def table1_markdown(rows: Sequence[Table1Row]) -> str:
-    """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds, rest share, and
+    """Table 1 as Markdown: method, AUROC mean +/- std, bandwidth (x), seeds, rounds, isolation, and
     the paper's AUROC and bandwidth for the same row (:data:`PAPER_TABLE1`, ``–`` if not a paper row)."""
-    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Rest share",
+    head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Isolation",
             "Paper: AUROC (bandwidth)"]
     body = [(r.name, auroc_cell(r), f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
-             _rounds_cell(r.rounds_mean), "–" if not math.isfinite(r.rest_share) else f"{100 * r.rest_share:.1f} %",
+             _rounds_cell(r.rounds_mean), isolation_cell(r.rest_share),
              _paper_cell(r.label))
             for r in rows]
     return md_table(head, body) + "\n" + BANDWIDTH_NOTE + " AUROC: mean test AUROC across centers at the final " \
         "round (at the best validation round for methods with early stopping, e.g. ABPS-X and FedAvg-X); std across " \
-        "seeds (population). Rest share: " + ISOLATION_NOTE.split(": ", 1)[1] + " " \
+        "seeds (population). " + ISOLATION_NOTE + " " \
         "Paper: ABPS paper Table 1 (real MIMIC-IV, 230 centers, 50 rounds, 5 seeds; Centralized from its caption).\n"
 
 

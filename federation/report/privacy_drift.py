@@ -18,7 +18,7 @@ FILES = ("privacy.md", "privacy.csv", "drift.md", "drift.csv", "privacy_drift.pn
 GOALS = ("homogeneity", "diversity", "alignment")
 #: (final metric, column) of the privacy table
 PRIVACY_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("rest_share_mean", "isolation share"), ("partners_mean", "E|P|"), ("final_auroc_mean", "AUROC"),
+    ("rest_share_mean", "isolation"), ("partners_mean", "E|P|"), ("final_auroc_mean", "AUROC"),
     ("candidate_kept_share", "exact candidate pairs kept"), ("candidate_jaccard", "Jaccard"),
     ("dp_epsilon_spent", "epsilon spent"))
 #: per-round metrics drawn in the drift panels
@@ -115,7 +115,7 @@ def drift_rows(client: Any, cells: Sequence[Any]) -> tuple[list[dict[str, Any]],
 
 def privacy_drift_figure(priv: list[dict[str, Any]], curves: dict[str, dict[str, list[float]]], flip_round: int,
                          path: Path) -> None:
-    """Privacy panels (AUROC, isolation share, exact candidate pairs kept against epsilon, one line per
+    """Privacy panels (AUROC, isolation, exact candidate pairs kept against epsilon, one line per
     goal) and drift panels (:data:`DRIFT_CURVES` per round, one line per row label)."""
     import matplotlib
 
@@ -129,7 +129,7 @@ def privacy_drift_figure(priv: list[dict[str, Any]], curves: dict[str, dict[str,
         eps = sorted({r["epsilon"] for r in priv})
         xs = list(range(len(eps)))
         for a, (key, title) in zip(ax[:3], (("final_auroc_mean", "final test AUROC"),
-                                            ("rest_share_mean", "isolation share"),
+                                            ("rest_share_mean", "isolation"),
                                             ("candidate_kept_share", "exact candidate pairs kept"))):
             for goal in GOALS:
                 by_eps = {r["epsilon"]: r[key] for r in priv if r["goal"] == goal}
