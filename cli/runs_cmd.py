@@ -53,7 +53,10 @@ def ui(
     base = f"http://{shown}:{port}"
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
            "--workers", "1"]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}  # the server's library deprecation warnings
+    # MLflow's job runner (huey consumers, one process per job kind, ~2.5 GB together) serves its
+    # GenAI features, not the runs pages; it stays off unless the environment asks for it
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ,
+           "PYTHONWARNINGS": "ignore"}  # the server's library deprecation warnings
     log = tempfile.TemporaryFile()
     # its own process group (the server and its workers), stopped as one when we stop; its log
     # lines stay off the console (shown when it fails to start)

@@ -154,6 +154,11 @@ def test_ui_serves_the_project_store(tmp_path: Path) -> None:
             page = r.read()
         assert b"<title>MLflow</title>" in page or b"MLflow" in page, text[-2000:]
         assert (tmp_path / "mlflow" / "mlflow.db").is_file()  # the project's store, in the project folder
+        import psutil
+
+        # the runs pages need no job runner: MLflow's huey consumers (GenAI jobs) are not started
+        tree = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert tree and not [c for c in tree if "huey" in c or "mlflow.server.jobs" in c], tree
     finally:
         proc.send_signal(signal.SIGTERM)  # `abps ui` stops its server group when it stops
         proc.wait(timeout=60)
