@@ -98,7 +98,8 @@ def peer(
 def launch(
     method: str = typer.Option(..., "--method", help=f"fedavg or an ABPS method: {', '.join(P2P_METHODS)}"),
     cohort: Path = typer.Option(..., "--cohort", help="cohort directory (each peer reads only its own center's rows)"),
-    seed: int = typer.Option(0, "--seed", callback=project.seed_value, help="run seed"),
+    seed: int = typer.Option(project.DEFAULT_SEED, "--seed", callback=project.seed_value,
+                             help="run seed (as abps train's --seeds)"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE", help="results.json path"),
     local: int | None = typer.Option(None, "--local", min=1, help="start N peers on this host, one per center"),
     peers: Path | None = typer.Option(None, "--peers", help="peers file: 'center_id host:port [command prefix]' "

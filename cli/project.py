@@ -216,6 +216,11 @@ def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
     return seeds
 
 
+#: the seed of a run given none: the first of the ABPS paper's five (11 22 33 44 55), for
+#: ``abps train`` and ``abps launch`` alike, so that their default runs are the same computation
+DEFAULT_SEED = 11
+
+
 def seed_value(value: int | None) -> int | None:
     """A ``--seed`` option's value, checked as :func:`parse_seeds` checks each of ``--seeds`` (a
     typer ``callback``: the bound stays out of the help's type column).

@@ -131,7 +131,7 @@ def train(
                   progress=not no_progress)
         typer.echo(f"{name} benchmark done -> {out_path}")
         return
-    seed_list = seed_list or [11]
+    seed_list = seed_list or [project.DEFAULT_SEED]
     if method is None:
         method = str(file_cfg.get("method")) if file_cfg and file_cfg.get("method") else None
     if method is None and goal is not None:

@@ -200,3 +200,15 @@ def test_etl_says_when_most_stays_fall_under_the_center_minimum(project: Path, m
     assert _main(["etl", "--mimic-dir", str(mimic_demo_dir), "--out", "cohort_all", "--window-years", "200",
                   "--min-center-stays", "1"]) == 0
     assert "left out (--min-center-stays)" not in capsys.readouterr().err
+
+
+def test_a_run_without_a_seed_uses_the_same_seed_in_train_and_launch() -> None:
+    """`abps launch` and `abps train` default to one seed (11), so their default runs are one computation."""
+    from cli.project import DEFAULT_SEED
+    from tests.option_matrix import commands
+
+    cmds = commands()
+    (launch_seed,) = [p for p in cmds[("launch",)].params if "--seed" in getattr(p, "opts", ())]
+    assert launch_seed.default == DEFAULT_SEED == 11
+    (train_seeds,) = [p for p in cmds[("train",)].params if "--seeds" in getattr(p, "opts", ())]
+    assert "(default: 11;" in train_seeds.help  # and the first-hour test reads seed "11" from a default run
