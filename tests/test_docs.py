@@ -288,3 +288,20 @@ def test_every_documented_report_folder_holds_one_experiment():
                 assert first[0] == experiment, (f"{path.relative_to(REPO)}: --out {folder} for experiment {experiment}, "
                                                 f"which {first[1]} uses for {first[0]}")
     assert found >= 10  # the parser still finds the examples
+
+
+def test_the_paper_size_sage_tables_are_the_stored_results():
+    """docs/sage.md's paper-size tables are what `python -m benchmarks.sage_grid table` prints from the
+    results kept in docs/results/sage-grid/: a row pasted from elsewhere, or a result file changed
+    without its row, fails here."""
+    from benchmarks.sage_grid import GRAPHS, table
+
+    page = (REPO / "docs" / "sage.md").read_text()
+    for graph in GRAPHS:
+        printed = table(graph)
+        if printed:
+            assert printed in page, f"docs/sage.md lacks the {graph} table that the stored results print"
+    section = page.split("## Results: paper-size grids", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if re.match(r"\| [A-Za-z -]+\d* \| 0\.\d{4} \|", ln)]
+    printed = {r for g in GRAPHS for r in table(g).splitlines()}
+    assert rows and not [r for r in rows if r not in printed]  # every row of the section is a stored result
