@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -214,6 +215,15 @@ def parse_seeds(first: list[int] | None, extra: list[str]) -> list[int]:
     if len(set(seeds)) != len(seeds):
         raise InputError("--seeds holds a seed twice")
     return seeds
+
+
+def shown_path(path: str | Path) -> Path:
+    """``path`` as a message shows it: relative to the working folder when it lies inside it (the
+    recorded cohort is absolute), else as it is."""
+    p = Path(path)
+    with contextlib.suppress(OSError, ValueError):
+        return p.resolve().relative_to(Path.cwd().resolve())
+    return p
 
 
 #: the seed of a run given none: the first of the ABPS paper's five (11 22 33 44 55), for

@@ -152,7 +152,8 @@ def train(
     cls = get_method(method)
     if cohort is None:
         cohort = project.default_cohort()
-        typer.echo(f"cohort: {cohort} (this project's default; --cohort DIR for another)", err=True)
+        shown = project.shown_path(cohort)
+        typer.echo(f"cohort: {shown} (this project's default; --cohort DIR for another)", err=True)
     experiment = experiment_name(experiment, Path(cohort).resolve().name)
     if goal is not None:
         if "goal" not in getattr(cls.Params, "model_fields", {}):

@@ -178,6 +178,15 @@ def tutorial_commands() -> list[tuple[str, list[str]]]:
     return out
 
 
+def _shape(line: str) -> str:
+    """A console line with its numbers, run ids, timestamps and spacing masked: what a page's
+    transcript and a run on another cohort share."""
+    line = re.sub(r"[0-9a-f]{32}", "<id>", line)
+    line = re.sub(r"[0-9][0-9.,]*", "#", line)
+    line = re.sub(r"[━─┏┓┗┛┡┩└┘┳┻╇┴┬]+", "-", line)
+    return re.sub(r"\s+", " ", line).strip()
+
+
 def test_tutorial_commands_run_on_a_small_cohort(tmp_path):
     cmds = tutorial_commands()
     assert [c.split()[:2] for c, _ in cmds if c.startswith("abps")] == [
@@ -210,11 +219,10 @@ def test_tutorial_commands_run_on_a_small_cohort(tmp_path):
             continue
         res = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, (line, res.stderr[-1500:])
-        # the page's first output line still has the shape the command prints (numbers aside)
-        shape = lambda s: re.sub(r"[0-9][0-9.,]*", "#", s.split(":", 1)[0].strip())  # noqa: E731
-        if documented and documented[0].strip():
-            got = [shape(x) for x in (res.stdout + res.stderr).splitlines()]
-            assert shape(documented[0]) in got, (line, documented[0], got[:5])
+        # every output line the page shows is one the command prints, numbers, run ids and spacing aside
+        got = {_shape(x) for x in (res.stdout + res.stderr).splitlines()}
+        stale = [d for d in documented if d.strip() and _shape(d) not in got]
+        assert not stale, (line, stale, sorted(got))
     assert (tmp_path / "report" / "cohort" / "table1.md").is_file() and (tmp_path / "report" / "cohort" / "fig3.png").is_file()
 
 
@@ -305,3 +313,14 @@ def test_the_paper_size_sage_tables_are_the_stored_results():
     rows = [ln for ln in section.splitlines() if re.match(r"\| [A-Za-z -]+\d* \| 0\.\d{4} \|", ln)]
     printed = {r for g in GRAPHS for r in table(g).splitlines()}
     assert rows and not [r for r in rows if r not in printed]  # every row of the section is a stored result
+
+
+def test_the_readme_transcript_is_the_tutorials():
+    """The README's console block shows the tutorial's commands and output lines (which the test
+    above holds to the program), apart from the lines that name where the data and runs are."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```console\n(.*?)```", readme, flags=re.S)
+    tutorial = {_shape(x) for cmd, out in tutorial_commands() for x in (f"$ {cmd}", *out)}
+    where = ("$ export ", "found MIMIC-IV ", "MLflow UI: ")  # the data folder, the run ids of one run
+    lines = [x for b in blocks for x in b.splitlines() if x.strip() and not x.startswith(where)]
+    assert len(lines) > 10 and [x for x in lines if _shape(x) not in tutorial] == []
