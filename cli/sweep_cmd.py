@@ -13,6 +13,7 @@ import typer
 from cli import project
 from cli.app import app
 from etl.errors import InputError
+from federation.core.limits import MAX_THREADS
 
 
 @app.command("sweep", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -22,7 +23,8 @@ def sweep(
     executor: str | None = typer.Option(None, "--executor", help="local (process pool) or ray; default from the file"),
     engine: str | None = typer.Option(None, "--engine", hidden=True, help="renamed --executor"),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
-    workers: int | None = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
+    workers: int | None = typer.Option(None, "--workers", min=1, max=MAX_THREADS,
+                                       help="pool processes / local Ray CPUs"),
     cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
     seeds: list[int] | None = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),

@@ -98,6 +98,9 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     ("workers: true", "invalid sweep field workers: a number, not true / false"),
     ("experiment: ''", "experiment: an empty name"),
     ("checkpoints: {afile}", "checkpoints: '{afile}' is not a folder"),
+    # each thread or process is the operating system's: 10^5 of them crashed the sweep (a segfault)
+    ("resources: {{threads: 100000}}", "invalid sweep field resources.threads: Input should be less than or equal to 1024"),
+    ("workers: 100000", "invalid sweep field workers: Input should be less than or equal to 1024"),
     # --rounds sets every cell's rounds: a per-cell value would be replaced unseen (and its cells run once)
     ("options: {{rounds: [2, 3]}}", "sweep s: options.rounds varies what --rounds (1) sets for every cell"),
     ("options: {{rounds: [0]}}", "sweep s: options.rounds varies what --rounds (1) sets for every cell"),

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field, StrictInt, field_validator, model_valida
 
 from etl.errors import InputError
 from federation.core.config import NumbersNotFlags, first_error, load_yaml
-from federation.core.limits import MAX_SEED
+from federation.core.limits import MAX_SEED, MAX_THREADS
 
 __all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
 
@@ -53,8 +53,8 @@ class Resources(_Strict):
         threads: torch threads of each worker.
     """
 
-    num_cpus: float = Field(1.0, gt=0.0)
-    threads: int = Field(1, ge=1)
+    num_cpus: float = Field(1.0, gt=0.0, le=MAX_THREADS)
+    threads: int = Field(1, ge=1, le=MAX_THREADS)
 
 
 class SweepSpec(_Strict):
@@ -86,7 +86,7 @@ class SweepSpec(_Strict):
     resources: Resources = Resources()
     checkpoints: str | None = None
     executor: Literal["local", "ray"] = "local"
-    workers: int = Field(1, ge=1)
+    workers: int = Field(1, ge=1, le=MAX_THREADS)
     address: str | None = None
 
     @model_validator(mode="before")
