@@ -122,10 +122,21 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
     from etl.errors import InputError
 
     for text, needle in (("a 10.0.0.1\n", "line 1"), ("a h:1\na h:2\n", "listed twice"), ("a h:1\n", "'b'"),
-                         ("z h:1\n", "not in the cohort")):
+                         ("z h:1\n", "not in the cohort"),
+                         ("a h:7000\nb h:7000\n", "line 2: address h:7000 is also line 1's"),
+                         ("a [::1]:7000\nb h:1\n", r"line 1: '\[::1\]:7000' is an IPv6 address"),
+                         ("a h:1 'ssh\nb h:2\n", "line 1: No closing quotation")):
         f.write_text(text)
         with pytest.raises(InputError, match=needle):
             read_peers_file(f, ids)
+    f.write_bytes(b"a h:1\n\xff\xfe\n")
+    with pytest.raises(InputError, match=r"peers.txt: not UTF-8 text \(byte 6\)"):
+        read_peers_file(f, ids)
+    # a command prefix is checked where the peers are started through it (abps launch), not by a peer
+    f.write_text("a h:1 nosuchcommand-xyz --flag\nb h:2\n")
+    assert read_peers_file(f, ids)[0].prefix == ("nosuchcommand-xyz", "--flag")
+    with pytest.raises(InputError, match="line 1: command 'nosuchcommand-xyz' of the prefix is not found on PATH"):
+        read_peers_file(f, ids, starts=True)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "abps", "abps-x"])  # abps-x: bf16 wire, momentum, metadata, early stop
@@ -182,6 +193,14 @@ def test_a_process_without_a_valid_certificate_is_refused_and_nothing_it_sends_i
     finally:
         for node in (server, *clients):
             node.close()
+
+
+def test_launch_writes_into_a_new_output_folder(cohort: Path, tmp_path: Path):
+    # as abps train: the folder of --output is made; the launch's own work folder beside it goes
+    out = tmp_path / "new" / "deeper" / "r.json"
+    doc = launch(_cfg("fedavg", 1), cohort, 1, out, local=3, track=False, method_args={"rounds": 1})
+    assert json.loads(out.read_text())["seeds"]["1"]["rounds_run"] == doc["seeds"]["1"]["rounds_run"] == 1
+    assert sorted(p.name for p in out.parent.iterdir()) == ["r.json"]
 
 
 def _launch_cli(cohort: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,21 +70,29 @@ class PeerEntry:
         return f"{self.host}:{self.port}"
 
 
-def read_peers_file(path: str | Path, center_ids: list[str]) -> list[PeerEntry]:
+def read_peers_file(path: str | Path, center_ids: list[str], starts: bool = False) -> list[PeerEntry]:
     """Parse a peers file: one line ``center_id host:port [command prefix ...]`` per center
-    (``#`` comments and blank lines ignored), returned in the cohort's center order.
+    (``#`` comments and blank lines ignored), returned in the cohort's center order. ``starts``:
+    the caller starts the peers through their command prefixes (``abps launch``), whose first
+    word must then be a command on PATH.
 
     Raises:
         InputError: unreadable file, a bad line, an unknown / repeated / missing center (naming the line).
     """
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise InputError(f"--peers {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"--peers {path}: not UTF-8 text (byte {exc.start})") from None
     got: dict[str, PeerEntry] = {}
+    where: dict[tuple[str, int], int] = {}
     for no, line in enumerate(lines, 1):
-        words = shlex.split(line.split("#", 1)[0])
+        try:
+            words = shlex.split(line.split("#", 1)[0])
+        except ValueError as exc:  # an unclosed quote
+            raise InputError(f"--peers {path}, line {no}: {exc}") from None
         if not words:
             continue
         if len(words) < 2 or ":" not in words[1]:
@@ -91,12 +100,21 @@ def read_peers_file(path: str | Path, center_ids: list[str]) -> list[PeerEntry]:
         host, _, port = words[1].rpartition(":")
         if not port.isdigit() or not 0 < int(port) < 65536 or not host:
             raise InputError(f"--peers {path}, line {no}: bad address {words[1]!r}")
+        if ":" in host:  # a peer listens on IPv4 (0.0.0.0)
+            raise InputError(f"--peers {path}, line {no}: {words[1]!r} is an IPv6 address; peers listen on IPv4 "
+                             "(give an IPv4 address or a host name)")
         cid = words[0]
         if cid not in center_ids:
             raise InputError(f"--peers {path}, line {no}: center_id {cid!r} is not in the cohort's centers.parquet")
         if cid in got:
             raise InputError(f"--peers {path}, line {no}: center_id {cid!r} listed twice")
-        got[cid] = PeerEntry(cid, host.strip("[]"), int(port), tuple(words[2:]))
+        if (host, int(port)) in where:
+            raise InputError(f"--peers {path}, line {no}: address {words[1]} is also line {where[host, int(port)]}'s "
+                             "(each center listens on its own port)")
+        if starts and len(words) > 2 and shutil.which(words[2]) is None:
+            raise InputError(f"--peers {path}, line {no}: command {words[2]!r} of the prefix is not found on PATH")
+        where[host, int(port)] = no
+        got[cid] = PeerEntry(cid, host, int(port), tuple(words[2:]))
     missing = [c for c in center_ids if c not in got]
     if missing:
         raise InputError(f"--peers {path}: no line for center_id {missing[0]!r} (every center of the cohort takes part)")
@@ -281,8 +299,9 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
     if out.is_dir():
         raise InputError(f"--output {output}: is a directory (give a file such as results.json)")
     check_writable(out, "--output")
-    entries = local_peers(ids) if local is not None else read_peers_file(peers_file, ids)  # type: ignore[arg-type]
+    entries = local_peers(ids) if local is not None else read_peers_file(peers_file, ids, starts=True)  # type: ignore[arg-type]
     own_dir = workdir is None
+    out.parent.mkdir(parents=True, exist_ok=True)  # as abps train does for its --output
     wd = Path(tempfile.mkdtemp(prefix=".abps-launch-", dir=out.parent)) if own_dir else Path(workdir)  # type: ignore[arg-type]
     wd.mkdir(parents=True, exist_ok=True)
     pf = wd / "peers.txt"
