@@ -94,3 +94,19 @@ def test_bad_image_spec_names_the_option(tmp_path: Path) -> None:
     (tmp_path / "images.yaml").write_text("n_clients: 1\n")
     with pytest.raises(InputError, match="images.yaml: option 'n_clients'"):
         load_federation(tmp_path)
+
+
+def test_a_cross_sweep_checks_every_data_set_before_a_cell_runs(sets: tuple[Path, Path], tmp_path: Path) -> None:
+    from federation.sweep.cross import run_cross_sweep
+
+    clin, _ = sets
+    f = tmp_path / "cross.yaml"
+    base = "name: xb\nseeds: [1]\nrounds: 1\nmethods: [fedavg]\nexecutor: local\nworkers: 1\n"
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    f.write_text(base + f"datasets:\n  good: {clin}\n  gone: {tmp_path / 'nothing'}\n")
+    with pytest.raises(InputError, match=r"cross.yaml: datasets.gone: .*nothing/cohort.parquet: file not found"):
+        run_cross_sweep(f, tracking_uri=uri, progress=False)
+    assert not (tmp_path / "ml.db").exists()  # the good data set's cells did not run first
+    f.write_text(base + f"cohort: {clin}\ndatasets:\n  good: {clin}\n")  # one of the two would be ignored
+    with pytest.raises(InputError, match="a cross sweep names its cohorts under `datasets:`; drop `cohort:`"):
+        run_cross_sweep(f, tracking_uri=uri, progress=False)

@@ -43,6 +43,8 @@ def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDatase
     raw = doc.pop("datasets", None)
     if not isinstance(raw, dict) or not raw:
         raise InputError(f"{path}: `datasets:` must map data-set labels to cohort directories")
+    if doc.get("cohort") is not None:
+        raise InputError(f"{path}: a cross sweep names its cohorts under `datasets:`; drop `cohort:`")
     base = Path(path).resolve().parent
     sets: dict[str, CrossDataset] = {}
     for label, v in raw.items():
@@ -92,6 +94,12 @@ def run_cross_sweep(path: str | Path, *, only: list[str] | None = None, **kwargs
         raise InputError(f"{path}: no data set {unknown[0]!r}; known: {', '.join(sets)}")
     experiment = kwargs.pop("experiment", None) or spec.experiment or spec.name
     rounds = kwargs.pop("rounds", None)
+    for label, d in sets.items():  # every data set's files are checked before the first cell runs
+        if not only or label in only:
+            try:
+                load_federation(d.cohort)
+            except InputError as exc:
+                raise InputError(f"{path}: datasets.{label}: {exc}") from None
     out: dict[str, Any] = {}
     for label, d in sets.items():
         if only and label not in only:
