@@ -78,6 +78,9 @@ def sweep(
         note = dropped_message(d, d["kept"])
         if note:
             typer.echo(note, err=True)
+    for label, logged, seed in out.relabeled:
+        typer.echo(f"note: row {label!r} seed {seed} is the finished run {logged!r} of this experiment (the same run "
+                   f"config); it is not run again, and reports show it as {logged!r}", err=True)
     typer.echo(f"sweep {spec.name}: {len(out.cells)} cells, {len(out.skipped)} already finished, "
                f"{len(out.ran)} run now, {len(out.failed)} failed (parent run {out.parent_run_id})")
     for (h, seed), msg in sorted(out.failed.items()):

@@ -166,6 +166,23 @@ def test_a_sweep_file_reads_its_paths_from_its_own_folder(tmp_path, monkeypatch)
         sw.expand_cells(spec, base, "c")
 
 
+def test_a_finished_run_under_another_label_is_named_not_run_again(cohort, tmp_path, capsys):
+    from cli.app import main
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    doc = {"name": "a", "experiment": "relabel", "seeds": [1], "rounds": 1, "methods": ["fedavg"]}
+    first = sw.run_sweep(_spec(doc), CONFIGS, cohort, tracking_uri=uri, progress=False)
+    assert len(first.ran) == 1 and first.relabeled == []
+    f = tmp_path / "b.yaml"
+    f.write_text("name: b\nexperiment: relabel\nseeds: [1]\nrounds: 1\n"
+                 "methods: [{method: fedavg, label: fedavg-renamed}, fedprox]\n")
+    main(["sweep", "--config", str(f), "--cohort", str(cohort), "--tracking-uri", uri, "--no-progress"])
+    err = capsys.readouterr().err
+    assert ("note: row 'fedavg-renamed' seed 1 is the finished run 'fedavg' of this experiment (the same run "
+            "config); it is not run again, and reports show it as 'fedavg'") in err
+    assert "'fedprox'" not in err  # a new row: run, no note
+
+
 def _cell_runs(client, exp_id):
     return client.search_runs([exp_id], "tags.`abps.kind` = 'cell'", max_results=1000)
 

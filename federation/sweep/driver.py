@@ -14,7 +14,7 @@ from federation.data.load import federation_id, load_federation
 from federation.run.tracking import EXECUTOR_TAG, Tracker
 from federation.sweep.cells import Cell, checkpoint_file, expand_cells, sweep_hash
 from federation.sweep.executors import Event, check_reachable, run_pool, run_ray, run_serial
-from federation.sweep.log import CellLog, cell_params, finished_cells, interrupted_runs, open_parent, stale_runs
+from federation.sweep.log import CellLog, cell_params, finished_labels, interrupted_runs, open_parent, stale_runs
 from federation.sweep.schedule import longest_first
 from federation.sweep.spec import SweepSpec
 
@@ -36,6 +36,8 @@ class SweepOutcome:
         dropped: per distinct ``min_train`` of the cells, the centers the cohort loses (counts
             only, :attr:`FederatedData.dropped`) and the number kept.
         seconds: key -> wall seconds of the cell's run inside its worker (``run_cell``'s ``seconds``).
+        relabeled: ``(label, label logged, seed)`` of skipped cells whose finished run carries
+            another row label (the same run config and seed in an earlier sweep of the experiment).
     """
 
     parent_run_id: str
@@ -47,6 +49,7 @@ class SweepOutcome:
     summaries: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     dropped: list[dict[str, int]] = field(default_factory=list)
     seconds: dict[tuple[str, int], float] = field(default_factory=dict)
+    relabeled: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 class _SweepProgress:
@@ -155,9 +158,13 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     with open_parent(tracker, spec.name, cells, cid, s_hash) as parent:
         tracker.set_tags({EXECUTOR_TAG: f"{executor} x{workers}"})
         out = SweepOutcome(parent, tracker.experiment_id, cells, dropped=dropped)
-        done = finished_cells(tracker)
+        done = finished_labels(tracker)
         todo = [c for c in cells if c.key not in done]
         out.skipped = [c.key for c in cells if c.key in done]
+        # a finished run of the same config and seed under another row label (an earlier sweep) is
+        # not computed again; the reports show it under the label it was logged with
+        out.relabeled = [(c.label, sorted(done[c.key])[0], c.seed) for c in cells
+                         if c.key in done and c.label not in done[c.key]]
         # two cells with the same resolved config and seed are one computation
         todo = list({c.key: c for c in reversed(todo)}.values())[::-1]
         log = CellLog(tracker, parent, cid, all_keys, s_hash, stale_runs(tracker),

@@ -35,7 +35,7 @@ from federation.run.tracking import (
 )
 from federation.sweep.cells import Cell
 
-__all__ = ["cell_params", "finished_cells", "stale_runs", "interrupted_runs", "open_parent", "CellLog"]
+__all__ = ["cell_params", "finished_cells", "finished_labels", "stale_runs", "interrupted_runs", "open_parent", "CellLog"]
 
 Key = tuple[str, int]
 
@@ -58,7 +58,17 @@ def _keys(runs: list[Any]) -> dict[Key, list[str]]:
 
 def finished_cells(tracker: Tracker) -> set[Key]:
     """``(config_hash, seed)`` of every FINISHED cell run of the tracker's experiment."""
-    return set(_keys(tracker.search(f"tags.`{KIND_TAG}` = '{KIND_CELL}' and attributes.status = 'FINISHED'")))
+    return set(finished_labels(tracker))
+
+
+def finished_labels(tracker: Tracker) -> dict[Key, set[str]]:
+    """``(config_hash, seed)`` -> the row labels its FINISHED cell runs carry, in the tracker's experiment."""
+    out: dict[Key, set[str]] = {}
+    for r in tracker.search(f"tags.`{KIND_TAG}` = '{KIND_CELL}' and attributes.status = 'FINISHED'"):
+        t = r.data.tags
+        if HASH_TAG in t and SEED_TAG in t:
+            out.setdefault((t[HASH_TAG], int(t[SEED_TAG])), set()).add(t.get(LABEL_TAG, ""))
+    return out
 
 
 def stale_runs(tracker: Tracker) -> dict[Key, list[str]]:
