@@ -130,6 +130,19 @@ def test_reading_commands_refuse_an_empty_experiment(command, tmp_path, capsys, 
     assert not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize("command", [["runs"], ["report", "--out", "rep"]])
+def test_a_tracking_server_that_does_not_answer_is_named_at_once(command, tmp_path, capsys, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: refused at once (MLflow retried for minutes)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    err = _refused([*command, "--experiment", "x", "--tracking-uri", f"http://127.0.0.1:{port}"], capsys)
+    assert err.startswith(f"error: MLflow tracking server http://127.0.0.1:{port}: cannot connect (")
+    assert not (tmp_path / "rep").exists()
+
+
 _SAGE = ("benchmark: sage\nname: t\ndataset: cifar10\ndata_root: {root}\nn_clients: 3\ngraph: er\n"
          "selectors: [RG]\ntrain_samples: 120\ntest_samples: 30\n{extra}")
 

@@ -197,6 +197,7 @@ def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
         check_store(uri)
         con = _open_sqlite(db)
     if con is None:
+        check_store(uri)  # a server that does not answer is named at once
         yield _ClientStore(uri)
         return
     try:

@@ -241,13 +241,35 @@ def _store_error(uri: str, exc: BaseException) -> InputError:
     return InputError(f"MLflow store {uri}: {text[:300]}")
 
 
+def _check_server(uri: str, timeout_s: float = 10.0) -> None:
+    """InputError when the tracking server of ``uri`` does not accept a TCP connection."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
+        raise InputError(f"MLflow tracking server {uri}: cannot connect ({why})") from None
+
+
 def check_store(uri: str) -> None:
     """Refuse a sqlite store file that is not an SQLite database (a truncated or foreign file),
     naming it, before MLflow reads it. A missing or empty file is a new store.
 
+    An http(s) tracking server that does not accept a connection within 10 s is refused too:
+    MLflow's client retries it with back-off for minutes before it says so.
+
     Raises:
-        InputError: the path is a folder, unreadable, or not an SQLite database.
+        InputError: the path is a folder, unreadable, or not an SQLite database; the server
+            cannot be reached.
     """
+    if uri.startswith(("http://", "https://")):
+        _check_server(uri)
+        return
     db = _sqlite_path(uri)
     if db is None or not db.exists():
         return
