@@ -94,6 +94,18 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line[:limit]
 
 
+def _mlflow_line(exc: BaseException) -> str:
+    """The line of an MLflow error that says what failed: SQLAlchemy puts its own advice first
+    ("(raised as a result of Query-invoked autoflush ...)"); a store that refuses writes is named
+    as such, with what to do."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    line = next((ln for ln in lines if not ln.startswith("(raised as a result of")), lines[0] if lines else "")
+    if "readonly database" in line or "read-only file system" in line.lower():
+        return ("the store cannot be written (" + line.split(") ", 1)[-1][:120] + "); give another --tracking-uri "
+                "(abps report: or --no-log)")
+    return line[:300]
+
+
 def _warning_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
     """``warnings.formatwarning`` while a command runs: ``warning: <first line>``, without
     Python's file, line number and source line."""
@@ -292,5 +304,5 @@ def _report(exc: Exception) -> None:
         print(f"error: invalid config {loc}: {msg}" if loc else f"error: invalid config: {msg}", file=sys.stderr)
         sys.exit(2)
     if type(exc).__module__.startswith("mlflow"):
-        print(f"error: MLflow: {_first_line(exc)}", file=sys.stderr)
+        print(f"error: MLflow: {_mlflow_line(exc)}", file=sys.stderr)
         sys.exit(2)

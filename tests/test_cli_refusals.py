@@ -412,3 +412,23 @@ def test_every_single_value_option_given_twice_is_refused(capsys):
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and err == f"error: {opt}: given twice (it takes one value; give it once)", \
             (path, opt, err)
+
+
+def test_an_mlflow_error_names_what_failed_not_sqlalchemys_advice(capsys):
+    """A store that refuses a write (an immutable file): SQLAlchemy's autoflush advice came first."""
+    from mlflow.exceptions import MlflowException
+
+    from cli.app import _report
+
+    exc = MlflowException("(raised as a result of Query-invoked autoflush; consider using a session.no_autoflush "
+                          "block if this flush is occurring prematurely)\n(sqlite3.OperationalError) attempt to "
+                          "write a readonly database\n[SQL: INSERT INTO runs (run_uuid) VALUES (?)]")
+    with pytest.raises(SystemExit) as e:
+        _report(exc)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: MLflow: the store cannot be written (attempt to write a readonly "
+                                       "database); give another --tracking-uri (abps report: or --no-log)\n")
+    with pytest.raises(SystemExit):
+        _report(MlflowException("(raised as a result of Query-invoked autoflush; ...)\n(sqlite3.OperationalError) "
+                                "disk I/O error\n[SQL: ...]"))
+    assert capsys.readouterr().err == "error: MLflow: (sqlite3.OperationalError) disk I/O error\n"
