@@ -98,6 +98,8 @@ def train(
 
     seed_list = project.parse_seeds(seeds, list(ctx.args))
     file_cfg = load_yaml(config) if config is not None else None
+    if file_cfg is not None and ("methods" in file_cfg or "datasets" in file_cfg):
+        raise InputError(f"--config {config}: a sweep file (it lists `methods:`); run it with abps sweep --config {config}")
     if file_cfg is not None and "benchmark" in file_cfg:
         from federation.benchmark import get_benchmark
 

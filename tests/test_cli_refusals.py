@@ -107,6 +107,10 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     ("methods: [{{method: fedavg, overrides: {{rounds: -1}}}}]", "sweep entry 'fedavg': overrides.rounds is replaced by"),
     ("options: {{engine.lr: [0.01, 0.010]}}", "sweep s: row 'fedavg[engine.lr=0.01]' twice with seed 1: the same run"),
     ("methods: [fedavg, {{method: fedavg, label: again}}]", "sweep s: rows 'fedavg' and 'again' with seed 1: the same run"),
+    ("options: {{method: [fedprox]}}", "sweep s: options.method: the methods are the entries of `methods:`"),
+    ("methods: [{{method: fedavg, overrides: {{method: fedprox}}}}]",
+     "sweep entry 'fedavg': overrides.method: give the entry's `method:` instead"),
+    ("methods: [{{method: fedavg, config: .}}]", "entry 'fedavg': config . is a folder, not a run config file at"),
 ])
 def test_a_sweep_file_refuses(cohort, tmp_path, capsys, line, words):
     """Before any cell trains: a flag where a number goes, an empty experiment name (it fell back
@@ -319,6 +323,14 @@ def test_a_config_that_is_a_folder_is_named_as_one(cohort, tmp_path, capsys):
     err = _refused(["train", "--cohort", str(cohort), "--config", str(tmp_path), "--no-progress",
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert err == f"error: {tmp_path}: a folder, not a config file", err
+
+
+def test_a_sweep_file_given_to_train_is_named_as_one(cohort, tmp_path, capsys):
+    sweep = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+    err = _refused(["train", "--cohort", str(cohort), "--config", str(sweep), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert err == (f"error: --config {sweep}: a sweep file (it lists `methods:`); run it with abps sweep "
+                   f"--config {sweep}"), err
 
 
 @pytest.mark.parametrize(("text", "words"), [

@@ -205,6 +205,10 @@ def test_resume_without_a_checkpoint_or_with_a_broken_one_is_refused(cohort: Pat
     cfg = build_config("fedavg", {}, None, rounds=2)
     with pytest.raises(InputError, match="no checkpoint"):
         run_training(cfg, cohort, [1], output=tmp_path / "r.json", progress=False, track=False, resume=True)
+    checkpoint.checkpoint_path(tmp_path / "r.json").mkdir()
+    with pytest.raises(InputError, match=r"r.json.ckpt is a folder, not a checkpoint \(move it aside\)$"):
+        run_training(cfg, cohort, [1], output=tmp_path / "r.json", progress=False, track=False, resume=True)
+    checkpoint.checkpoint_path(tmp_path / "r.json").rmdir()
     checkpoint.checkpoint_path(tmp_path / "r.json").write_bytes(b"not a checkpoint")
     with pytest.raises(InputError, match="is not a checkpoint of layout 2$"):
         run_training(cfg, cohort, [1], output=tmp_path / "r.json", progress=False, track=False, resume=True)

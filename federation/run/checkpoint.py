@@ -264,6 +264,8 @@ def resume_from(path: Path | None, now: dict[str, Any]) -> dict[str, Any]:
     """
     if path is None:
         raise InputError("--resume: give the --output of the run to resume (its checkpoint lies beside it)")
+    if path.is_dir():
+        raise InputError(f"--resume: {path} is a folder, not a checkpoint (move it aside)")
     if not path.is_file():
         raise InputError(f"--resume: no checkpoint {path} (the run finished, never reached its first checkpoint, "
                          "or wrote another --output)")

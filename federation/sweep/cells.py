@@ -105,6 +105,11 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
     rounds = rounds if rounds is not None else spec.rounds
     seed_list = list(seeds) if seeds else list(spec.seeds)
     keys = list(spec.options)
+    if "method" in spec.options:  # the entries name the methods; a run config's method key would contradict them
+        raise InputError(f"sweep {spec.name}: options.method: the methods are the entries of `methods:`")
+    for entry in spec.methods:
+        if "method" in (entry.overrides or {}):
+            raise InputError(f"sweep entry {entry.name!r}: overrides.method: give the entry's `method:` instead")
     if rounds is not None:  # it sets every cell's rounds: a per-cell value would be replaced unseen
         for k in ("rounds", "early_stopping.max_rounds"):
             if k in spec.options:
@@ -127,7 +132,8 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
             p = Path(entry.config)
             path = p if p.is_absolute() else Path(base_dir) / p
             if not path.is_file():
-                raise InputError(f"sweep {spec.name}: entry {entry.name!r}: config {entry.config} not found at {path} "
+                what = "is a folder, not a run config file" if path.is_dir() else "not found"
+                raise InputError(f"sweep {spec.name}: entry {entry.name!r}: config {entry.config} {what} at {path} "
                                  "(a relative `config:` is read from the sweep file's folder)")
             file_cfg = load_yaml(path)
             file_cfg.setdefault("method", entry.method)
