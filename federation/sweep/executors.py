@@ -104,8 +104,9 @@ def run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
     """Run the cells on a spawn-context process pool of ``workers`` processes (``checkpoints`` as
     :func:`run_serial`)."""
     ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    q = manager.Queue()
+    # a plain queue, handed to the workers as they start: a Manager's server process would outlive
+    # a `kill -9` of the driver (it does not die with its parent, as the workers do)
+    q = ctx.Queue()
     by_index = {c.index: c for c in cells}
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(q,))
     clean = False
@@ -129,7 +130,7 @@ def run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
             for proc in list((getattr(pool, "_processes", None) or {}).values()):
                 proc.terminate()
         pool.shutdown(wait=clean, cancel_futures=not clean)
-        manager.shutdown()
+        q.close()
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
