@@ -34,18 +34,12 @@ def sweep(
     no_progress: bool = typer.Option(False, "--no-progress", help="hide the progress bar"),
 ) -> None:
     """Run the missing cells of a sweep; each cell is one MLflow run under the sweep's parent run."""
-    import signal
-
+    # `kill PID` unwinds like Ctrl-C (cli.app's handler): the run being logged ends FAILED, workers
+    # stop, Ray shuts down, and the command says it was interrupted
     from federation.sweep import load_sweep, run_sweep
 
     if engine is not None:
         raise InputError("--engine is now called --executor (local or ray)")
-
-    def _terminate(signum: int, frame: object) -> None:
-        # `kill PID` unwinds like Ctrl-C: the run being logged ends FAILED, workers stop, Ray shuts down
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _terminate)
 
     seeds = project.parse_seeds(seeds, list(ctx.args)) or None
     from federation.run.tracking import experiment_name

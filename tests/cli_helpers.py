@@ -39,13 +39,14 @@ from federation.run import checkpoint
 from cli.app import main
 
 _save, _after, _n = checkpoint.save, int(os.environ["ABPS_KILL_AFTER"]), [0]
+_sig = int(os.environ.get("ABPS_KILL_SIGNAL", signal.SIGKILL))
 
 def save(path, payload):
     _save(path, payload)
     if payload["current"] is not None:
         _n[0] += 1
         if _n[0] >= _after:
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), _sig)
 
 checkpoint.save = save
 sys.argv = ["abps", *sys.argv[1:]]
@@ -54,14 +55,14 @@ main()
 
 
 def run_killed(args: list[str], cwd: Path, kill_after: int, env: dict[str, str] | None = None,
-               ) -> subprocess.CompletedProcess:
-    """``abps ARGS`` killed by SIGKILL right after its ``kill_after``-th round checkpoint (one
-    whose ``current`` run is under way); the finished process (return code ``-SIGKILL`` when
-    killed)."""
+               sig: int = 9) -> subprocess.CompletedProcess:
+    """``abps ARGS`` sent signal ``sig`` (default SIGKILL) by itself right after its
+    ``kill_after``-th round checkpoint (one whose ``current`` run is under way); the finished
+    process (return code ``-SIGKILL`` when killed)."""
     import os
 
     return subprocess.run([sys.executable, "-c", _KILLED_ABPS, *args], cwd=cwd,
-                          env={**(env or os.environ), "ABPS_KILL_AFTER": str(kill_after)},
+                          env={**(env or os.environ), "ABPS_KILL_AFTER": str(kill_after), "ABPS_KILL_SIGNAL": str(sig)},
                           capture_output=True, text=True)
 
 

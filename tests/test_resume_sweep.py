@@ -74,6 +74,24 @@ def test_a_sweep_killed_inside_a_cell_goes_on_from_the_cells_checkpoint(tmp_path
         assert sorted(steps) == list(range(1, ROUNDS + 1))
 
 
+def test_a_terminated_sweep_says_so_and_leaves_no_running_cell(tmp_path: Path):
+    """`kill PID` of `abps sweep` unwinds as Ctrl-C does: exit 143, one line, the cell's run FAILED."""
+    from federation.data.synthetic import write_fedprox_cohort
+    from mlflow import MlflowClient
+
+    cohort = write_fedprox_cohort(tmp_path / "c", n_centers=4, seed=1, mean_size=40.0)
+    (tmp_path / "sweep.yaml").write_text(
+        f"name: t\nseeds: [1]\nrounds: {ROUNDS}\ncheckpoints: {tmp_path / 'ck'}\n"
+        "methods:\n  - method: fedavg\n    overrides: {checkpoint: {every_rounds: 1}}\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    p = run_killed(["sweep", "--config", str(tmp_path / "sweep.yaml"), "--cohort", str(cohort), "--tracking-uri",
+                    uri, "--no-progress"], tmp_path, 2, sig=signal.SIGTERM)
+    assert p.returncode == 143 and p.stderr.strip().splitlines()[-1] == "error: interrupted", p.stderr[-800:]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("t").experiment_id], "tags.`abps.kind` = 'cell'")
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
 def test_a_cell_checkpoint_of_another_code_version_fails_the_cell_naming_it(tmp_path: Path, monkeypatch):
     from etl.errors import InputError
     from federation.core.config import build_config
