@@ -17,12 +17,12 @@ from federation.method_catalog import P2P_METHODS
 def _config(method: str, config: Path | None, rounds: int | None, params: list[str] | None):
     """The run config of ``--method`` / ``--config`` / ``--rounds`` / ``--param`` (as ``abps train``)."""
     from cli.train_cmd import _parse_params
-    from federation.core.config import build_config, deep_merge, load_yaml
+    from federation.core.config import build_config, deep_merge, load_run_config
     from federation.methods import get_method
     from federation.run.runner import check_method_params
 
     cls = get_method(method)
-    file_cfg = load_yaml(config) if config is not None else None
+    file_cfg = load_run_config(config) if config is not None else None
     if params:
         file_cfg = deep_merge(file_cfg or {"method": method}, {"params": _parse_params(params)})
     cfg = build_config(method, cls.default_config, file_cfg, rounds)

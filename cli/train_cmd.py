@@ -94,10 +94,10 @@ def train(
 
     `abps train --goal diversity` alone trains the goal-aware ABPS preset on this project's cohort.
     """
-    from federation.core.config import build_config, check_config_file, load_yaml
+    from federation.core.config import build_config, check_config_file, load_run_config
 
     seed_list = project.parse_seeds(seeds, list(ctx.args))
-    file_cfg = load_yaml(config) if config is not None else None
+    file_cfg = load_run_config(config) if config is not None else None
     if file_cfg is not None and ("methods" in file_cfg or "datasets" in file_cfg):
         raise InputError(f"--config {config}: a sweep file (it lists `methods:`); run it with abps sweep --config {config}")
     if file_cfg is not None and "benchmark" in file_cfg:

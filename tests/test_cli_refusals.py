@@ -325,6 +325,13 @@ def test_a_config_that_is_a_folder_is_named_as_one(cohort, tmp_path, capsys):
     assert err == f"error: {tmp_path}: a folder, not a config file", err
 
 
+def test_bad_yaml_names_the_problem_and_its_line(cohort, tmp_path, capsys):
+    (tmp_path / "cfg.yaml").write_text("method: fedavg\nengine: {lr: 0.01}\nextra: *nosuch\n")
+    err = _refused(["train", "--cohort", str(cohort), "--config", str(tmp_path / "cfg.yaml"), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert err == f"error: {tmp_path / 'cfg.yaml'}: not valid YAML (found undefined alias 'nosuch', line 3)", err
+
+
 def test_a_sweep_file_given_to_train_is_named_as_one(cohort, tmp_path, capsys):
     sweep = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
     err = _refused(["train", "--cohort", str(cohort), "--config", str(sweep), "--no-progress",

@@ -189,3 +189,19 @@ def test_cli_bad_trace_is_one_line_error_before_any_run(tmp_path):
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     assert lines[0].startswith("error: ") and "trace.csv" in lines[0] and "column 'start' missing" in lines[0]
     assert not (tmp_path / "results.json").exists()
+
+
+def test_a_relative_trace_is_read_from_the_config_files_folder(tmp_path, monkeypatch):
+    from federation.core.config import load_run_config
+
+    (tmp_path / "study").mkdir()
+    cfg = tmp_path / "study" / "rw.yaml"
+    cfg.write_text("realworld:\n  availability: {kind: trace, trace: traces/t.csv}\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert load_run_config(Path("..") / "study" / "rw.yaml")["realworld"]["availability"]["trace"] == \
+        str(tmp_path / "study" / "traces" / "t.csv")
+    cfg.write_text("realworld:\n  availability: {kind: trace, trace: /abs/t.csv}\nrounds: 3\n")
+    assert load_run_config(cfg)["realworld"]["availability"]["trace"] == "/abs/t.csv"
+    cfg.write_text("rounds: 3\nrealworld: null\n")  # no trace key: the document as it is
+    assert load_run_config(cfg) == {"rounds": 3, "realworld": None}

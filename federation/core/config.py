@@ -443,11 +443,38 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise InputError(f"{p}: not a UTF-8 text file") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{p}: not valid YAML ({exc.__class__.__name__})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        what = getattr(exc, "problem", None) or exc.__class__.__name__
+        raise InputError(f"{p}: not valid YAML ({what}{where})") from None
     if doc is None:
         raise InputError(f"{p}: empty file (a config holds a YAML mapping)")
     if not isinstance(doc, dict):
         raise InputError(f"{p}: top level must be a mapping")
+    return doc
+
+
+#: run-config keys that hold a file path: a relative one is read from the config file's folder
+PATH_KEYS = (("realworld", "availability", "trace"),)
+
+
+def load_run_config(path: str | Path) -> dict[str, Any]:
+    """:func:`load_yaml` of a run config, with its relative :data:`PATH_KEYS` made absolute against
+    the file's folder (as a sweep file's ``config:`` and ``cohort:`` are), so that a run reads the
+    same files whichever folder it is started from.
+
+    Raises:
+        InputError: as :func:`load_yaml`.
+    """
+    doc = load_yaml(path)
+    base = Path(path).resolve().parent
+    for keys in PATH_KEYS:
+        node: Any = doc
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        v = node.get(keys[-1]) if isinstance(node, dict) else None
+        if isinstance(v, str) and v.strip() and not Path(v).expanduser().is_absolute():
+            node[keys[-1]] = str(base / v)
     return doc
 
 

@@ -24,7 +24,7 @@ from federation.core.config import (
     config_hash,
     deep_merge,
     first_error,
-    load_yaml,
+    load_run_config,
 )
 from federation.data.load import federation_id, load_federation
 from federation.engine import kernels
@@ -135,7 +135,7 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
                 what = "is a folder, not a run config file" if path.is_dir() else "not found"
                 raise InputError(f"sweep {spec.name}: entry {entry.name!r}: config {entry.config} {what} at {path} "
                                  "(a relative `config:` is read from the sweep file's folder)")
-            file_cfg = load_yaml(path)
+            file_cfg = load_run_config(path)
             file_cfg.setdefault("method", entry.method)
             # the file alone first: a bad key is reported with the file's name
             check_config_file(path, lambda c=cls, f=file_cfg: build_config(entry.method, c.default_config, f))
