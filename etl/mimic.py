@@ -85,7 +85,7 @@ RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "patients": {"subject_id": _ID, "anchor_age": (0, 150), "anchor_year": (1, 9999)},
     "admissions": {"subject_id": _ID, "hadm_id": _ID},
     "icustays": {"subject_id": _ID, "hadm_id": _ID, "stay_id": _ID, "los": (0, 1e5)},
-    "diagnoses_icd": {"subject_id": _ID, "hadm_id": _ID, "seq_num": (0, 1e4)},
+    "diagnoses_icd": {"subject_id": _ID, "hadm_id": _ID, "seq_num": (0, 1e4), "icd_version": (9, 10)},
 }
 
 def _checks(con: duckdb.DuckDBPyConnection, table: Table):

@@ -238,6 +238,20 @@ def test_fractional_label_flag_is_refused_with_a_count(mimic_demo_dir, tmp_path)
     run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
 
 
+def test_an_icd_version_other_than_9_or_10_is_refused_with_a_count(mimic_demo_dir, tmp_path):
+    # an ICD-11 code would match no Charlson code list and read as "no comorbidity", silently
+    from etl.errors import InputError
+    from etl.mimic import EtlOptions, run_etl
+
+    src = _copy_mimic(mimic_demo_dir, tmp_path / "m")
+    path = src / "hosp/diagnoses_icd.csv.gz"
+    _edit_column(path, "icd_version", (1, 5), "11")
+    with pytest.raises(InputError) as e:
+        run_etl(src, tmp_path / "o", EtlOptions(**WIDE))
+    assert str(e.value) == f"{path}: column 'icd_version' must lie in [9, 10] (2 rows do not)"
+    assert not (tmp_path / "o").exists()
+
+
 def test_eicu_fractional_apache_flag_is_refused_with_a_count(eicu_demo_dir, tmp_path):
     import shutil
 
