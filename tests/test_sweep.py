@@ -495,3 +495,19 @@ def test_fidelity_sweep_files_expand_to_their_studies(name, methods, seeds, roun
     assert len(cells) == len(methods) * len(seeds)
     assert [c.config.method for c in cells[::len(seeds)]] == methods
     assert {c.seed for c in cells} == set(seeds) and {c.config.max_rounds for c in cells} == {rounds}
+
+
+def test_a_pool_sweep_says_a_data_warning_once_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    small = write_fedprox_cohort(tmp_path / "small", n_centers=4, seed=1, mean_size=60.0)  # one center < 30 train rows
+    (tmp_path / "s.yaml").write_text("name: w\nseeds: [1, 2]\nrounds: 1\nmethods: [fedavg]\nworkers: 2\n")
+    p = subprocess.run([sys.executable, "-c", "from cli.app import main; main()", "sweep", "--config",
+                        str(tmp_path / "s.yaml"), "--cohort", str(small), "--tracking-uri",
+                        f"sqlite:///{tmp_path}/m.db", "--no-progress"], capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr[-1500:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert [ln for ln in lines if "per-center preprocessing" in ln] == [lines[0]] and lines[0].startswith("warning: ")
+    assert not [ln for ln in lines if "Warning:" in ln or ln.startswith("  ")], p.stderr  # no raw Python warning

@@ -3,6 +3,7 @@ an executor and logs every cell through :class:`federation.sweep.log.CellLog` as
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,9 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     cells = expand_cells(spec, base_dir, cid, rounds, seeds)
     dropped = []
     for m in sorted({c.config.min_train for c in cells}):
-        d = load_federation(cohort_dir, min_train=m)
+        with warnings.catch_warnings():  # the cohort's data warnings were said by the load above
+            warnings.filterwarnings("ignore", message="per-center preprocessing")
+            d = load_federation(cohort_dir, min_train=m)
         dropped.append({**d.dropped, "kept": d.n_centers})
     s_hash = sweep_hash(cells)
     all_keys = sorted({k for c in cells for k in cell_params(c, cid)})

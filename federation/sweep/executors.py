@@ -15,6 +15,7 @@ import queue as queue_mod
 import signal
 import socket
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -72,6 +73,10 @@ def _worker_init(q: Any) -> None:
     ``PR_SET_PDEATHSIG``), so a ``kill -9`` of ``abps sweep`` leaves no orphaned workers."""
     global _QUEUE
     _QUEUE = q
+    # the driver has said what the cohort's data warn of (it loads the cohort first); a warning of
+    # the worker's own is one line, as the command line prints them
+    warnings.filterwarnings("ignore", message="per-center preprocessing")
+    warnings.formatwarning = lambda message, *a, **k: f"warning: {str(message).splitlines()[0]}\n"
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
