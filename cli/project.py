@@ -54,11 +54,21 @@ def tracking_uri_option() -> Any:
     return typer.Option(None, "--tracking-uri", callback=_non_empty_uri, help=TRACKING_URI_HELP)
 
 
+#: the URI schemes of the MLflow stores and servers a tracking URI may name
+TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks",
+                    "databricks-uc", "uc")
+
+
 def _non_empty_uri(value: str | None) -> str | None:
-    """An empty ``--tracking-uri`` is refused, not taken for the default store."""
+    """An empty ``--tracking-uri`` is refused, not taken for the default store; so is a scheme
+    that names no MLflow store (MLflow's own message speaks of its model registry)."""
     if value is not None and not value.strip():
         raise InputError("--tracking-uri: an empty URI (leave the option out for MLFLOW_TRACKING_URI or this "
                          "project's store)")
+    scheme = value.split("://", 1)[0].split("+", 1)[0].lower() if value and "://" in value else None
+    if scheme is not None and scheme not in TRACKING_SCHEMES:
+        raise InputError(f"--tracking-uri {value}: no MLflow store has the scheme {scheme!r} "
+                         "(e.g. sqlite:///mlflow/mlflow.db or http://HOST:5000)")
     return value
 
 

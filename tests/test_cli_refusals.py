@@ -433,6 +433,29 @@ def test_every_single_value_option_given_twice_is_refused(capsys):
             (path, opt, err)
 
 
+@pytest.mark.parametrize("command", [["runs"], ["report", "--out", "rep"]])
+def test_a_foreign_sqlite_database_is_refused_and_left_as_it_is(command, tmp_path, capsys, monkeypatch):
+    """Reading commands fell back to MLflow's client, which added its tables to the user's database."""
+    import sqlite3
+
+    db = tmp_path / "other.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE foo (x INTEGER)")
+    monkeypatch.chdir(tmp_path)
+    err = _refused([*command, "--experiment", "x", "--tracking-uri", f"sqlite:///{db}"], capsys)
+    assert err == (f"error: MLflow store {db}: an SQLite database that MLflow did not write (no MLflow tables); "
+                   "give another --tracking-uri")
+    with sqlite3.connect(db) as con:
+        assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["foo"]
+
+
+def test_a_tracking_uri_of_no_mlflow_scheme_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _refused(["runs", "--tracking-uri", "bogus://x"], capsys)
+    assert err == ("error: --tracking-uri bogus://x: no MLflow store has the scheme 'bogus' "
+                   "(e.g. sqlite:///mlflow/mlflow.db or http://HOST:5000)")
+
+
 def test_an_mlflow_error_names_what_failed_not_sqlalchemys_advice(capsys):
     """A store that refuses a write (an immutable file): SQLAlchemy's autoflush advice came first."""
     from mlflow.exceptions import MlflowException

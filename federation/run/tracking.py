@@ -256,6 +256,24 @@ def _check_server(uri: str, timeout_s: float = 10.0) -> None:
         raise InputError(f"MLflow tracking server {uri}: cannot connect ({why})") from None
 
 
+def _mlflow_schema(db: Path) -> bool:
+    """True when the SQLite file ``db`` holds MLflow's tables (``alembic_version`` and
+    ``experiments``), or no table at all (a new store); read-only, through ``sqlite3``."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error:
+        return True  # unreadable here: MLflow's own error names it
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return True
+    finally:
+        con.close()
+    return not tables or {"alembic_version", "experiments"} <= tables
+
+
 def check_store(uri: str) -> None:
     """Refuse a sqlite store file that is not an SQLite database (a truncated or foreign file),
     naming it, before MLflow reads it. A missing or empty file is a new store.
@@ -283,6 +301,9 @@ def check_store(uri: str) -> None:
     if head and head != _SQLITE_MAGIC:
         raise InputError(f"MLflow store {db}: not an SQLite database (damaged or another file); move it "
                          "aside or give another --tracking-uri")
+    if head and not _mlflow_schema(db):  # MLflow would add its tables to another program's database
+        raise InputError(f"MLflow store {db}: an SQLite database that MLflow did not write (no MLflow tables); "
+                         "give another --tracking-uri")
 
 
 def open_client(uri: str, write: bool = True) -> Any:
