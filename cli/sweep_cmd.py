@@ -23,8 +23,7 @@ def sweep(
     executor: str | None = typer.Option(None, "--executor", help="local (process pool) or ray; default from the file"),
     engine: str | None = typer.Option(None, "--engine", hidden=True, help="renamed --executor"),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
-    workers: int | None = typer.Option(None, "--workers", min=1, max=MAX_THREADS,
-                                       help="pool processes / local Ray CPUs"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
     cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
     seeds: list[int] | None = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
@@ -40,6 +39,8 @@ def sweep(
 
     if engine is not None:
         raise InputError("--engine is now called --executor (local or ray)")
+    if workers is not None and workers > MAX_THREADS:  # each one a process of this machine
+        raise InputError(f"--workers {workers}: at most {MAX_THREADS}")
 
     seeds = project.parse_seeds(seeds, list(ctx.args)) or None
     from federation.run.tracking import experiment_name

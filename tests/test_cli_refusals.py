@@ -474,3 +474,10 @@ def test_an_mlflow_error_names_what_failed_not_sqlalchemys_advice(capsys):
         _report(MlflowException("(raised as a result of Query-invoked autoflush; ...)\n(sqlite3.OperationalError) "
                                 "disk I/O error\n[SQL: ...]"))
     assert capsys.readouterr().err == "error: MLflow: (sqlite3.OperationalError) disk I/O error\n"
+
+
+def test_sweep_workers_beyond_the_thread_bound_are_refused(cohort, tmp_path, capsys):
+    err = _refused(["sweep", "--config", str(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"),
+                    "--cohort", str(cohort), "--workers", "100000", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], capsys)
+    assert err == "error: --workers 100000: at most 1024"
+    assert not (tmp_path / "m.db").exists()

@@ -133,7 +133,7 @@ def test_cache_clear_removes_the_caches(tmp_path: Path, monkeypatch, capsys) -> 
     assert "cache clear: 1.5 MiB freed" in capsys.readouterr().out
     make = (REPO / "Makefile").read_text()
     clean = make.split("\nclean:", 1)[1].split("\n\n", 1)[0]
-    assert "$(ABPS) cache clear" in clean and clean.index("cache clear") < clean.index("rm -rf $(VENV)")
+    assert "cache clear" not in clean  # the per-user cache serves every clone: `make clean` leaves it
 
 
 def test_cache_list_and_clear_on_odd_entries(tmp_path: Path, monkeypatch, capsys) -> None:
