@@ -458,24 +458,41 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 PATH_KEYS = (("realworld", "availability", "trace"),)
 
 
+def from_folder(value: str | Path, base: str | Path) -> Path:
+    """A path written in a file in folder ``base``: ``~`` expanded, and a relative one read from
+    ``base`` (the rule of every path a config or sweep file names, whatever the working folder)."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else Path(base) / p
+
+
+def paths_from_file(doc: dict[str, Any], path: str | Path, keys: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
+    """``doc`` (read from the file ``path``) with the non-empty string at each dotted key of
+    ``keys`` made absolute by :func:`from_folder` against the file's folder; a key that is absent
+    or not a string is left as it is (its validation names it). The nested mappings on the way are
+    copied, never changed in place."""
+    base = Path(path).resolve().parent
+    out = dict(doc)
+    for key in keys:
+        node = out
+        for k in key[:-1]:
+            if not isinstance(node.get(k), dict):
+                break
+            node[k] = node = dict(node[k])
+        else:
+            v = node.get(key[-1])
+            if isinstance(v, str) and v.strip():
+                node[key[-1]] = str(from_folder(v, base))
+    return out
+
+
 def load_run_config(path: str | Path) -> dict[str, Any]:
-    """:func:`load_yaml` of a run config, with its relative :data:`PATH_KEYS` made absolute against
-    the file's folder (as a sweep file's ``config:`` and ``cohort:`` are), so that a run reads the
-    same files whichever folder it is started from.
+    """:func:`load_yaml` of a run config, with its :data:`PATH_KEYS` read from the file's folder
+    (:func:`paths_from_file`), so that a run reads the same files whichever folder it is started from.
 
     Raises:
         InputError: as :func:`load_yaml`.
     """
-    doc = load_yaml(path)
-    base = Path(path).resolve().parent
-    for keys in PATH_KEYS:
-        node: Any = doc
-        for k in keys[:-1]:
-            node = node.get(k) if isinstance(node, dict) else None
-        v = node.get(keys[-1]) if isinstance(node, dict) else None
-        if isinstance(v, str) and v.strip() and not Path(v).expanduser().is_absolute():
-            node[keys[-1]] = str(base / v)
-    return doc
+    return paths_from_file(load_yaml(path), path, PATH_KEYS)
 
 
 def first_error(exc: ValidationError) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from federation.core.config import (
     config_hash,
     deep_merge,
     first_error,
+    from_folder,
     load_run_config,
 )
 from federation.data.load import federation_id, load_federation
@@ -129,8 +130,7 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
             raise InputError(f"sweep {spec.name}: methods: {exc}".replace("unknown --method", "unknown method", 1)) from None
         file_cfg: dict[str, Any] = {"method": entry.method}
         if entry.config:
-            p = Path(entry.config)
-            path = p if p.is_absolute() else Path(base_dir) / p
+            path = from_folder(entry.config, base_dir)
             if not path.is_file():
                 what = "is a folder, not a run config file" if path.is_dir() else "not found"
                 raise InputError(f"sweep {spec.name}: entry {entry.name!r}: config {entry.config} {what} at {path} "

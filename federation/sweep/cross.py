@@ -9,11 +9,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from etl.errors import InputError
-from federation.core.config import first_error, load_yaml
+from federation.core.config import first_error, from_folder, load_yaml, paths_from_file
 from federation.data.load import load_federation
 from federation.run.tracking import METRIC_TAG, Tracker
 from federation.sweep.driver import run_sweep
-from federation.sweep.spec import SweepSpec, paths_from_file
+from federation.sweep.spec import SWEEP_PATH_KEYS, SweepSpec
 
 __all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_sweep", "cross_summary_line",
            "DATASET_TAG", "METRIC_TAG"]
@@ -52,10 +52,9 @@ def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDatase
             d = CrossDataset.model_validate({"cohort": v} if isinstance(v, str) else v)
         except ValidationError as exc:
             raise InputError(f"{path}: datasets.{label}: {first_error(exc)[1]}") from None
-        p = Path(d.cohort)
-        sets[str(label)] = d.model_copy(update={"cohort": str(p if p.is_absolute() else base / p)})
+        sets[str(label)] = d.model_copy(update={"cohort": str(from_folder(d.cohort, base))})
     try:
-        spec = SweepSpec.model_validate(paths_from_file(doc, path))  # the rest is an ordinary sweep file
+        spec = SweepSpec.model_validate(paths_from_file(doc, path, SWEEP_PATH_KEYS))  # the rest: an ordinary sweep file
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from etl.errors import InputError
-from federation.core.config import NumbersNotFlags, first_error, load_yaml
+from federation.core.config import NumbersNotFlags, first_error, load_yaml, paths_from_file
 from federation.core.limits import MAX_SEED, MAX_THREADS
 
 __all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
@@ -135,19 +135,9 @@ class SweepSpec(_Strict):
         return v
 
 
-def paths_from_file(doc: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """``doc`` with its relative ``cohort:`` and ``checkpoints:`` made absolute against the folder
-    of the sweep file ``path``, as its ``config:`` entries and a cross sweep's ``datasets:`` are
-    (a sweep reads the same files whichever folder it is started from)."""
-    base = Path(path).resolve().parent
-    out = dict(doc)
-    for key in ("cohort", "checkpoints"):
-        v = out.get(key)
-        if isinstance(v, str) and v.strip() and not Path(v).expanduser().is_absolute():
-            out[key] = str(base / v)
-        elif isinstance(v, str) and v.strip():
-            out[key] = str(Path(v).expanduser())
-    return out
+#: a sweep file's keys that hold a folder: a relative one is read from the file's folder, as its
+#: entries' ``config:`` and a cross sweep's ``datasets:`` are
+SWEEP_PATH_KEYS = (("cohort",), ("checkpoints",))
 
 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
@@ -162,7 +152,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     if "engine" in doc:
         raise InputError(f"{path}: the sweep key `engine:` (local / ray) is now called `executor:`")
     try:
-        spec = SweepSpec.model_validate(paths_from_file(doc, path))
+        spec = SweepSpec.model_validate(paths_from_file(doc, path, SWEEP_PATH_KEYS))
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None
