@@ -47,7 +47,11 @@ def peer(
     param: list[str] | None = typer.Option(None, "--param", help="method parameter NAME=VALUE, repeatable"),
     listen: str | None = typer.Option(None, "--listen", help="host:port to listen on (default: this center's "
                                       "address in --peers)"),
-    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds to wait for a peer's message in a round"),
+    timeout: float = typer.Option(60.0, "--timeout", callback=project.seconds_value,
+                                  help="seconds to wait for a peer's message in a round"),
+    start_timeout: float = typer.Option(120.0, "--start-timeout", callback=project.seconds_value,
+                                        help="seconds to wait for every peer to come up (and for a restarting "
+                                        "one to rejoin)"),
     capture: Path | None = typer.Option(None, "--capture", parser=project.file_path, metavar="FILE",
                                         help="also append every message sent to this file"),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", parser=project.file_path, metavar="FILE",
@@ -56,7 +60,7 @@ def peer(
                                 "take the own model from --checkpoint"),
     await_rejoin: bool = typer.Option(False, "--await-rejoin", help="coordinator: hold the next round for a "
                                       "center that stopped answering until it rejoins (it is being restarted; "
-                                      "at most max(120, --timeout) seconds)"),
+                                      "at most --start-timeout seconds)"),
 ) -> None:
     """Run one center of a peer-to-peer federation (its own rows, model and method state)."""
     from federation.p2p.launch import read_peers_file
@@ -82,7 +86,7 @@ def peer(
                 raise InputError(f"--certs {certs}: missing {p.name}")
     addresses = {i: e.address for i, e in enumerate(entries)}
     spec = PeerSpec(cohort=cohort, index=me, center_ids=ids, cfg=cfg, seed=seed, addresses=addresses, tls=tls,
-                    output=output, timeout=timeout, start_timeout=max(120.0, timeout), payload_log=capture,
+                    output=output, timeout=timeout, start_timeout=start_timeout, payload_log=capture,
                     checkpoint=checkpoint, rejoin=rejoin, await_rejoin=await_rejoin,
                     listen=listen or f"0.0.0.0:{entries[me].port}")
     try:
@@ -107,7 +111,11 @@ def launch(
     config: Path | None = typer.Option(None, "--config", help="YAML run config (as abps train)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds"),
     param: list[str] | None = typer.Option(None, "--param", help="method parameter NAME=VALUE, repeatable"),
-    timeout: float = typer.Option(60.0, "--timeout", min=0.1, help="seconds a peer waits for another's message"),
+    timeout: float = typer.Option(60.0, "--timeout", callback=project.seconds_value,
+                                  help="seconds a peer waits for another's message"),
+    start_timeout: float = typer.Option(120.0, "--start-timeout", callback=project.seconds_value,
+                                        help="seconds a peer waits for the others to come up (and for a "
+                                        "restarting one to rejoin)"),
     on_failure: str = typer.Option("stop", "--on-failure", help="when a peer process dies: stop | continue (the "
                                    "others go on without it) | restart (it rejoins from its checkpoint)"),
     workdir: Path | None = typer.Option(None, "--workdir", help="keep certificates, peer list, logs and per-peer "
@@ -126,7 +134,7 @@ def launch(
                      method_args={"rounds": rounds, "config": config.resolve() if config else None,
                                   "params": list(param or [])},
                      tracking_uri=tracking_uri, experiment=exp, timeout=timeout, workdir=workdir,
-                     on_failure=on_failure)
+                     on_failure=on_failure, start_timeout=start_timeout)
     p = doc["p2p"]
     s = doc["summary"]["final_auroc_mean"]["mean"]
     auroc = f"{s:.6f}" if s is not None else "undefined (too few centers with both classes)"

@@ -252,3 +252,17 @@ def seed_value(value: int | None) -> int | None:
         raise InputError(f"--seed must be an integer from 0 to {MAX_SEED} (2^63 - 1, the largest a random stream "
                          f"takes), got {value}")
     return value
+
+
+def seconds_value(ctx: typer.Context, param: typer.CallbackParam, value: float) -> float:
+    """A wait in seconds (``--timeout``, ``--start-timeout``): a finite number from 0.1 on. A typer
+    ``callback``, so the bound stays out of the help's type column.
+
+    Raises:
+        InputError: a value below 0.1 s, or not finite; names the option.
+    """
+    import math
+
+    if not (0.1 <= value and math.isfinite(value)):
+        raise InputError(f"{param.opts[0]} must be a number of seconds from 0.1 on, got {value:g}")
+    return value

@@ -191,7 +191,9 @@ KINDS = [
           "workdir": lambda i: Probe(["--workdir", "wd"]),
           "tracking_uri": lambda i: Probe(["--tracking-uri", "sqlite:///m2.db"]),
           "experiment": lambda i: Probe(["--experiment", "other"])},
-         trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same"}),
+         trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same",
+                  "start_timeout": "a wait limit: peers that all come up in time run the same (tests/test_p2p.py "
+                                   "times a lone peer out by it)"}),
     Kind(("peer",), "peer", lambda i: ["--cohort", str(i["root"] / "p1"), "--center", str(i["lone"]), "--peers",
                                        str(i["root"] / "peers.txt"), "--method", "fedavg", "--seed", "1",
                                        "--output", "p.json", "--insecure", "--rounds", "1"],
@@ -207,6 +209,7 @@ KINDS = [
           "capture": lambda i: Probe(["--capture", "cap.bin"]),
           "checkpoint": lambda i: Probe(["--checkpoint", "ck.pt"])},
          trivial={"timeout": "a wait limit: a federation whose messages all arrive in time runs the same",
+                  "start_timeout": "a wait limit: a lone center waits for no other",
                   "await_rejoin": "a lone center has no other center to wait for"}),
     # the caches of this run's scratch folder, never the user's own
     Kind(("cache", "clear"), "cache-clear", lambda i: [],

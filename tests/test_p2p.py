@@ -295,3 +295,41 @@ def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy:
         res2 = json.loads((tmp_path / "w" / "result-2.json").read_text())
         assert res2["rosters"] == rosters  # the rejoined replica holds the same public state
         assert res2["summary"]["final_auroc_mean"] == res0["summary"]["final_auroc_mean"]
+
+
+def test_a_peer_waits_start_timeout_for_the_others_and_a_launch_names_the_users_peers_file(cohort: Path,
+                                                                                             tmp_path: Path):
+    import socket
+
+    ids = center_list(cohort)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    free = [socket.socket() for _ in ids]
+    for s in free:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in free]
+    for s in free:
+        s.close()
+    peers = tmp_path / "peers.txt"
+    peers.write_text("".join(f"{c} 127.0.0.1:{p}\n" for c, p in zip(ids, ports, strict=True)))
+    # alone: the others never come up; the peer gives up after --start-timeout, not a fixed two minutes
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "cli", "peer", "--cohort", str(cohort), "--center", ids[0],
+                           "--peers", str(peers), "--method", "fedavg", "--seed", "1", "--insecure",
+                           "--output", str(tmp_path / "p.json"), "--start-timeout", "1.5", "--timeout", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 3 and "did not come up within 1.5 s" in proc.stderr
+    assert time.monotonic() - t0 < 60
+    # a launch whose first peer cannot listen names the peers file the user gave, not its own copy
+    peers.write_text("".join(f"{c} 127.0.0.1:{taken.getsockname()[1] if i == 0 else p}\n"
+                             for i, (c, p) in enumerate(zip(ids, ports, strict=True))))
+    from etl.errors import InputError
+
+    try:
+        with pytest.raises(InputError, match=rf"peer of center '{ids[0]}' exited with code 2: error: --peers "
+                                             rf"{peers}: "):
+            launch(_cfg("fedavg", 1), cohort, 1, tmp_path / "r.json", peers_file=peers, track=False,
+                   method_args={"rounds": 1}, start_timeout=5.0)
+    finally:
+        taken.close()

@@ -195,11 +195,11 @@ def _last_line(log: Path) -> str:
 def peer_argv(entry_index: int, entries: list[PeerEntry], cohort: Path, method: str, seed: int, rounds: int | None,
               config: Path | None, peers_file: Path, certs: Path | None, output: Path, timeout: float,
               params: list[str], capture: Path | None = None, checkpoint: Path | None = None,
-              rejoin: bool = False, await_rejoin: bool = False) -> list[str]:
+              rejoin: bool = False, await_rejoin: bool = False, start_timeout: float = 120.0) -> list[str]:
     """The ``abps peer`` command line of center ``entry_index`` (after its prefix, if any)."""
     argv = [sys.executable, "-m", "cli", "peer", "--cohort", str(cohort), "--center", entries[entry_index].center_id,
             "--peers", str(peers_file), "--method", method, "--seed", str(seed), "--output", str(output),
-            "--timeout", f"{timeout:g}"]
+            "--timeout", f"{timeout:g}", "--start-timeout", f"{start_timeout:g}"]
     if rounds is not None:
         argv += ["--rounds", str(rounds)]
     if config is not None:
@@ -260,7 +260,7 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
            peers_file: str | Path | None = None, method_args: dict[str, Any] | None = None,
            tracking_uri: str | None = None, experiment: str = "abps", track: bool = True,
            timeout: float = 60.0, workdir: str | Path | None = None, capture: bool = False,
-           on_failure: str = "stop", on_start: Any = None) -> dict[str, Any]:
+           on_failure: str = "stop", on_start: Any = None, start_timeout: float = 120.0) -> dict[str, Any]:
     """Run one seed of ``cfg`` as a peer-to-peer federation and write ``output`` (results.json).
 
     Args:
@@ -269,6 +269,8 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
         method_args: ``{"rounds", "config", "params"}`` as given on the command line (handed to
             every ``abps peer``).
         timeout: seconds a peer waits for another's message in a round.
+        start_timeout: seconds a peer waits for the others to come up, and for a restarting one
+            to rejoin.
         workdir: where certificates, the peer list, logs and per-peer results go (default: a new
             folder beside ``output``, removed unless the launch failed).
         capture: every peer also writes the messages it sends to ``workdir/sent-<i>.bin``.
@@ -325,7 +327,7 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
         return peer_argv(i, entries, cohort.resolve(), cfg.method, seed, args.get("rounds"), args.get("config"),
                          pf, certs, wd / f"result-{i}.json", timeout, list(args.get("params", [])),
                          wd / f"sent-{i}.bin" if capture else None, wd / f"ckpt-{i}.pt", rejoin,
-                         await_rejoin=on_failure == "restart")
+                         await_rejoin=on_failure == "restart", start_timeout=start_timeout)
 
     try:
         for i, e in enumerate(entries):
@@ -353,8 +355,10 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
                     gone.add(i)
                 else:
                     log = wd / (f"peer-{i}.rejoin-{restarts[i]}.log" if restarts.get(i) else f"peer-{i}.log")
-                    raise InputError(f"peer of center {ids[i]!r} exited with code {rc}: "
-                                     f"{_last_line(log) or 'no output'}")
+                    # the peer names the launcher's own peer list; the user knows the file they gave
+                    line = _last_line(log).replace(f"--peers {pf}", f"--peers {peers_file}" if peers_file
+                                                   else f"--local {local}")
+                    raise InputError(f"peer of center {ids[i]!r} exited with code {rc}: {line or 'no output'}")
             if not bad and all(rc == 0 for rc in states.values()):
                 break
             time.sleep(0.1)
