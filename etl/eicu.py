@@ -88,6 +88,20 @@ def _check_age(con, table: Table) -> None:
                          f"({n} rows are not)")
 
 
+def _check_patient_ids(con, table: Table) -> None:
+    """Refuse a ``uniquepid`` that is empty: stays are numbered into patients by it, so every empty
+    one would become the same patient (one subject, kept in one split) without a word.
+
+    Raises:
+        InputError: naming the file, the column and how many rows are empty.
+    """
+    n = con.execute("SELECT count(*) FILTER (WHERE uniquepid IS NULL OR trim(CAST(uniquepid AS VARCHAR)) = '') "
+                    f"FROM {table.varchar_scan()}").fetchall()[0][0]
+    if n:
+        raise InputError(f"{table.path}: column 'uniquepid' is empty in {n} row{'s' if n != 1 else ''} "
+                         "(every unit stay needs its patient's id)")
+
+
 def _comorbidity_sql(s: dict[str, str], source: str) -> str:
     """etl/sql/eicu/comorbidity.sql; with ``earlier-admissions`` the stay's own diagnosis codes
     are left out (past history and APACHE chronic conditions are recorded at admission)."""
@@ -160,6 +174,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
                 check_range(con, tables[name], bounds)
                 check_text(con, tables[name], tuple(c for c in REQUIRED[name] if c not in TYPES))
             _check_age(con, tables["patient"])
+            _check_patient_ids(con, tables["patient"])
             require_rows(con, tables["patient"], "every stay of the cohort is one of its rows")
             require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")
             for name, what in HEADER_ONLY.items():  # readable, and what the cohort then lacks is said

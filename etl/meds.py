@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
+import warnings
 from pathlib import Path
 
 import polars as pl
 
-from etl.errors import InputError
+from etl.errors import InputError, InputWarning
 from etl.io import atomic_output_dir
 from etl.mimic import assemble, care_unit_rows, charlson_sql, first_day_vitals, keep_adult_unit_stays
 from etl.pipeline import Attrition, EtlOptions, concept_sql, connect, finish, frame, scalar
@@ -39,6 +41,29 @@ def _check_text(t: Table, col: str) -> None:
             raise InputError(f"{t.path}: column '{col}' is stored as {kind}, which cannot be read as VARCHAR")
 
 
+#: MEDS releases whose event schema this reader follows (``subject_id``, ``time``, ``code``,
+#: ``numeric_value``; before 0.3 the first two were ``patient_id`` and ``timestamp``).
+KNOWN_MEDS = ((0, 3), (0, 4))
+
+
+def _check_version(path: Path, meta: dict) -> None:
+    """Refuse a ``meds_version`` that is not a version number, or one before 0.3 (other column
+    names); warn for one this reader does not know (the columns are still checked as 0.3's)."""
+    if "meds_version" not in meta:
+        return
+    v = meta["meds_version"]
+    m = re.fullmatch(r"(\d+)\.(\d+)(\.\d+)?([.+-]?[0-9A-Za-z.+-]*)?", v) if isinstance(v, str) else None
+    if m is None:
+        raise InputError(f"{path}: meds_version {json.dumps(v)} is not a version number such as \"0.3.3\"")
+    if (int(m[1]), int(m[2])) < KNOWN_MEDS[0]:
+        raise InputError(f"{path}: meds_version {v} is older than MEDS 0.3, whose events this reader reads "
+                         "(before 0.3 the columns were patient_id and timestamp)")
+    if (int(m[1]), int(m[2])) not in KNOWN_MEDS:
+        warnings.warn(InputWarning(f"{path}: meds_version {v} is not a MEDS release this reader knows "
+                                   f"({', '.join(f'{a}.{b}' for a, b in KNOWN_MEDS)}); its events are read as "
+                                   "MEDS 0.3's"), stacklevel=1)
+
+
 def _read_metadata(root: Path) -> tuple[dict, Table]:
     path = root / "metadata" / "dataset.json"
     if not path.is_file():
@@ -49,6 +74,7 @@ def _read_metadata(root: Path) -> tuple[dict, Table]:
         raise InputError(f"{path}: not readable JSON ({exc.__class__.__name__})") from None
     if not isinstance(meta, dict):
         raise InputError(f"{path}: expected a JSON object")
+    _check_version(path, meta)
     codes = locate(root, "metadata", "codes", ("code",))
     _check_text(codes, "code")
     return meta, codes

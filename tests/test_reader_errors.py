@@ -5,6 +5,7 @@ value is fractional, as in a CSV."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -69,6 +70,16 @@ def test_an_empty_diagnoses_table_gives_a_warning(mimic_demo_dir, tmp_path, caps
     assert code == 0, err
     (line,) = [ln for ln in err.splitlines() if "diagnoses_icd" in ln]
     assert line.startswith("warning: ") and "diagnoses_icd.csv.gz: no data rows" in line
+
+
+def test_a_meds_version_this_reader_does_not_know_is_read_with_a_warning(tmp_path, capsys):
+    argv, named = _meds(tmp_path, "metadata/dataset.json", b'{"meds_version": "9.9"}')
+    code, err = _run(capsys, [*argv, "--out", str(tmp_path / "o")])
+    assert code == 0, err
+    (line,) = [ln for ln in err.splitlines() if "meds_version" in ln]
+    assert line == f"warning: {named}: meds_version 9.9 is not a MEDS release this reader knows (0.3, 0.4); " \
+                   "its events are read as MEDS 0.3's"
+    assert json.loads((tmp_path / "o" / "cohort_report.json").read_text())["inputs"]["meds_version"] == "9.9"
 
 
 # ------------------------------------------------------------------ every reader, table-driven
@@ -252,6 +263,8 @@ READERS = [
     ("eicu-age-text", lambda t: _eicu(t, "patient", _text(_set_col("age", "old"))), ("'age'",)),
     ("eicu-negative-year", lambda t: _eicu(t, "patient", _text(_set_col("hospitaldischargeyear", "-2014"))),
      ("'hospitaldischargeyear'",)),
+    ("eicu-empty-patient-id", lambda t: _eicu(t, "patient", _text(_set_col("uniquepid", ""))),
+     ("'uniquepid'", "empty in 1 row")),
     ("eicu-flag-not-0-1", lambda t: _eicu(t, "apachePredVar", _text(_set_col("aids", "-1"))), ("'aids'",)),
     ("meds-truncated-shard", lambda t: _meds(t, "data/tuning/0.parquet", _cut(0.6)), ("Parquet",)),
     ("meds-garbage-shard", lambda t: _meds(t, "data/held_out/0.parquet", b"PAR1" + b"\0" * 100), ("Parquet",)),
@@ -265,6 +278,10 @@ READERS = [
     ("meds-truncated-codes", lambda t: _meds(t, "metadata/codes.parquet", _cut(0.5)), ()),
     ("meds-truncated-splits", lambda t: _meds(t, "metadata/subject_splits.parquet", _cut(0.5)), ()),
     ("meds-garbage-dataset-json", lambda t: _meds(t, "metadata/dataset.json", b"{\"meds_version\": "), ("JSON",)),
+    ("meds-version-before-0.3", lambda t: _meds(t, "metadata/dataset.json", b'{"meds_version": "0.2.1"}'),
+     ("meds_version 0.2.1", "patient_id")),
+    ("meds-version-not-text", lambda t: _meds(t, "metadata/dataset.json", b'{"meds_version": 9.9}'),
+     ("meds_version 9.9 is not a version number",)),
     ("train-config-not-yaml", _train_config("rounds: [1, 2\n"), ("YAML",)),
     ("train-config-empty", _train_config(""), ("empty",)),
     ("train-config-not-utf8", _train_config(b"\xff\xfe\x00rounds"), ("UTF-8",)),
