@@ -73,6 +73,14 @@ def peer(
     if rejoin and checkpoint is None:
         raise InputError("--rejoin: give --checkpoint FILE (this center's round state to rejoin from)")
     cfg = _config(method, config, rounds, param)
+    project.check_apart({"--output": output, "--capture": capture, "--checkpoint": checkpoint},
+                        {"a file of the cohort folder": cohort, "the run config": config, "the peers file": peers,
+                         "a certificate file": certs})
+    if capture is not None and capture.is_dir():
+        raise InputError(f"--capture {capture}: is a directory (give a file)")
+    if capture is not None and not rejoin and capture.exists() and capture.stat().st_size:
+        raise InputError(f"--capture {capture}: exists; a capture is appended to only by a peer that rejoins "
+                         "(--rejoin); give a new file")
     ids = center_list(cohort)
     entries = read_peers_file(peers, ids)
     if center not in ids:
@@ -129,6 +137,8 @@ def launch(
     from federation.run.tracking import experiment_name
 
     cfg = _config(method, config, rounds, param)
+    project.check_apart({"--output": output}, {"a file of the cohort folder": cohort, "the run config": config,
+                                              "the peers file": peers}, tracking_uri)
     exp = experiment_name(experiment, cohort.resolve().name)
     doc = run_launch(cfg, cohort, seed, output, local=local, peers_file=peers,
                      method_args={"rounds": rounds, "config": config.resolve() if config else None,

@@ -174,6 +174,41 @@ def check_output(path: Path, force: bool) -> None:
         raise InputError(f"{path} exists; give --force to replace it, or another --output")
 
 
+def check_apart(outputs: dict[str, Path | None], inputs: dict[str, Path | None],
+                tracking_uri: str | None | bool = False) -> None:
+    """Refuse an output that would overwrite what the command reads, or another of its outputs.
+
+    Args:
+        outputs: option (``--output``) -> path the command writes (None: not given).
+        inputs: what it is (``"the run config"``) -> a file the command reads, or a folder whose
+            existing files it reads (the cohort folder); None: not given.
+        tracking_uri: the command's ``--tracking-uri`` (None: the default store) when it writes
+            MLflow, whose sqlite file is then an input too; False: the command logs nothing.
+
+    Raises:
+        InputError: naming the option, the path and what it would overwrite.
+    """
+    ins = {what: Path(p).expanduser().resolve() for what, p in inputs.items() if p is not None}
+    if tracking_uri is not False:
+        from federation.run.tracking import default_tracking_uri, sqlite_path
+
+        db = sqlite_path(tracking_uri or default_tracking_uri(make_folder=False))
+        if db is not None:
+            ins["the MLflow store"] = db.expanduser().resolve()
+    seen: dict[Path, str] = {}
+    for option, given in outputs.items():
+        if given is None:
+            continue
+        out = Path(given).expanduser().resolve()
+        for what, p in ins.items():
+            inside = p.is_dir() and out.parent == p and out.exists()
+            if out == p or inside or (out.exists() and p.exists() and os.path.samefile(out, p)):
+                raise InputError(f"{option} {given}: would overwrite {what}")
+        if out in seen:
+            raise InputError(f"{option} {given}: is also {seen[out]}; give each its own file")
+        seen[out] = f"the {option}"
+
+
 def check_out_ignored(out: Path, option: str = "--out", probe_file: str = "cohort.parquet",
                       holds: str = "cohort.parquet holds patient identifiers") -> None:
     """Refuse a folder of patient rows inside a git work tree that does not ignore it: an ETL

@@ -120,6 +120,7 @@ def train(
             output = project.latest_checkpointed_output(where, label)
         out_path = Path(output or file_cfg.get("output") or project.run_output(where, label))
         check_writable(out_path, "--output")  # a folder is named as one before "exists; give --force"
+        project.check_apart({"--output": out_path}, {"the run config": config}, tracking_uri)
         project.check_output(out_path, force)
         if threads:  # --threads works for the benchmarks too: it overrides the config's own thread key
             file_cfg = {**file_cfg, bench.threads_key: threads}
@@ -174,6 +175,8 @@ def train(
     if resume and output is None:
         output = project.latest_checkpointed_output(experiment, label)
     output = output or project.run_output(experiment, label)
+    project.check_apart({"--output": output}, {"the run config": config, "a file of the cohort folder": cohort},
+                        tracking_uri)
     if threads:
         import torch
 

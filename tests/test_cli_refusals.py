@@ -481,3 +481,59 @@ def test_sweep_workers_beyond_the_thread_bound_are_refused(cohort, tmp_path, cap
                     "--cohort", str(cohort), "--workers", "100000", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], capsys)
     assert err == "error: --workers 100000: at most 1024"
     assert not (tmp_path / "m.db").exists()
+
+
+def _apart_bases(cohort: Path, tmp_path: Path) -> dict[tuple[str, ...], list[str]]:
+    """A base invocation of every command with a file output, reading a run config, a cohort and
+    (where it logs) an MLflow store; a command that gains a file output fails the test below until
+    it has one here."""
+    from federation.p2p.local import center_list
+
+    peers = tmp_path / "peers.txt"
+    peers.write_text("".join(f"{c} 127.0.0.1:{7100 + i}\n" for i, c in enumerate(center_list(cohort))))
+    common = ["--cohort", str(cohort), "--method", "fedavg", "--rounds", "1", "--config", str(tmp_path / "run.yaml")]
+    store = ["--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"]
+    return {("train",): ["train", *common, *store],
+            ("launch",): ["launch", "--local", "3", *common, *store],
+            ("peer",): ["peer", "--center", center_list(cohort)[0], "--peers", str(peers), "--seed", "1", "--insecure",
+                        *common]}
+
+
+@pytest.mark.parametrize(("path", "option"), _file_options())
+@pytest.mark.parametrize("target", ["the run config", "the MLflow store", "a file of the cohort folder"])
+def test_a_file_output_never_overwrites_what_the_command_reads(path, option, target, cohort, tmp_path, capsys):
+    import shutil
+
+    c = tmp_path / "c"
+    shutil.copytree(cohort, c)
+    (c / "cohort_report.json").write_text("{}")
+    (tmp_path / "run.yaml").write_text("method: fedavg\n")
+    base = _apart_bases(c, tmp_path)[path]
+    if target == "the MLflow store" and "--tracking-uri" not in base:
+        pytest.skip(f"abps {' '.join(path)} logs nothing to MLflow")
+    (tmp_path / "ml.db").write_bytes(b"")  # a new, empty store
+    victim = {"the run config": tmp_path / "run.yaml", "the MLflow store": tmp_path / "ml.db",
+              "a file of the cohort folder": c / "cohort_report.json"}[target]
+    before = victim.read_bytes()
+    others = ["--output", str(tmp_path / "r.json")] if option != "--output" else []
+    err = _refused([*base, *others, option, str(victim)], capsys)
+    assert err == f"error: {option} {victim}: would overwrite {target}", err
+    assert victim.read_bytes() == before
+
+
+def test_a_capture_is_a_new_file_and_a_workdir_a_folder(cohort, tmp_path, capsys):
+    (tmp_path / "run.yaml").write_text("method: fedavg\n")
+    bases = _apart_bases(cohort, tmp_path)
+    peer = [*bases[("peer",)], "--output", str(tmp_path / "r.json")]
+    old = tmp_path / "old.bin"
+    old.write_bytes(b"earlier messages")
+    err = _refused([*peer, "--capture", str(old)], capsys)
+    assert err == f"error: --capture {old}: exists; a capture is appended to only by a peer that rejoins " \
+                  "(--rejoin); give a new file"
+    assert old.read_bytes() == b"earlier messages"
+    assert _refused([*peer, "--capture", str(tmp_path)], capsys) == f"error: --capture {tmp_path}: is a directory " \
+                                                                       "(give a file)"
+    launch = [*bases[("launch",)], "--output", str(tmp_path / "l.json")]
+    assert _refused([*launch, "--workdir", str(old)], capsys) == f"error: --workdir {old}: is a file, not a folder"
+    assert _refused([*launch, "--workdir", str(old / "sub")], capsys) == \
+        f"error: --workdir {old / 'sub'}: cannot make the folder (Not a directory)"

@@ -333,3 +333,5 @@ def test_a_peer_waits_start_timeout_for_the_others_and_a_launch_names_the_users_
                    method_args={"rounds": 1}, start_timeout=5.0)
     finally:
         taken.close()
+    # the launch's own work folder (the peers' private keys among its files) went with the failure
+    assert not list(tmp_path.glob(".abps-launch-*")) and not (tmp_path / "r.json").exists()

@@ -271,8 +271,9 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
         timeout: seconds a peer waits for another's message in a round.
         start_timeout: seconds a peer waits for the others to come up, and for a restarting one
             to rejoin.
-        workdir: where certificates, the peer list, logs and per-peer results go (default: a new
-            folder beside ``output``, removed unless the launch failed).
+        workdir: where certificates, the peer list, logs and per-peer results go, kept (default:
+            a new folder beside ``output``, removed when the launch ends, whether it finished or
+            not: it holds the peers' private keys).
         capture: every peer also writes the messages it sends to ``workdir/sent-<i>.bin``.
         on_failure: when a peer process dies: ``stop`` the federation, let the others
             ``continue`` without it (unavailable from then on), or ``restart`` it (at most
@@ -304,13 +305,38 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
     entries = local_peers(ids) if local is not None else read_peers_file(peers_file, ids, starts=True)  # type: ignore[arg-type]
     own_dir = workdir is None
     out.parent.mkdir(parents=True, exist_ok=True)  # as abps train does for its --output
-    wd = Path(tempfile.mkdtemp(prefix=".abps-launch-", dir=out.parent)) if own_dir else Path(workdir)  # type: ignore[arg-type]
-    wd.mkdir(parents=True, exist_ok=True)
+    if own_dir:
+        wd = Path(tempfile.mkdtemp(prefix=".abps-launch-", dir=out.parent))
+    else:
+        wd = Path(workdir)  # type: ignore[arg-type]
+        if wd.exists() and not wd.is_dir():
+            raise InputError(f"--workdir {workdir}: is a file, not a folder")
+        try:
+            wd.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--workdir {workdir}: cannot make the folder "
+                             f"({exc.strerror or exc.__class__.__name__})") from None
+    try:  # a folder of its own goes whatever happens (it holds the peers' private keys), unless kept to read
+        return _launch_in(cfg, cohort, seed, out, ids, entries, wd, args=method_args or {}, local=local,
+                          peers_file=peers_file, tracking_uri=tracking_uri, experiment=experiment, track=track,
+                          timeout=timeout, capture=capture, on_failure=on_failure, on_start=on_start,
+                          start_timeout=start_timeout)
+    finally:
+        if own_dir and not capture:
+            import shutil
+
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def _launch_in(cfg: RunConfig, cohort: Path, seed: int, out: Path, ids: list[str], entries: list[PeerEntry],
+               wd: Path, *, args: dict[str, Any], local: int | None, peers_file: str | Path | None,
+               tracking_uri: str | None, experiment: str, track: bool, timeout: float, capture: bool,
+               on_failure: str, on_start: Any, start_timeout: float) -> dict[str, Any]:
+    """:func:`launch` once its options are checked, in the work folder ``wd``."""
     pf = wd / "peers.txt"
     pf.write_text("".join(f"{e.center_id} {e.address}\n" for e in entries))
     certs = wd / "certs"
     make_federation_certs(certs, {i: e.host for i, e in enumerate(entries)})
-    args = method_args or {}
     group = _Group()
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -370,10 +396,6 @@ def launch(cfg: RunConfig, cohort: str | Path, seed: int, output: str | Path, *,
             signal.signal(s, h)
     doc = _document(cfg, cohort, seed, results, entries, tracking_uri, experiment, track)
     write_results(out, doc)
-    if own_dir and not capture:
-        import shutil
-
-        shutil.rmtree(wd, ignore_errors=True)
     return doc
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from etl.errors import InputError
 from federation.run.tracking import (
-    _sqlite_path,
+    sqlite_path,
     _store_error,
     check_store,
     default_tracking_uri,
@@ -188,7 +188,7 @@ def open_store(tracking_uri: str | None) -> Iterator[RunStore]:
         InputError: the store is damaged or unreadable (one line naming it).
     """
     uri = tracking_uri or default_tracking_uri(make_folder=False)  # a reader makes nothing
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     con = None
     if db is not None and (not db.exists() or (db.is_file() and db.stat().st_size == 0)):
         yield _EmptyStore(uri)  # no store yet (or an empty file): nothing to read, and nothing made

@@ -187,7 +187,9 @@ def check_no_identifiers(obj: Any) -> None:
             check_no_identifiers(v)
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (relative to the working folder when
+    the URI's path is), else None."""
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
@@ -195,7 +197,7 @@ def _engine_uri(uri: str) -> str:
     """The URI handed to MLflow: a relative sqlite path made absolute. MLflow keeps one database
     engine per URI string for the process, so ``sqlite:///mlflow/mlflow.db`` would otherwise go
     on writing to the first working directory's store after a change of directory."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     return f"sqlite:///{db.resolve()}" if db is not None and not db.is_absolute() else uri
 
 
@@ -203,7 +205,7 @@ def store_lock(uri: str, timeout_s: float = 600.0) -> contextlib.AbstractContext
     """An inter-process lock for one-time store work (schema creation, experiment creation):
     a :class:`filelock.FileLock` on ``<db>.lock`` beside a sqlite store; no lock for other
     stores (an MLflow server serializes itself)."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         return contextlib.nullcontext()
     from filelock import FileLock
@@ -288,7 +290,7 @@ def check_store(uri: str) -> None:
     if uri.startswith(("http://", "https://")):
         _check_server(uri)
         return
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or not db.exists():
         return
     if not db.is_file():
@@ -321,7 +323,7 @@ def open_client(uri: str, write: bool = True) -> Any:
 
     quiet_mlflow()
     check_store(uri)
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and write:
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
@@ -388,7 +390,7 @@ class Tracker:
         self._end: dict[str, tuple[str | None, int | None]] = {}
 
     def _artifact_root(self) -> str | None:
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if db is None:
             return None
         root = (db.parent / "artifacts").resolve()
