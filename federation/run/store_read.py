@@ -14,12 +14,12 @@ from typing import Any, Protocol
 
 from etl.errors import InputError
 from federation.run.tracking import (
-    sqlite_path,
     _store_error,
     check_store,
     default_tracking_uri,
     open_client,
     search_all,
+    sqlite_path,
 )
 
 __all__ = ["RunStore", "StoredRun", "open_store"]
