@@ -64,6 +64,15 @@ def _check_version(path: Path, meta: dict) -> None:
                                    "MEDS 0.3's"), stacklevel=1)
 
 
+def _check_time(t: Table) -> None:
+    """Refuse a ``time`` column stored as a date: the time of day is what orders a stay's events
+    and places them in the first-day window."""
+    kind = t.kinds[t.columns.index("time")]
+    if kind.startswith("DATE"):
+        raise InputError(f"{t.path}: column 'time' is stored as {kind}, without the time of day (MEDS stores "
+                         "a timestamp)")
+
+
 def _read_metadata(root: Path) -> tuple[dict, Table]:
     path = root / "metadata" / "dataset.json"
     if not path.is_file():
@@ -99,6 +108,9 @@ def _shards(root: Path, splits: tuple[str, ...] | None) -> tuple[dict[str, int],
         if s not in listed:
             raise InputError(f"--meds-splits: split '{s}' is not in {spl.path} "
                              f"(it lists {', '.join(listed)})")
+        if s in ("", ".", "..") or any(c in s for c in "/\\\0"):  # a path would read outside the dataset
+            raise InputError(f"{spl.path}: column 'split' holds {s!r}, which is not a folder name (the split's "
+                             "shards are data/<split>/*.parquet)")
     shards: dict[str, list[Table]] = {}
     for s in wanted:
         folder = root / "data" / s
@@ -112,6 +124,7 @@ def _shards(root: Path, splits: tuple[str, ...] | None) -> tuple[dict[str, int],
             module = str(f.parent.relative_to(root))
             t = locate(root, module, f.name[: -len(".parquet")], REQUIRED, TYPES)
             _check_text(t, "code")
+            _check_time(t)
             for c in OPTIONAL:
                 _check_text(t, c)
             shards[s].append(t)
@@ -186,6 +199,12 @@ def build_meds_cohort(data_dir: str | Path, opts: EtlOptions, scratch: Path,
         t0 = time.perf_counter()
         for t in tables:
             _check_ids(con, t)
+        for s, ts in shards.items():  # every shard of a split empty: as missing as no shard at all
+            files = [str(t.path) for t in ts]
+            if not con.execute("SELECT coalesce(sum(num_rows), 0) FROM parquet_file_metadata(?)", [files]).fetchall()[0][0]:
+                named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+                raise InputError(f"{named}: no events in split '{s}', but metadata/subject_splits.parquet lists "
+                                 f"{listed[s]} subjects in it (read only the splits present with --meds-splits)")
         con.execute(f"CREATE TEMP VIEW meds_events AS SELECT * FROM {_events_sql(tables)}")
         for name in ("icustays", "admissions", "patients", "diagnoses_icd"):
             con.execute(f"CREATE TEMP TABLE meds_{name} AS " + concept_sql("meds", name, events="meds_events"))

@@ -167,6 +167,13 @@ def _meds(tmp: Path, rel: str, damage) -> tuple[list[str], Path]:
             "--min-center-stays", "1"], bad
 
 
+def _meds_split_named(tmp: Path, name: str) -> tuple[list[str], Path]:
+    """The MEDS demo whose split 'tuning' is called ``name`` in subject_splits.parquet, read by it."""
+    argv, bad = _meds(tmp, "metadata/subject_splits.parquet", _Frame(
+        lambda d: d.with_columns(d["split"].replace("tuning", name))))
+    return [name + ",held_out" if a == "tuning,held_out" else a for a in argv], bad
+
+
 class _Frame:
     def __init__(self, f):
         self.frame = f
@@ -275,6 +282,11 @@ READERS = [
         lambda d: d.with_columns(d["time"].dt.strftime("%d/%m/%Y").alias("time")))), ("'time'",)),
     ("meds-negative-id", lambda t: _meds(t, "data/held_out/0.parquet", _Frame(
         lambda d: d.with_columns(-d["hadm_id"]))), ("'hadm_id'", "positive")),
+    ("meds-time-as-date", lambda t: _meds(t, "data/tuning/0.parquet", _Frame(
+        lambda d: d.with_columns(d["time"].dt.date()))), ("'time'", "DATE", "time of day")),
+    ("meds-empty-split", lambda t: _meds(t, "data/tuning/0.parquet", _Frame(lambda d: d.head(0))),
+     ("no events in split 'tuning'",)),
+    ("meds-split-is-a-path", lambda t: _meds_split_named(t, "../../tuning"), ("'split'", "'../../tuning'")),
     ("meds-truncated-codes", lambda t: _meds(t, "metadata/codes.parquet", _cut(0.5)), ()),
     ("meds-truncated-splits", lambda t: _meds(t, "metadata/subject_splits.parquet", _cut(0.5)), ()),
     ("meds-garbage-dataset-json", lambda t: _meds(t, "metadata/dataset.json", b"{\"meds_version\": "), ("JSON",)),
