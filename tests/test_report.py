@@ -63,6 +63,7 @@ def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
     _cell(client, exp_id, "fedavg", "fedavg", 2, 0.74, 100e6, t=2001, rel=1.0)
     _cell(client, exp_id, "fedavg", "fedavg", 3, 0.00, 100e6, t=2002, status="RUNNING")  # killed: ignored
     _cell(client, exp_id, "fedavg", "fedavg", 4, 0.00, 100e6, t=2003, status="FAILED")   # ignored
+    _cell(client, exp_id, "fedavg", "fedavg", "abc", 0.00, 100e6, t=2004)  # no integer seed: not ours, ignored
     _cell(client, exp_id, "abps", "abps", 1, 0.20, 1e6, t=900, h="old")      # older configuration: ignored
     for seed, a, rel in ((1, 0.80, 1.4), (2, 0.76, 1.5), (3, 0.78, 1.6)):
         _cell(client, exp_id, "abps", "abps", seed, a, 150e6, t=3000 + seed, rel=rel)

@@ -27,9 +27,9 @@ from federation.run.tracking import (
     METRIC_TAG,
     PLATFORM_COMPARED,
     PLATFORM_TAG_PREFIX,
-    SEED_TAG,
     SELECTOR_TAG,
     Tracker,
+    seed_of,
 )
 
 __all__ = ["CellRun", "Collected", "dedupe_cells", "collect_runs", "platform_note"]
@@ -115,12 +115,13 @@ def _label(method: str, params: dict[str, str]) -> str:
 def _cell_from_run(r: Any) -> CellRun | None:
     m, t = r.data.metrics, r.data.tags
     # a run whose mean is undefined (too few evaluable centers) logs no final_auroc_mean but its counts
-    if ("final_auroc_mean" not in m and "n_scored_test" not in m) or METHOD_TAG not in t or SEED_TAG not in t:
+    seed = seed_of(t)
+    if ("final_auroc_mean" not in m and "n_scored_test" not in m) or METHOD_TAG not in t or seed is None:
         return None
     method = t[METHOD_TAG]
     return CellRun(
         run_id=r.info.run_id, label=t.get(LABEL_TAG) or _label(method, r.data.params), method=method,
-        seed=int(t[SEED_TAG]), cohort=t.get(COHORT_TAG), cohort_name=t.get(COHORT_NAME_TAG, ""),
+        seed=seed, cohort=t.get(COHORT_TAG), cohort_name=t.get(COHORT_NAME_TAG, ""),
         config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
         final_auroc_mean=float(m.get("final_auroc_mean", math.nan)),
         n_scored=float(m.get("n_scored_test", math.nan)), min_scored=float(m.get("min_scored_test", math.nan)),

@@ -14,7 +14,7 @@ from typing import Any
 
 from etl.errors import InputError
 from etl.io import atomic_write_text
-from federation.run.tracking import LABEL_TAG, METHOD_TAG, SEED_TAG
+from federation.run.tracking import LABEL_TAG, METHOD_TAG, seed_of
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,10 @@ def collect_records(client: Any, exp_id: str) -> list[TuningRecord]:
                                   page_token=token)
         for r in page:
             m, t = r.data.metrics, r.data.tags
-            if METHOD_TAG not in t or SEED_TAG not in t or "final_val_auroc_mean" not in m:
+            seed = seed_of(t)
+            if METHOD_TAG not in t or seed is None or "final_val_auroc_mean" not in m:
                 continue
-            out.append(TuningRecord(label=t.get(LABEL_TAG) or t[METHOD_TAG], method=t[METHOD_TAG], seed=int(t[SEED_TAG]),
+            out.append(TuningRecord(label=t.get(LABEL_TAG) or t[METHOD_TAG], method=t[METHOD_TAG], seed=seed,
                                     val_auroc=float(m["final_val_auroc_mean"]),
                                     test_auroc=float(m.get("final_auroc_mean", math.nan))))
         token = page.token

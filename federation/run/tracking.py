@@ -187,6 +187,15 @@ def check_no_identifiers(obj: Any) -> None:
             check_no_identifiers(v)
 
 
+def seed_of(tags: dict[str, str]) -> int | None:
+    """The seed of a run from its ``seed`` tag; None when the tag is missing or not an integer (a
+    run this program did not log, skipped by the readers)."""
+    try:
+        return int(tags[SEED_TAG])
+    except (KeyError, ValueError):
+        return None
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` tracking URI (relative to the working folder when
     the URI's path is), else None."""
