@@ -88,6 +88,30 @@ def _check_age(con, table: Table) -> None:
                          f"({n} rows are not)")
 
 
+#: The values eICU-CRD writes in the patient table's coded text columns (empty: not recorded);
+#: another value (``alive``, ``MALE``, ``Dead``) would be read as unknown without a word.
+CODED = {"hospitaldischargestatus": ("Alive", "Expired"), "unitdischargestatus": ("Alive", "Expired"),
+         "gender": ("Male", "Female", "Unknown", "Other")}
+
+
+def _check_coded(con, table: Table) -> None:
+    """Refuse a coded column of ``patient`` holding a value eICU does not write (:data:`CODED`).
+
+    Raises:
+        InputError: naming the file, the column, how many rows, and the values it takes.
+    """
+    v = {c: f"trim(CAST({c} AS VARCHAR))" for c in CODED if c in table.columns}
+    if not v:
+        return
+    conds = [f"count(*) FILTER (WHERE {e} <> '' AND {e} NOT IN ({', '.join(repr(x) for x in CODED[c])}))"
+             for c, e in v.items()]
+    bad = con.execute(f"SELECT {', '.join(conds)} FROM {table.varchar_scan()}").fetchall()[0]
+    for c, n in zip(v, bad):
+        if n:
+            raise InputError(f"{table.path}: column '{c}' must be {', '.join(CODED[c])} or empty, as eICU writes "
+                             f"it ({n} row{'s hold' if n != 1 else ' holds'} other values)")
+
+
 def _check_patient_ids(con, table: Table) -> None:
     """Refuse a ``uniquepid`` that is empty: stays are numbered into patients by it, so every empty
     one would become the same patient (one subject, kept in one split) without a word.
@@ -175,6 +199,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
                 check_text(con, tables[name], tuple(c for c in REQUIRED[name] if c not in TYPES))
             _check_age(con, tables["patient"])
             _check_patient_ids(con, tables["patient"])
+            _check_coded(con, tables["patient"])
             require_rows(con, tables["patient"], "every stay of the cohort is one of its rows")
             require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")
             for name, what in HEADER_ONLY.items():  # readable, and what the cohort then lacks is said
