@@ -222,6 +222,8 @@ def train(
     defined = s["final_auroc_mean"]["mean"] is not None
     if (line := clinical_line(doc["seeds"], auroc_spread=defined)) is not None:
         typer.echo(line)
-    if defined and scored < n / 2:  # an undefined mean has said why in its own words
+    from federation.core.limits import few_centers
+
+    if defined and few_centers(scored, n):  # an undefined mean has said why in its own words
         typer.echo(f"warning: only {scored} of {n} centers have both classes in their test split; "
                    "the mean AUROC rests on few centers", err=True)

@@ -105,3 +105,27 @@ def test_etl_on_a_demo_names_the_options_that_work(mimic_demo_dir, tmp_path):
     p = run("etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(tmp_path / "c"), *suggested)
     assert p.returncode == 0, p.stderr[-500:]
     assert (tmp_path / "c" / "cohort.parquet").is_file()
+
+
+def test_a_mean_over_few_centers_says_how_many_wherever_it_appears(mimic_demo_dir, tmp_path, capsys):
+    from federation.report import write_report
+
+    cohort = tmp_path / "cohort"  # the README's small run: 6 centers, 2 of them with both classes in test
+    main(["etl", "--mimic-dir", str(mimic_demo_dir), "--out", str(cohort), "--window-years", "200",
+          "--min-center-stays", "1"])
+
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    cfg = tmp_path / "few.yaml"
+    cfg.write_text("evaluation: {min_centers: 1, min_center_share: 0.0}\n")
+    out = tmp_path / "r.json"
+    main(["train", "--method", "fedavg", "--cohort", str(cohort), "--seeds", "11", "--rounds", "1",
+          "--config", str(cfg), "--output", str(out), "--tracking-uri", uri, "--experiment", "few", "--no-progress"])
+    doc = json.loads(out.read_text())
+    n, scored = doc["n_centers"], doc["seeds"]["11"]["n_scored_test"]
+    assert 1 <= scored < n / 2 and doc["summary"]["final_auroc_mean"]["mean"] is not None
+    assert f"warning: only {scored} of {n} centers have both classes" in capsys.readouterr().err
+
+    main(["runs", "--experiment", "few", "--tracking-uri", uri])
+    assert f"(1 seed; {scored} of {n} centers)" in capsys.readouterr().out
+    write_report("few", tmp_path / "rep", uri, log_to_mlflow=False)
+    assert f"(1 seed; {scored} of {n} centers) |" in (tmp_path / "rep" / "table1.md").read_text()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from federation import method_catalog as catalog
+from federation.core.limits import few_centers
 from federation.report.collect import CellRun
 from federation.report.common import fmt, md_table, mean_std, pareto_front
 
@@ -65,6 +66,7 @@ class Table1Row:
     n_undefined: int = 0  # seeds whose mean AUROC is undefined (too few evaluable centers): then the row's too
     n_scored_min: float = math.nan  # fewest evaluable centers of a seed
     min_scored: float = math.nan  # evaluable centers a mean needs (the runs' evaluation setting)
+    n_centers: float = math.nan  # the cohort's centers (evaluable or not)
 
 
 def _order_key(label: str, method: str) -> tuple[int, str]:
@@ -111,7 +113,9 @@ def table1(cells: Sequence[CellRun]) -> list[Table1Row]:
             rest_share=mean_std([c.rest_share for c in runs])[0],
             n_undefined=sum(not math.isfinite(c.final_auroc_mean) for c in runs),
             n_scored_min=min((c.n_scored for c in runs if math.isfinite(c.n_scored)), default=math.nan),
-            min_scored=max((c.min_scored for c in runs if math.isfinite(c.min_scored)), default=math.nan)))
+            min_scored=max((c.min_scored for c in runs if math.isfinite(c.min_scored)), default=math.nan),
+            n_centers=max((c.n_scored + c.n_excluded for c in runs if math.isfinite(c.n_scored + c.n_excluded)),
+                          default=math.nan)))
     rows.sort(key=lambda r: _order_key(r.label, r.method))
     return rows
 
@@ -119,14 +123,18 @@ def table1(cells: Sequence[CellRun]) -> list[Table1Row]:
 def auroc_cell(r: Table1Row) -> str:
     """``0.780 ± 0.016`` (mean ± std across seeds), ``0.780 (1 seed)`` for one seed (no spread to
     show), or ``undefined (k of n seeds: j centers evaluable, m needed)`` when a seed's mean rests
-    on fewer evaluable centers than the run's ``evaluation`` setting allows."""
+    on fewer evaluable centers than the run's ``evaluation`` setting allows. A mean over fewer than
+    half the cohort's centers (:func:`federation.core.limits.few_centers`) says how many:
+    ``0.750 (1 seed; 2 of 6 centers)``."""
     if r.n_undefined:
         need = f", {r.min_scored:.0f} needed" if math.isfinite(r.min_scored) else ""
         got = f": {r.n_scored_min:.0f} centers evaluable{need}" if math.isfinite(r.n_scored_min) else ""
         return f"undefined ({r.n_undefined} of {r.n_seeds} seeds{got})"
+    few = math.isfinite(r.n_scored_min) and math.isfinite(r.n_centers) and few_centers(r.n_scored_min, r.n_centers)
+    where = f"{r.n_scored_min:.0f} of {r.n_centers:.0f} centers" if few else ""
     if r.n_seeds == 1:
-        return f"{fmt(r.auroc_mean)} (1 seed)"
-    return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}"
+        return f"{fmt(r.auroc_mean)} (1 seed{'; ' + where if where else ''})"
+    return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}" + (f" ({where})" if where else "")
 
 
 def _rounds_cell(rounds: float) -> str:

@@ -57,6 +57,7 @@ class CellRun:
     platform: dict[str, str] = field(default_factory=dict)  # PLATFORM_COMPARED facts of the run
     n_scored: float = math.nan  # centers with a defined test AUROC; the mean needs min_scored of them
     min_scored: float = math.nan
+    n_excluded: float = math.nan  # centers whose test AUROC is undefined (one class): n_scored + n_excluded = all
     cohort_name: str = ""  # the cohort's folder name (empty for runs made before the tag)
     final_val_auroc: float = math.nan  # mean validation AUROC of the reported round
     targets: dict[str, tuple[float, ...]] = field(default_factory=dict)  # the run's targets.* config (as logged)
@@ -125,6 +126,7 @@ def _cell_from_run(r: Any) -> CellRun | None:
         config_hash=t.get(HASH_TAG), start_time=int(r.info.start_time or 0),
         final_auroc_mean=float(m.get("final_auroc_mean", math.nan)),
         n_scored=float(m.get("n_scored_test", math.nan)), min_scored=float(m.get("min_scored_test", math.nan)),
+        n_excluded=float(m.get("n_excluded_test", math.nan)),
         model_bytes=float(m.get("model_bytes", m.get("cum_bytes", math.nan))),
         rel_bandwidth=float(m.get("rel_bandwidth", math.nan)), rounds_run=float(m.get("rounds_run", math.nan)),
         rest_share=float(m.get("rest_share_mean", math.nan)),
