@@ -161,3 +161,21 @@ def test_bootstrap_counts_equal_resorting_every_replicate_bit_for_bit(centers):
     for j, r in enumerate(got):
         assert not r.suppressed
         assert r.auroc_gap_ci == tuple(torch.quantile(torch.cat(gaps[j]), q).tolist()), r.group
+
+
+def test_a_calibration_fit_on_too_few_events_is_undefined():
+    # two deaths among 40 stays, not separated: the fit converges (sklearn agrees), but with
+    # min_events = 5 (the small-cell rule the evaluation applies per center) it is undefined
+    z = np.linspace(-3.0, 3.0, 40)
+    y = np.zeros(40)
+    y[[5, 33]] = 1.0
+    s, yy, m = _padded([(z, y)])
+    a1, b1 = cm.batched_calibration(s, yy, m)
+    lr = LogisticRegression(C=np.inf, tol=1e-12, max_iter=10_000).fit(z[:, None], y)
+    assert b1[0].item() == pytest.approx(lr.coef_[0, 0], abs=1e-5)
+    a5, b5 = cm.batched_calibration(s, yy, m, min_events=5)
+    assert math.isnan(a5[0].item()) and math.isnan(b5[0].item())
+    y[[10, 20, 25]] = 1.0  # five of each class: defined again, and the same fit
+    s, yy, m = _padded([(z, y)])
+    lr = LogisticRegression(C=np.inf, tol=1e-12, max_iter=10_000).fit(z[:, None], y)
+    assert cm.batched_calibration(s, yy, m, min_events=5)[1][0].item() == pytest.approx(lr.coef_[0, 0], abs=1e-5)

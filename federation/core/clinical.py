@@ -98,18 +98,21 @@ def batched_ece(prob: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, n_
 
 
 def batched_calibration(
-    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, max_iter: int = 50, tol: float = 1e-10
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, max_iter: int = 50, tol: float = 1e-10,
+    min_events: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row calibration intercept ``a`` and slope ``b`` of ``logit P(y=1) = a + b z``.
 
     Newton-Raphson on the unpenalized logistic log-likelihood, all rows at once (a 2 x 2
-    system per row, solved in closed form). A row is NaN when it has one class only, or its
-    fit has not converged within ``max_iter`` steps (perfect separation drives the slope to
-    infinity).
+    system per row, solved in closed form). A row is NaN when it has fewer than ``min_events``
+    rows of either class, or its fit has not converged within ``max_iter`` steps (perfect
+    separation drives the slope to infinity).
 
     Args:
         logits: ``[m, rows]`` the model's logits z.
         labels, mask: as in :func:`batched_auprc`.
+        min_events: the fewest rows of each class a defined fit needs (1: any two-class row; a
+            fit on one or two deaths is defined but says nothing: slopes of -600 on the eICU demo).
 
     Returns:
         ``(intercept [m], slope [m])`` float64.
@@ -137,7 +140,8 @@ def batched_calibration(
             break
     n_pos = (y * m).sum(1)
     n_neg = m.sum(1) - n_pos
-    valid = converged & (n_pos > 0) & (n_neg > 0) & torch.isfinite(a) & torch.isfinite(b)
+    enough = max(1, min_events)
+    valid = converged & (n_pos >= enough) & (n_neg >= enough) & torch.isfinite(a) & torch.isfinite(b)
     nan = torch.full_like(a, math.nan)
     return torch.where(valid, a, nan), torch.where(valid, b, nan)
 

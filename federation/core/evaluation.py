@@ -165,7 +165,7 @@ def evaluate_clinical(
     z = as_logits(scores, kind).masked_fill(~mask, 0.0)
     p = torch.sigmoid(z)
     y = labels.double()
-    a, b = batched_calibration(z, y, mask)
+    a, b = batched_calibration(z, y, mask, min_events=MIN_CELL_EVENTS)  # the small-cell rule, per center
     per = {"auroc": batched_auroc(z, y, mask).double(), "auprc": batched_auprc(z, y, mask),
            "brier": batched_brier(p, y, mask), "ece": batched_ece(p, y, mask, ECE_BINS),
            "cal_intercept": a, "cal_slope": b}
