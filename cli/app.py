@@ -143,6 +143,12 @@ def _on_sigterm(signum, frame) -> None:  # noqa: ARG001
         raise SystemExit(128 + signum)
 
 
+def interrupt_handled() -> None:
+    """Forget the signal received: for a command whose normal end is Ctrl-C (``abps ui``), which
+    then exits 0 rather than 130."""
+    _received["signal"] = _received["at"] = None
+
+
 def _exit_interrupted() -> None:
     """Exit for the signal received: 130 (SIGINT, Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP), with
     one line."""

@@ -68,7 +68,14 @@ def ui(
             tail = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
             raise InputError(f"the MLflow UI did not start on port {port}: " + (tail[-1] if tail else "no output"))
         typer.echo(f"MLflow UI: {compare_url(base, uri, experiment)}  (store {uri}; Ctrl-C stops it)")
-        return proc.wait()
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C is how the UI is meant to stop: no error
+            from cli.app import interrupt_handled
+
+            interrupt_handled()
+            typer.echo("MLflow UI stopped", err=True)
+            return 0
     finally:  # normal exit, Ctrl-C or SIGTERM (cli.app turns it into SystemExit)
         stop_process_tree(proc.pid)
         log.close()
