@@ -258,3 +258,10 @@ def test_rounds_cell_is_whole_when_every_seed_ran_the_same_rounds():
     from federation.report.abps_table1 import _rounds_cell
 
     assert [_rounds_cell(x) for x in (50.0, 3.0, 47.4)] == ["50", "3", "47.4"]
+
+
+def test_a_markdown_cell_holds_a_pipe_or_a_line_break_without_breaking_the_table():
+    from federation.report.common import md_table
+
+    text = md_table(["method", "AUROC"], [["a|b\nc", 0.5]])
+    assert text.splitlines() == ["| method | AUROC |", "|---|---|", "| a\\|b c | 0.5 |"]

@@ -43,10 +43,16 @@ def fmt(x: float, nd: int = 3) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.{nd}f}"
 
 
+def md_cell(value: Any) -> str:
+    """``value`` as one Markdown table cell: a ``|`` escaped, line breaks as spaces (a label or
+    tag from the store may hold either)."""
+    return " ".join(str(value).splitlines()).replace("|", "\\|")
+
+
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A Markdown table."""
+    """A Markdown table (cells through :func:`md_cell`)."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(v) for v in r) + " |" for r in rows]
+    lines += ["| " + " | ".join(md_cell(v) for v in r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
