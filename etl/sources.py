@@ -390,6 +390,11 @@ def locate(root: Path, module: str, name: str, required: tuple[str, ...],
             near = sorted(p.name for p in base.iterdir() if p.name.lower() in wanted)
         except OSError:
             near = []
+        exact = [n for n in near if n in {f"{name}{suffix}" for suffix in SUFFIXES}]
+        if exact:  # the name is right, but it is no readable file
+            what = "a link to nothing" if (base / exact[0]).is_symlink() and not (base / exact[0]).exists() \
+                else "not a file"
+            raise InputError(f"{base / exact[0]}: {what} (the {label} table is read from it)")
         hint = f"; {near[0]} is there: the file names are case-sensitive" if near else ""
         raise InputError(f"missing table {label} (.csv.gz, .csv or .parquet) under {root}{hint}")
     if len(found) > 1:

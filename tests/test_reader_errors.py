@@ -167,6 +167,17 @@ def _meds(tmp: Path, rel: str, damage) -> tuple[list[str], Path]:
             "--min-center-stays", "1"], bad
 
 
+def _eicu_table_replaced(tmp: Path, table: str, how: str) -> tuple[list[str], Path]:
+    """The eICU demo with ``table`` a link to nothing (``how="dangling"``) or a folder."""
+    argv, bad = _eicu(tmp, table, b"")
+    bad.unlink()
+    if how == "dangling":
+        bad.symlink_to(tmp / "nowhere.csv.gz")
+    else:
+        bad.mkdir()
+    return argv, bad
+
+
 def _meds_split_named(tmp: Path, name: str) -> tuple[list[str], Path]:
     """The MEDS demo whose split 'tuning' is called ``name`` in subject_splits.parquet, read by it."""
     argv, bad = _meds(tmp, "metadata/subject_splits.parquet", _Frame(
@@ -275,6 +286,8 @@ READERS = [
     ("eicu-status-lower-case", lambda t: _eicu(t, "patient", _text(_set_col("hospitaldischargestatus", "alive"))),
      ("'hospitaldischargestatus'", "Alive, Expired or empty", "1 row holds other")),
     ("eicu-gender-upper-case", lambda t: _eicu(t, "patient", _text(_set_col("gender", "MALE"))), ("'gender'",)),
+    ("eicu-dangling-link", lambda t: _eicu_table_replaced(t, "patient", "dangling"), ("a link to nothing",)),
+    ("eicu-folder-for-a-table", lambda t: _eicu_table_replaced(t, "hospital", "folder"), ("not a file",)),
     ("eicu-flag-not-0-1", lambda t: _eicu(t, "apachePredVar", _text(_set_col("aids", "-1"))), ("'aids'",)),
     ("meds-truncated-shard", lambda t: _meds(t, "data/tuning/0.parquet", _cut(0.6)), ("Parquet",)),
     ("meds-garbage-shard", lambda t: _meds(t, "data/held_out/0.parquet", b"PAR1" + b"\0" * 100), ("Parquet",)),

@@ -13,7 +13,7 @@ SELECT p.patientunitstayid AS stay_id,
        coalesce(nullif(p.unittype, ''), 'UNKNOWN') AS care_unit,
        p.hospitaldischargeyear AS admit_year,
        CAST(p.hospitaldischargeyear AS VARCHAR) AS anchor_year_group,
-       CASE WHEN trim(p.age) = '> 89' THEN 90.0 ELSE TRY_CAST(p.age AS DOUBLE) END AS age,
+       CASE WHEN trim(CAST(p.age AS VARCHAR)) = '> 89' THEN 90.0 ELSE TRY_CAST(p.age AS DOUBLE) END AS age,
        CASE p.gender WHEN 'Male' THEN 'M' WHEN 'Female' THEN 'F' ELSE 'UNKNOWN' END AS gender,
        CASE p.ethnicity WHEN 'Caucasian' THEN 'WHITE' WHEN 'African American' THEN 'BLACK'
             WHEN 'Hispanic' THEN 'HISPANIC' WHEN 'Asian' THEN 'ASIAN'
