@@ -63,7 +63,8 @@ def cache_clear() -> None:
         freed += size
         typer.echo(f"removed {d}")
     root = _cache_folder(KINDS[0]).parent
-    if root.is_dir() and not any(root.iterdir()):
+    # the program's own folder (.../abps) goes when empty; a folder the user named in ABPS_CACHE_DIR stays
+    if not os.environ.get("ABPS_CACHE_DIR") and root.is_dir() and not any(root.iterdir()):
         root.rmdir()
     typer.echo(f"cache clear: {freed / 2**20:.1f} MiB freed")
 

@@ -537,3 +537,15 @@ def test_a_capture_is_a_new_file_and_a_workdir_a_folder(cohort, tmp_path, capsys
     assert _refused([*launch, "--workdir", str(old)], capsys) == f"error: --workdir {old}: is a file, not a folder"
     assert _refused([*launch, "--workdir", str(old / "sub")], capsys) == \
         f"error: --workdir {old / 'sub'}: cannot make the folder (Not a directory)"
+
+
+def test_cache_clear_keeps_the_folder_abps_cache_dir_names(tmp_path, monkeypatch, capsys):
+    for var, root, kept in (("ABPS_CACHE_DIR", tmp_path / "mine", True), ("XDG_CACHE_HOME", tmp_path / "xdg", False)):
+        monkeypatch.delenv("ABPS_CACHE_DIR", raising=False)
+        monkeypatch.setenv(var, str(root))
+        folder = root if var == "ABPS_CACHE_DIR" else root / "abps"  # the program's own folder under XDG
+        (folder / "kernels").mkdir(parents=True)
+        (folder / "kernels" / "k.so").write_bytes(b"\0")
+        main(["cache", "clear"])
+        assert "cache clear: 0.0 MiB freed" in capsys.readouterr().out
+        assert folder.is_dir() == kept and not (folder / "kernels").exists() and root.is_dir()
