@@ -171,7 +171,8 @@ def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:
     ranked = sorted(fed, key=lambda r: r.auroc_mean, reverse=True)
     fig, (ax_a, ax_b) = plt.subplots(1, 2, figsize=(14, max(4.5, 0.38 * len(ranked) + 1.5)))
     y = list(range(len(ranked)))
-    ax_a.barh(y, [r.auroc_mean for r in ranked], xerr=[r.auroc_std for r in ranked],
+    spread = [r.auroc_std if r.n_seeds > 1 else math.nan for r in ranked]  # one seed: no spread to draw
+    ax_a.barh(y, [r.auroc_mean for r in ranked], xerr=spread,
               color=[_COLOURS.get(r.family, "tab:gray") for r in ranked], capsize=3)
     ax_a.set_yticks(y, [r.name for r in ranked], fontsize=8)
     ax_a.invert_yaxis()
@@ -180,11 +181,14 @@ def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:
     for r in central:
         hi = max(hi, r.auroc_mean)
         ax_a.axvline(r.auroc_mean, ls="--", color="gray", label=f"Centralized = {r.auroc_mean:.3f}")
-    ax_a.set_xlim(max(0.0, lo - 0.02), min(1.0, hi + 0.02))
+    # bars start at chance (0.5) where every row lies above it: a bar's length is its distance from
+    # chance, and a zoomed axis would make a small gap look large
+    ax_a.set_xlim(0.5 if lo >= 0.5 else 0.0, min(1.0, hi + 0.02))
     for yi, r in zip(y, ranked):
-        ax_a.text(r.auroc_mean + (r.auroc_std if math.isfinite(r.auroc_std) else 0.0), yi, f"  {r.auroc_mean:.3f}",
+        ax_a.text(r.auroc_mean + (r.auroc_std if math.isfinite(r.auroc_std) and r.n_seeds > 1 else 0.0), yi, f"  {r.auroc_mean:.3f}",
                   va="center", fontsize=7)
-    ax_a.set_xlabel("Mean AUROC across centers (higher is better)")
+    ax_a.set_xlabel("Mean AUROC across centers (higher is better; bars from chance, 0.5)" if lo >= 0.5
+                    else "Mean AUROC across centers (higher is better)")
     ax_a.set_title("(a) Accuracy ranking")
     if central:
         ax_a.legend(loc="lower right", fontsize=8)
@@ -193,7 +197,7 @@ def figure3(rows: Sequence[Table1Row], path: Path) -> list[str]:
     xy = [(r.bytes_mean / 1e6, r.auroc_mean) for r in pts]
     front = pareto_front(xy)
     for r, (x, yv) in zip(pts, xy):
-        ax_b.errorbar([x], [yv], yerr=[r.auroc_std], fmt="*" if r.method == "abps-x" else "o",
+        ax_b.errorbar([x], [yv], yerr=[r.auroc_std if r.n_seeds > 1 else math.nan], fmt="*" if r.method == "abps-x" else "o",
                       ms=12 if r.method == "abps-x" else 6, color=_COLOURS.get(r.family, "tab:gray"), capsize=2)
         ax_b.annotate(r.name, (x, yv), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if front:
