@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import pytest
@@ -208,7 +210,9 @@ def test_packed_and_padded_runs_are_identical(data):
     for name in ("fedavg", "abps"):
         cfg = build_config(name, get_method(name).default_config, None, rounds=2)
         a, b = run_one(cfg, data, 5), run_one(cfg, padded, 5)
-        assert a.history == b.history and a.per_center == b.per_center
+        # bit for bit, an undefined figure (NaN: a calibration fit on too few events) as well
+        assert json.dumps([a.history, a.per_center], sort_keys=True) == json.dumps([b.history, b.per_center],
+                                                                                 sort_keys=True)
 
 
 def test_blockwise_numeric_fit_equals_whole_split(data):
