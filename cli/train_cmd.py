@@ -227,3 +227,21 @@ def train(
     if defined and few_centers(scored, n):  # an undefined mean has said why in its own words
         typer.echo(f"warning: only {scored} of {n} centers have both classes in their test split; "
                    "the mean AUROC rests on few centers", err=True)
+    _note_other_cohorts(tracking_uri, experiment, cohort)
+
+
+def _note_other_cohorts(tracking_uri: str | None, experiment: str, cohort: Path) -> None:
+    """One ``note:`` line when the experiment also holds finished runs on another cohort (two
+    cohort folders of the same name share the default experiment): `abps runs` and the report
+    show one cohort at a time."""
+    from federation.data.load import federation_id
+    from federation.run.store_read import open_store
+    from federation.run.tracking import COHORT_TAG
+
+    cid = federation_id(cohort)
+    with open_store(tracking_uri) as store:
+        eid = store.experiment_id(experiment)
+        runs = store.finished_runs(eid) if eid is not None else []
+    if any(r.data.tags.get(COHORT_TAG) not in (None, cid) for r in runs):
+        typer.echo(f"note: experiment {experiment} also holds runs on another cohort; abps runs and abps report "
+                   "show the latest run's cohort only: give each cohort its own --experiment", err=True)

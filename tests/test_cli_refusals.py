@@ -549,3 +549,19 @@ def test_cache_clear_keeps_the_folder_abps_cache_dir_names(tmp_path, monkeypatch
         main(["cache", "clear"])
         assert "cache clear: 0.0 MiB freed" in capsys.readouterr().out
         assert folder.is_dir() == kept and not (folder / "kernels").exists() and root.is_dir()
+
+
+def test_training_into_an_experiment_of_another_cohort_is_noted(tmp_path, capsys):
+    """Two cohort folders of the same name share the default experiment (the folder's name): the
+    second training says so, since `abps runs` and the report show one cohort at a time."""
+    from federation.data.synthetic import write_fedprox_cohort
+
+    uri = f"sqlite:///{tmp_path / 'ml.db'}"
+    note = "note: experiment cohort also holds runs on another cohort"
+    for i, seed in enumerate((1, 2, 2)):  # the third trains the second cohort again: the first is still there
+        c = write_fedprox_cohort(tmp_path / ("a" if i == 0 else "b") / "cohort", n_centers=3, seed=seed,
+                                 mean_size=40.0) if i < 2 else tmp_path / "b" / "cohort"
+        main(["train", "--cohort", str(c), "--method", "fedavg", "--rounds", "1", "--tracking-uri", uri,
+              "--output", str(tmp_path / f"r{i}.json"), "--no-progress"])
+        err = capsys.readouterr().err
+        assert (note in err) == (i > 0), err
