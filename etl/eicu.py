@@ -94,36 +94,26 @@ CODED = {"hospitaldischargestatus": ("Alive", "Expired"), "unitdischargestatus":
          "gender": ("Male", "Female", "Unknown", "Other")}
 
 
-def _check_coded(con, table: Table) -> None:
-    """Refuse a coded column of ``patient`` holding a value eICU does not write (:data:`CODED`).
+def _check_patient(con, table: Table) -> None:
+    """Refuse, in one scan of ``patient``, an empty ``uniquepid`` (stays are numbered into patients
+    by it, so every empty one would become the same patient, kept in one split) and a coded column
+    holding a value eICU does not write (:data:`CODED`).
 
     Raises:
-        InputError: naming the file, the column, how many rows, and the values it takes.
+        InputError: naming the file, the column and how many rows.
     """
     v = {c: f"trim(CAST({c} AS VARCHAR))" for c in CODED if c in table.columns}
-    if not v:
-        return
-    conds = [f"count(*) FILTER (WHERE {e} <> '' AND {e} NOT IN ({', '.join(repr(x) for x in CODED[c])}))"
-             for c, e in v.items()]
-    bad = con.execute(f"SELECT {', '.join(conds)} FROM {table.varchar_scan()}").fetchall()[0]
+    conds = ["count(*) FILTER (WHERE uniquepid IS NULL OR trim(CAST(uniquepid AS VARCHAR)) = '')"]
+    conds += [f"count(*) FILTER (WHERE {e} <> '' AND {e} NOT IN ({', '.join(repr(x) for x in CODED[c])}))"
+              for c, e in v.items()]
+    empty, *bad = con.execute(f"SELECT {', '.join(conds)} FROM {table.varchar_scan()}").fetchall()[0]
+    if empty:
+        raise InputError(f"{table.path}: column 'uniquepid' is empty in {empty} row{'s' if empty != 1 else ''} "
+                         "(every unit stay needs its patient's id)")
     for c, n in zip(v, bad):
         if n:
             raise InputError(f"{table.path}: column '{c}' must be {', '.join(CODED[c])} or empty, as eICU writes "
                              f"it ({n} row{'s hold' if n != 1 else ' holds'} other values)")
-
-
-def _check_patient_ids(con, table: Table) -> None:
-    """Refuse a ``uniquepid`` that is empty: stays are numbered into patients by it, so every empty
-    one would become the same patient (one subject, kept in one split) without a word.
-
-    Raises:
-        InputError: naming the file, the column and how many rows are empty.
-    """
-    n = con.execute("SELECT count(*) FILTER (WHERE uniquepid IS NULL OR trim(CAST(uniquepid AS VARCHAR)) = '') "
-                    f"FROM {table.varchar_scan()}").fetchall()[0][0]
-    if n:
-        raise InputError(f"{table.path}: column 'uniquepid' is empty in {n} row{'s' if n != 1 else ''} "
-                         "(every unit stay needs its patient's id)")
 
 
 def _comorbidity_sql(s: dict[str, str], source: str) -> str:
@@ -198,8 +188,7 @@ def run_eicu_etl(data_dir: str | Path, out: str | Path, opts: EtlOptions | None 
                 check_range(con, tables[name], bounds)
                 check_text(con, tables[name], tuple(c for c in REQUIRED[name] if c not in TYPES))
             _check_age(con, tables["patient"])
-            _check_patient_ids(con, tables["patient"])
-            _check_coded(con, tables["patient"])
+            _check_patient(con, tables["patient"])
             require_rows(con, tables["patient"], "every stay of the cohort is one of its rows")
             require_rows(con, tables["apacheApsVar"], "the first-day vitals come from it")
             for name, what in HEADER_ONLY.items():  # readable, and what the cohort then lacks is said
