@@ -175,7 +175,8 @@ def runs(
         "project's cohort, its folder name as abps train uses, else the most recently used experiment)"),
     tracking_uri: str | None = project.tracking_uri_option(),
 ) -> None:
-    """Print the experiment's finished runs: one row per method (and goal) with its seeds, AUROC
+    """Print the experiment's finished runs: one row per method (and goal) with its seeds, rounds run
+    (mean over seeds; fewer than asked where early stopping ended a run), AUROC
     mean +- std across seeds, bandwidth (x FedAvg's reference traffic) and isolation (share of
     centers that rest, with no partner, mean over rounds)."""
     from rich.console import Console
@@ -183,7 +184,7 @@ def runs(
     from rich.table import Table
 
     from federation.report import collect_runs, table1
-    from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell, isolation_cell
+    from federation.report.abps_table1 import BANDWIDTH_NOTE, ISOLATION_NOTE, auroc_cell, isolation_cell, rounds_cell
     from federation.run.store_read import experiment_or_error, open_store
 
     with open_store(tracking_uri) as store:
@@ -200,11 +201,11 @@ def runs(
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
     metrics = sorted({c.metric for c in col.cells})
     score = "AUROC" if metrics == ["auroc"] else "/".join(metrics)  # one cohort, so one metric
-    for head in ("method", "seeds", f"{score} mean +- std", "bandwidth (x FedAvg)", "isolation"):
+    for head in ("method", "seeds", "rounds", f"{score} mean +- std", "bandwidth (x FedAvg)", "isolation"):
         table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
     for r in rows:
         auroc = auroc_cell(r).replace("±", "+-")
-        table.add_row(escape(r.label), r.seeds, auroc, f"{_fmt(r.bandwidth, '.2f')}x", isolation_cell(r.rest_share).replace("–", "-"))
+        table.add_row(escape(r.label), r.seeds, rounds_cell(r.rounds_mean), auroc, f"{_fmt(r.bandwidth, '.2f')}x", isolation_cell(r.rest_share).replace("–", "-"))
     Console(width=max(100, Console().width)).print(table)
     typer.echo(BANDWIDTH_NOTE.replace("×", "x") + " " + ISOLATION_NOTE)
     for note in col.notes:

@@ -75,6 +75,7 @@ def test_first_hour_etl_then_train_goal_then_runs(project: Path, mimic_demo_dir:
     line = next(ln for ln in table.splitlines() if "abps-div" in ln)
     auroc = doc["summary"]["final_auroc_mean"]
     assert f"{auroc['mean']:.3f} (1 seed)" in line   # one seed: the mean, no spread to show
+    assert line.split("│")[3].strip() == "1"  # rounds run
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{project}/mlflow/mlflow.db")  # absolute: MLflow caches engines per URI

@@ -254,10 +254,10 @@ def test_report_keeps_goal_runs_apart_and_never_pools_cohorts(tmp_path):
     assert any("on another cohort ignored (b)" in n and "(a) are shown" in n for n in doc["notes"])
 
 
-def test_rounds_cell_is_whole_when_every_seed_ran_the_same_rounds():
-    from federation.report.abps_table1 import _rounds_cell
+def testrounds_cell_is_whole_when_every_seed_ran_the_same_rounds():
+    from federation.report.abps_table1 import rounds_cell
 
-    assert [_rounds_cell(x) for x in (50.0, 3.0, 47.4)] == ["50", "3", "47.4"]
+    assert [rounds_cell(x) for x in (50.0, 3.0, 47.4)] == ["50", "3", "47.4"]
 
 
 def test_a_markdown_cell_holds_a_pipe_or_a_line_break_without_breaking_the_table():

@@ -137,7 +137,7 @@ def auroc_cell(r: Table1Row) -> str:
     return f"{fmt(r.auroc_mean)} ± {fmt(r.auroc_std)}" + (f" ({where})" if where else "")
 
 
-def _rounds_cell(rounds: float) -> str:
+def rounds_cell(rounds: float) -> str:
     """Rounds run, mean over seeds: a whole number as such (50), else one decimal (early stopping)."""
     return f"{rounds:.0f}" if math.isfinite(rounds) and float(rounds).is_integer() else fmt(rounds, 1)
 
@@ -148,7 +148,7 @@ def table1_markdown(rows: Sequence[Table1Row]) -> str:
     head = ["Method", "AUROC (mean ± std)", "Bandwidth", "Seeds", "Rounds", "Isolation",
             "Paper: AUROC (bandwidth)"]
     body = [(r.name, auroc_cell(r), f"{fmt(r.bandwidth, 2)}×", r.n_seeds,
-             _rounds_cell(r.rounds_mean), isolation_cell(r.rest_share),
+             rounds_cell(r.rounds_mean), isolation_cell(r.rest_share),
              _paper_cell(r.label))
             for r in rows]
     return md_table(head, body) + "\n" + BANDWIDTH_NOTE + " AUROC: mean test AUROC across centers at the final " \
