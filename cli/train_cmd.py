@@ -115,10 +115,16 @@ def train(
         from federation.run.tracking import experiment_name
 
         experiment = experiment_name(experiment, "") or None
-        where, label = experiment or str(file_cfg.get("experiment") or name), str(file_cfg.get("name", config.stem))
+        tracking = file_cfg.get("tracking") if isinstance(file_cfg.get("tracking"), dict) else {}
+        # runs/<experiment>/: the MLflow experiment the run logs to (a gossip config's tracking.experiment)
+        where = experiment or str(file_cfg.get("experiment") or tracking.get("experiment") or name)
+        label = str(file_cfg.get("name", config.stem))
         if resume and not (output or file_cfg.get("output")):  # the newest checkpoint of this config's runs
             output = project.latest_checkpointed_output(where, label)
-        out_path = Path(output or file_cfg.get("output") or project.run_output(where, label))
+        from federation.run.results import results_file
+
+        # a folder (the config's `output: runs/NAME`) holds results.json: the file is what exists or not
+        out_path = results_file(output or file_cfg.get("output") or project.run_output(where, label))
         check_writable(out_path, "--output")  # a folder is named as one before "exists; give --force"
         project.check_apart({"--output": out_path}, {"the run config": config}, tracking_uri)
         project.check_output(out_path, force)

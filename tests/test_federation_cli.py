@@ -118,6 +118,40 @@ def test_benchmark_config_dispatches(tmp_path, monkeypatch):
     assert exc.value.code == 2 and seen == {}
 
 
+def test_a_benchmark_config_runs_again_and_a_folder_output_holds_results_json(tmp_path, monkeypatch, capsys):
+    """A gossip preset runs twice (a new folder under runs/<its MLflow experiment>/ each time); a
+    config's `output: FOLDER` is the folder of results.json, refused when that file exists unless --force."""
+    from federation.benchmark import BENCHMARKS
+    from federation.run.results import results_file, write_results
+
+    outputs = []
+
+    def fake_run(config, rounds, seeds, output, uri, exp, resume=False, progress=False):
+        outputs.append(Path(output))
+        write_results(results_file(output), {"rounds": rounds})
+
+    monkeypatch.setattr(BENCHMARKS["vv"], "run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    preset = CONFIGS / "vv-fmnist.yaml"
+    for _ in range(2):
+        main(["train", "--config", str(preset), "--rounds", "3", "--no-progress"])
+    assert len(set(outputs)) == 2 and all(o.name == "results.json" and o.exists() for o in outputs)
+    assert {o.parent.parent for o in outputs} == {Path("runs") / "vv-fmnist"}  # tracking.experiment
+    cfg = tmp_path / "vv.yaml"
+    cfg.write_text("benchmark: vv\nname: tiny\nsimulation: {ticks: 4}\noutput: out\n")
+    main(["train", "--config", str(cfg), "--no-progress"])
+    assert outputs[-1] == Path("out") / "results.json"
+    before = (tmp_path / "out" / "results.json").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--config", str(cfg), "--rounds", "2", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "results.json exists; give --force" in err
+    assert (tmp_path / "out" / "results.json").read_bytes() == before
+    main(["train", "--config", str(cfg), "--rounds", "2", "--no-progress", "--force"])
+    assert json.loads((tmp_path / "out" / "results.json").read_text()) == {"rounds": 2}
+
+
 def test_param_option_reaches_the_method_config(cohort, tmp_path, ml_uri):
     out = tmp_path / "r.json"
     main(["train", "--method", "fedprox", "--cohort", str(cohort), "--seeds", "5", "--rounds", "1",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from federation.core.limits import MAX_THREADS
 from federation.gossip.simulation import GossipConfig, GossipResult, simulate
 from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id, logged_steps
 from federation.run.progress import RoundProgress
-from federation.run.results import write_results
+from federation.run.results import results_file, write_results
 from federation.run.tracking import ARM_TAG, BENCHMARK_TAG, GRID_CELL_TAG, Tracker
 
 _TOP_KEYS = {"benchmark", "name", "description", "data", "simulation", "grid", "arms", "seeds", "tracking", "output",
@@ -166,8 +165,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     data_cfg = config.get("data") or {}
     data = load_idx_dataset(data_cfg.get("root", FASHION_MNIST_DIR), data_cfg.get("name", "fashion-mnist"))
     track_cfg = config.get("tracking") or {}
-    out = Path(output or config.get("output") or f"runs/{name}")
-    json_path = out if out.suffix == ".json" else out / "results.json"
+    json_path = results_file(output or config.get("output") or f"runs/{name}")
     if config.get("threads"):
         torch.set_num_threads(int(config["threads"]))
 

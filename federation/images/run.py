@@ -43,7 +43,7 @@ from federation.run.checkpoint import (
     restore_global_streams,
 )
 from federation.run.progress import RoundProgress
-from federation.run.results import write_results
+from federation.run.results import results_file, write_results
 from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG, Tracker
 
 #: ``checkpoint(tau, snapshot)`` after round ``tau`` when the run goes on (:func:`run_selector`)
@@ -290,10 +290,7 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
                              f"{key.split('_')[0].replace('train', 'training')} images of {cfg.dataset}")
     tracker = make_tracker(tracking_uri, experiment)
     name = config_name(cfg)
-    target = None
-    if output is not None:
-        out = Path(output)
-        target = out if out.suffix == ".json" else out / "results.json"
+    target = results_file(output) if output is not None else None
     dump = cfg.model_dump(exclude={"checkpoint"})
     ck = UnitCheckpoints(target, benchmark_stamp(dump, data_id(ds_full.x_train, ds_full.y_train, ds_full.x_test,
                                                                 ds_full.y_test) if target else "", cfg.seeds),

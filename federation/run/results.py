@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,7 +13,7 @@ import torch
 from etl.io import atomic_write_text
 from federation.run.tracking import finite
 
-__all__ = ["strict_json", "write_results"]
+__all__ = ["results_file", "strict_json", "write_results"]
 
 
 def _plain(obj: Any) -> Any:
@@ -30,6 +31,13 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, numbers.Real):  # NumPy floats
         return float(obj)
     return obj
+
+
+def results_file(output: str | os.PathLike[str]) -> Path:
+    """The results JSON an ``output`` names: ``output`` itself when it ends in ``.json``, else
+    ``results.json`` inside the folder ``output`` (the image benchmarks' ``output:`` key)."""
+    out = Path(output)
+    return out if out.suffix == ".json" else out / "results.json"
 
 
 def strict_json(doc: Any, indent: int = 2) -> str:
