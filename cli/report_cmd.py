@@ -42,3 +42,5 @@ def report(
     doc = write_report(experiment, out, tracking_uri, log_to_mlflow=not no_log, force=force)
     done = ", ".join(doc["sections"]) or "no section (no FINISHED run with a defined final AUROC: check that the runs finished and that some centers' test splits hold both classes)"
     typer.echo(f"report of {experiment}: {done} -> {out / 'report.md'}")
+    for note in doc["notes"]:
+        typer.echo(f"note: {note}")

@@ -21,6 +21,7 @@ from cli.app import app
 from etl.errors import InputError
 
 if TYPE_CHECKING:
+    from federation.report.collect import Collected
     from federation.run.store_read import RunStore
 
 
@@ -194,8 +195,9 @@ def runs(
             typer.echo(f"no training runs yet in {store.uri} (abps train --goal diversity)")
             return
         col = collect_runs(store.finished_runs(experiment_or_error(store, experiment, named or "--experiment")))
+    images = _image_runs_note(experiment, col)
     if not col.cells:
-        typer.echo(f"experiment {experiment}: no finished training runs yet (abps train --goal diversity)")
+        typer.echo(f"experiment {experiment}: " + (images or "no finished training runs yet (abps train --goal diversity)"))
         return
     rows = table1(col.cells)
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
@@ -208,8 +210,18 @@ def runs(
         table.add_row(escape(r.label), r.seeds, rounds_cell(r.rounds_mean), auroc, f"{_fmt(r.bandwidth, '.2f')}x", isolation_cell(r.rest_share).replace("–", "-"))
     Console(width=max(100, Console().width)).print(table)
     typer.echo(BANDWIDTH_NOTE.replace("×", "x") + " " + ISOLATION_NOTE)
-    for note in col.notes:
+    for note in col.notes + ([images] if images else []):
         typer.echo(f"note: {note}")
+
+
+def _image_runs_note(experiment: str, col: Collected) -> str | None:
+    """What ``abps runs`` says of an experiment's image-benchmark runs (it tables clinical runs):
+    how many and the report that tables them; None without any."""
+    counts = [f"{n} {kind}" for n, kind in ((len(col.sage), "SAGE"), (len(col.vv), "gossip")) if n]
+    if not counts:
+        return None
+    return (f"{' and '.join(counts)} image-benchmark run(s), which abps runs does not table; "
+            f"abps report --experiment {experiment} --out report/{experiment}/ tables them")
 
 
 def experiment_source(given: str | None) -> str | None:

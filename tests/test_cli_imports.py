@@ -231,6 +231,31 @@ def test_runs_reads_the_store_without_torch_or_mlflow(tmp_path: Path) -> None:
     assert "11 22" in row and "undefined (1 of 2 seeds)" in row and "1.00x" in row
 
 
+def test_runs_on_image_benchmark_runs_names_the_report(tmp_path: Path) -> None:
+    """An experiment of SAGE runs only: ``abps runs`` counts them and names the report that tables
+    them, not the clinical first command; beside clinical rows it adds the same as a note."""
+    from mlflow.tracking import MlflowClient
+
+    from federation.run.tracking import BENCHMARK_TAG, SELECTOR_TAG
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log_runs(uri)
+    client = MlflowClient(uri)
+    for name in ("sage", "cohort"):
+        exp = client.get_experiment_by_name(name)
+        exp = exp.experiment_id if exp else client.create_experiment(name)
+        for sel in ("RG", "SAGE-OS"):
+            r = client.create_run(exp, tags={BENCHMARK_TAG: "sage", SELECTOR_TAG: sel})
+            client.set_terminated(r.info.run_id, "FINISHED")
+    alone, beside = _probe([["runs", "--tracking-uri", uri, "--experiment", "sage"],
+                            ["runs", "--tracking-uri", uri, "--experiment", "cohort"]], tmp_path)
+    note = ("2 SAGE image-benchmark run(s), which abps runs does not table; abps report --experiment {e} "
+            "--out report/{e}/ tables them")
+    assert alone["code"] == 0 and alone["stdout"].strip() == "experiment sage: " + note.format(e="sage")
+    assert beside["code"] == 0 and "fedavg" in beside["stdout"]
+    assert "note: " + note.format(e="cohort") in beside["stdout"]
+
+
 @pytest.mark.parametrize("env_experiment", [None, "other"])
 def test_runs_default_experiment_as_mlflow_lists_it(tmp_path: Path, monkeypatch, env_experiment) -> None:
     from cli.runs_cmd import default_experiment

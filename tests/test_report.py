@@ -106,6 +106,8 @@ def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
     # SAGE Tables I-III (means over 2 seeds) and the figure
     t1 = (out / "sage_table1.md").read_text()
     assert "| fmnist-er-0.1 | 0.700 / 0.650 | 0.750 / 0.730 |" in t1  # RG, SAGE-OS columns in paper order
+    assert ("SAGE fmnist-er-0.1: 1 earlier run(s) with other settings (n_clients) left out (the tables show the "
+            "most recent settings' runs)") in doc["notes"]
     t3 = (out / "sage_table3.md").read_text()
     assert "| fmnist-er-0.1 | n/a / n/a / n/a / n/a | 40.0 / 25.0 / 10.0 / 5.0 |" in t3
     assert (out / "sage_fig3.png").is_file()
@@ -122,12 +124,14 @@ def test_table1_by_hand_dedupe_and_sections(store, tmp_path):
 
 
 def _sage_runs(client, exp_id, tmp_path):
-    vals = {("RG", 1): (0.68, 0.64), ("RG", 2): (0.72, 0.66), ("SAGE-OS", 1): (0.74, 0.70), ("SAGE-OS", 2): (0.76, 0.76)}
-    for (sel, seed), (acc, f1) in vals.items():
-        run = client.create_run(exp_id, tags={"benchmark": "sage", "selector": sel})
+    # an earlier RG run of the same label with 6 clients: other settings, left out of the tables
+    vals = {("RG", 1, "6"): (0.10, 0.10), ("RG", 1, "10"): (0.68, 0.64), ("RG", 2, "10"): (0.72, 0.66),
+            ("SAGE-OS", 1, "10"): (0.74, 0.70), ("SAGE-OS", 2, "10"): (0.76, 0.76)}
+    for i, ((sel, seed, clients), (acc, f1)) in enumerate(vals.items()):
+        run = client.create_run(exp_id, start_time=1000 + i, tags={"benchmark": "sage", "selector": sel})
         rid = run.info.run_id
         for k, v in {"config": "fmnist-er-0.1", "dataset": "fmnist", "graph": "er", "alpha_dir": "0.1",
-                     "seed": str(seed)}.items():
+                     "n_clients": clients, "seed": str(seed)}.items():
             client.log_param(rid, k, v)
         client.log_metric(rid, "final_global_acc", acc)
         client.log_metric(rid, "final_macro_f1", f1)

@@ -233,6 +233,11 @@ def test_all_eight_selectors_end_to_end(tmp_path):
     assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [1, 2]
     assert len(client.get_metric_history(os_run.info.run_id, "budget_consumed")) == 2
     assert math.isclose(sorted(hist, key=lambda m: m.step)[-1].value, table["SAGE-OS"]["global_acc"])
+    # the settings the report pools runs by: every computing option, none of how it ran
+    p = os_run.data.params
+    assert (p["n_clients"], p["rounds"], p["er_p"], p["train_samples"], p["selector"]) == ("6", "2", "0.5", "3000",
+                                                                                           "SAGE-OS")
+    assert json.loads(p["pens"]) == {"top_m": 2, "discovery_fraction": 0.1} and "num_threads" not in p
 
 
 def _triangle_table(ce: list[list[float]]) -> sel.ProbeTable:

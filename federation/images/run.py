@@ -7,6 +7,7 @@ selector's round, :class:`federation.methods.sage_selector.SageRound`, as the me
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -246,6 +247,10 @@ def _summary(cls: type[Selector], stats: SelectorStats, history: list[dict], sch
     return out
 
 
+#: SageConfig fields that say how a run is run, not what it computes (not logged as its settings)
+_RUN_ONLY = {"benchmark", "name", "seeds", "selectors", "num_threads", "checkpoint", "data_root"}
+
+
 def config_name(cfg: SageConfig) -> str:
     """``sage-{dataset}-{graph}-{alpha}`` unless the config names itself."""
     return cfg.name or f"sage-{cfg.dataset}-{cfg.graph}-{cfg.alpha_dir:g}"
@@ -317,11 +322,10 @@ def _run_seeds(cfg: SageConfig, ds_full: Any, spec: ModelSpec, tracker: Tracker 
                                        "min_degree": int(degree.min()), "max_degree": int(degree.max()),
                                        "edges": g.number_of_edges()}
         runs: dict[str, Any] = {}
-        params = {"config": name, "seed": seed, "dataset": cfg.dataset, "graph": cfg.graph,
-                  "alpha_dir": cfg.alpha_dir, "n_clients": cfg.n_clients, "rounds": cfg.rounds,
-                  "schedule": cfg.schedule, "delta": cfg.delta, "lambda_cost": cfg.lambda_cost,
-                  "stage_cost": cfg.stage_cost,
-                  "alpha_mix": cfg.alpha_mix, "recon_weight": cfg.recon_weight}
+        # every setting that changes what is computed (the report pools a configuration's runs only
+        # when these agree); how it is run (threads, checkpoints, data folder) is left out
+        params = {"config": name, "seed": seed, **{k: json.dumps(v) if isinstance(v, (dict, list)) else v
+                                                   for k, v in cfg.model_dump(exclude=_RUN_ONLY).items()}}
         seed_done = f"{seed}" in ck.done  # every selector of the seed and its parent run finished
         parent = (ck.run(tracker, f"parent/{seed}", lambda: tracker.parent(f"{name}-seed{seed}", params))
                   if tracker and not seed_done else contextlib.nullcontext())

@@ -59,6 +59,8 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
     parts.append(realworld_section(client, col.cells, out, doc))  # AUROC vs virtual time
     if col.sage:
         t = sage_tables(client, col.sage)
+        col.notes.extend(t["notes"])
+        doc["notes"].extend(t["notes"])
         parts.append("\n## SAGE Tables I-III\n")
         for fname, title, metrics, pct in (
                 ("sage_table1", "SAGE Table I: global accuracy / macro-F1", ("global_acc", "macro_f1"), False),

@@ -31,20 +31,39 @@ def _sage_summary_stops(client: Any, run_id: str) -> float:
     return float(stops[last])
 
 
+def _settings(run: Any) -> tuple[tuple[str, str], ...]:
+    """A SAGE run's settings: its logged parameters but the seed and the selector."""
+    return tuple(sorted((k, v) for k, v in run.data.params.items() if k not in ("seed", "selector")))
+
+
 def sage_tables(client: Any, runs: Sequence[Any]) -> dict[str, Any]:
     """Per (configuration, selector) means over seeds of the SAGE Table I-III quantities.
 
+    A configuration (its ``config`` label) pools only the runs of its most recent run's settings
+    (every logged parameter but the seed and the selector); runs of other settings (e.g. another
+    number of clients or rounds under the same label) are left out and named in ``notes``.
+
     Returns ``{"configs": [...], "selectors": [...], "cells": {(config, selector): {metric: (mean, std, n)}},
-    "alpha": {config: alpha}}``."""
+    "alpha": {config: alpha}, "notes": [str]}``."""
     keys = {"global_acc": "final_global_acc", "macro_f1": "final_macro_f1", "client_acc": "final_client_acc",
             "worst_client_acc": "final_worst_client_acc", "budget_consumed": "final_budget_consumed",
             "rg_fallback_rate": "final_rg_fallback_rate", "cost_rg_rate": "final_cost_rg_rate",
             "comm_oh": "final_comm_oh"}
-    latest: dict[tuple[str, str, str], Any] = {}
+    by_cfg: dict[str, list[Any]] = {}
     for r in sorted(runs, key=lambda r: r.info.start_time or 0):
         p = r.data.params
-        cfg = p.get("config") or f"{p.get('dataset')}-{p.get('graph')}-{p.get('alpha_dir')}"
-        latest[(cfg, r.data.tags[SELECTOR_TAG], p.get("seed", "?"))] = r
+        by_cfg.setdefault(p.get("config") or f"{p.get('dataset')}-{p.get('graph')}-{p.get('alpha_dir')}", []).append(r)
+    latest: dict[tuple[str, str, str], Any] = {}
+    notes: list[str] = []
+    for cfg, cfg_runs in by_cfg.items():  # one configuration's runs are pooled only with the same settings
+        newest = _settings(cfg_runs[-1])
+        same = [r for r in cfg_runs if _settings(r) == newest]
+        if len(same) < len(cfg_runs):
+            other = {k for r in cfg_runs if r not in same for k, _ in set(_settings(r)) ^ set(newest)}
+            notes.append(f"SAGE {cfg}: {len(cfg_runs) - len(same)} earlier run(s) with other settings "
+                         f"({', '.join(sorted(other))}) left out (the tables show the most recent settings' runs)")
+        for r in same:
+            latest[(cfg, r.data.tags[SELECTOR_TAG], r.data.params.get("seed", "?"))] = r
     vals: dict[tuple[str, str], dict[str, list[float]]] = {}
     alpha: dict[str, float] = {}
     meta: dict[str, tuple[str, str, float]] = {}
@@ -68,7 +87,7 @@ def sage_tables(client: Any, runs: Sequence[Any]) -> dict[str, Any]:
     selectors = [s for s in order if s in present] + sorted(present - set(order))
     cells = {k: {m: (*mean_std(v), sum(1 for x in v if math.isfinite(x))) for m, v in d.items()}
              for k, d in vals.items()}
-    return {"configs": configs, "selectors": selectors, "cells": cells, "alpha": alpha}
+    return {"configs": configs, "selectors": selectors, "cells": cells, "alpha": alpha, "notes": notes}
 
 
 def sage_markdown(t: dict[str, Any], title: str, metrics: Sequence[str], pct: bool = False) -> tuple[str, str]:
