@@ -24,7 +24,7 @@ def sweep(
     engine: str | None = typer.Option(None, "--engine", hidden=True, help="renamed --executor"),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: start a local Ray)"),
     workers: int | None = typer.Option(None, "--workers", min=1, help="pool processes / local Ray CPUs"),
-    cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`)"),
+    cohort: Path | None = typer.Option(None, "--cohort", help="cohort directory (default: the file's `cohort:`, else this project's cohort, as abps train)"),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override every cell's rounds"),
     seeds: list[int] | None = typer.Option(None, "--seeds", help="override the file's seeds, e.g. --seeds 11 22 33"),
     tracking_uri: str | None = project.tracking_uri_option(),
@@ -62,8 +62,13 @@ def sweep(
         return
     spec, base = load_sweep(config)
     cohort_dir = cohort or (Path(spec.cohort) if spec.cohort else None)
-    if cohort_dir is None:
-        raise InputError(f"{config}: no cohort (give --cohort DIR or `cohort:` in the file)")
+    if cohort_dir is None:  # as abps train: this project's cohort
+        try:
+            cohort_dir = project.default_cohort()
+        except InputError as exc:
+            raise InputError(f"{config}: {exc} (or `cohort:` in the file)") from None
+        typer.echo(f"cohort: {project.shown_path(cohort_dir)} (this project's default; --cohort DIR for another)",
+                   err=True)
     out = run_sweep(spec, base, cohort_dir, executor=executor, workers=workers, address=address, rounds=rounds,
                     seeds=list(seeds) if seeds else None, tracking_uri=tracking_uri, experiment=experiment,
                     progress=not no_progress)

@@ -93,6 +93,26 @@ def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     assert "seeds must be integers from 0 to 2^63 - 1" in err, err
 
 
+def test_a_sweep_without_a_cohort_uses_the_projects_as_train_does(cohort, tmp_path, monkeypatch, capsys):
+    """No --cohort and no `cohort:`: the project's cohort (./cohort here), said on stderr; none at all
+    is refused in one line naming the file and the ways to give one."""
+    import shutil
+
+    from cli.app import main
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nseeds: [1]\nrounds: 1\nmethods: [fedavg]\nexecutor: local\nworkers: 1\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", "--config", str(spec), "--tracking-uri", f"sqlite:///{tmp_path}/ml.db", "--no-progress"]
+    err = _refused(args, capsys)
+    assert err.startswith(f"error: {spec}: no cohort: give --cohort DIR") and "`cohort:` in the file" in err, err
+    shutil.copytree(cohort, tmp_path / "cohort")
+    main(args)
+    out = capsys.readouterr()
+    assert "cohort: cohort (this project's default; --cohort DIR for another)" in out.err
+    assert "sweep s: 1 cells, 0 already finished, 1 run now, 0 failed" in out.out
+
+
 @pytest.mark.parametrize(("line", "words"), [
     ("rounds: true", "invalid sweep field rounds: a number, not true / false"),
     ("workers: true", "invalid sweep field workers: a number, not true / false"),
