@@ -203,8 +203,8 @@ def runs(
     table = Table(title=f"experiment {experiment}: finished runs ({len(col.cells)})")
     metrics = sorted({c.metric for c in col.cells})
     score = "AUROC" if metrics == ["auroc"] else "/".join(metrics)  # one cohort, so one metric
-    for head in ("method", "seeds", "rounds", f"{score} mean +- std", "bandwidth (x FedAvg)", "isolation"):
-        table.add_column(head, justify="left" if head in ("method", "seeds") else "right")
+    for head in ("method", "seed ids", "rounds", f"{score} mean +- std", "bandwidth (x FedAvg)", "isolation"):
+        table.add_column(head, justify="left" if head in ("method", "seed ids") else "right")
     for r in rows:
         auroc = auroc_cell(r).replace("±", "+-")
         table.add_row(escape(r.label), r.seeds, rounds_cell(r.rounds_mean), auroc, f"{_fmt(r.bandwidth, '.2f')}x", isolation_cell(r.rest_share).replace("–", "-"))
