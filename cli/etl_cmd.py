@@ -83,6 +83,7 @@ def etl_command(
                                          "first read and reused while the source and the ETL's vital concepts are "
                                          "unchanged: auto (sources >= 64 MiB, in $ABPS_CACHE_DIR or "
                                          "~/.cache/abps), off, or a folder (docs/etl.md)."),
+    force: bool = typer.Option(False, "--force", help="Replace a cohort in --out that was built with other settings."),
 ) -> None:
     """Build the federated ICU cohort: in-hospital mortality, or another --task (ABPS paper Sec. 6.1)."""
     from etl.mimic import EtlOptions
@@ -113,6 +114,8 @@ def etl_command(
     if source not in SOURCES:
         raise InputError(f"unknown --source '{source}' (choose from {', '.join(SOURCES)})")
     opts.validate(source)
+    if not force:
+        _check_replaces(out, source, opts)
     if source == "mimic" and opts.chart_cache not in ("auto", "off"):  # the cache holds stay_id rows too
         project.check_out_ignored(Path(opts.chart_cache).expanduser(), "--chart-cache", "chartevents.parquet",
                                   "the chartevents cache holds stay_id rows")
@@ -156,3 +159,31 @@ def etl_command(
         f"cohort: {rep['stays']} stays, {rep['centers']} centers, {rep['task']} rate {rep['label_rate']:.3f} -> {out}"
     )
     project.record_etl(out, source)
+
+
+#: ETL options that say how a cohort is built, not what it holds
+_HOW_BUILT = ("threads", "memory_limit", "chart_cache")
+
+
+def _check_replaces(out: Path, source: str, opts: object) -> None:
+    """Refuse (InputError naming --out and the first differing setting) to replace a cohort in
+    ``out`` whose cohort_report.json records another source or other options (an unreadable one
+    counts as other); the same settings rebuild it (the same inputs give the same files)."""
+    import json
+    from dataclasses import asdict
+
+    if not (out / "cohort.parquet").exists():
+        return
+    try:
+        before = json.loads((out / "cohort_report.json").read_text())
+        had = {"source": before["source"], **before["options"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        had = None
+    now = {"source": source, **json.loads(json.dumps(asdict(opts)))}
+    if source == "eicu":  # its centers are hospitals, as its report says
+        now["partition"] = "hospital"
+    diff = ["a cohort without a readable cohort_report.json"] if had is None else [
+        f"{k} {had.get(k)!r}, now {v!r}" for k, v in now.items() if k not in _HOW_BUILT and had.get(k) != v]
+    if diff:
+        raise InputError(f"--out {out}: holds a cohort built with other settings ({diff[0]}); give --force to "
+                         "replace it, or another --out")

@@ -5,6 +5,7 @@ config that turns tracking off)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -593,3 +594,29 @@ def test_training_into_an_experiment_of_another_cohort_is_noted(tmp_path, capsys
               "--output", str(tmp_path / f"r{i}.json"), "--no-progress"])
         err = capsys.readouterr().err
         assert (note in err) == (i > 0), err
+
+
+@pytest.mark.parametrize("source", ["mimic", "eicu", "meds"])
+def test_etl_rebuilds_its_own_cohort_and_replaces_another_only_with_force(source, mimic_demo_dir, eicu_demo_dir,
+                                                                          tmp_path, monkeypatch, capsys):
+    """The same settings rebuild --out (the same files); another task is refused in one line that
+    names the setting, the folder untouched; --force replaces it."""
+    src = {"mimic": mimic_demo_dir, "eicu": eicu_demo_dir,
+           "meds": mimic_demo_dir.parent / "mimic-iv-demo-extra" / "meds-official"}[source]
+    monkeypatch.chdir(tmp_path)
+    argv = ["etl", "--source", source, "--data-dir", str(src), "--out", "c", "--min-center-stays", "1"] + {
+        "mimic": ["--chart-cache", "off"], "eicu": [], "meds": ["--meds-splits", "tuning,held_out"]}[source]
+    main([*argv, "--threads", "1"])
+    first = {f.name: f.read_bytes() for f in (tmp_path / "c").glob("*.parquet")}
+    main([*argv, "--threads", "2"])  # how it is built is no other setting
+    assert {f.name: f.read_bytes() for f in (tmp_path / "c").glob("*.parquet")} == first
+    capsys.readouterr()
+    other, was, now = ("--min-age", "min_age 18.0", "60.0") if source == "meds" else ("--task", "task 'in-hospital-mortality'", "'los-3'")
+    value = "60" if source == "meds" else "los-3"
+    err = _refused([*argv, other, value], capsys)
+    assert err == (f"error: --out c: holds a cohort built with other settings ({was}, now {now}); give --force "
+                   "to replace it, or another --out")
+    assert {f.name: f.read_bytes() for f in (tmp_path / "c").glob("*.parquet")} == first
+    main([*argv, other, value, "--force"])
+    assert json.loads((tmp_path / "c" / "cohort_report.json").read_text())["options"][other[2:].replace("-", "_")] \
+        == json.loads(now.replace("'", '"'))

@@ -46,6 +46,13 @@ def _drop_first_row(path: Path) -> None:
 _FAST = ["--min-center-stays", "1", "--threads", "1"]
 
 
+def _other_cohort(scratch: Path) -> None:
+    """--out o already holds a cohort of another task (without --force the base run is refused)."""
+    (scratch / "o").mkdir()
+    (scratch / "o" / "cohort.parquet").write_bytes(b"earlier")
+    (scratch / "o" / "cohort_report.json").write_text('{"source": "mimic", "options": {"task": "los-3"}}\n')
+
+
 def _etl_probes(src: str) -> dict:
     other = {"mimic": "eicu", "eicu": "meds", "meds": "mimic"}[src]
     return {
@@ -66,6 +73,7 @@ def _etl_probes(src: str) -> dict:
         "task": lambda i: Probe(["--task", "los-3"]),
         "chart_cache": lambda i: Probe(["--chart-cache", "cachedir"]),
         "window_origin": lambda i: Probe(["--window-origin", "2101"]),
+        "force": lambda i: Probe(["--force"], setup=_other_cohort),
     }
 
 
