@@ -112,6 +112,8 @@ def train(
         if cfg_seeds is not None and (not isinstance(cfg_seeds, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= project.MAX_SEED for x in cfg_seeds)):
             raise InputError(f"{config}: seeds must be a list of integers from 0 to {project.MAX_SEED}")
+        if cfg_seeds is not None and len(set(cfg_seeds)) < len(cfg_seeds):  # as --seeds 0 0 is
+            raise InputError(f"{config}: seeds: {next(x for x in cfg_seeds if cfg_seeds.count(x) > 1)} is listed twice")
         from federation.run.tracking import experiment_name
 
         experiment = experiment_name(experiment, "") or None

@@ -76,6 +76,11 @@ _VV = ("benchmark: vv\nname: vv-t\nsimulation: {{n_nodes: 4, degree: 2, ticks: 2
     ("threads: [1, 2]\n", [], "vv config threads: an integer from 0"),
     ("seeds: [18446744073709551616]\n", [], "seeds must be a list of integers from 0 to"),
     ("tracking: {enabled: false}\n", ["--tracking-uri", "sqlite:///X/ml.db"], "--tracking-uri: this vv config turns tracking off"),
+    ("tracking: {enabeld: false}\n", [], "vv config tracking: unknown key 'enabeld' (known: enabled, experiment, uri)"),
+    ("data: {rooot: /nonexistent}\n", [], "vv config data: unknown key 'rooot' (known: name, root)"),
+    ("seeds: [0, 0]\n", [], "seeds: 0 is listed twice"),
+    ("grid: {n_nodes: [100000]}\n", [], "simulation.n_nodes 100000 (grid cell n_nodes=100000): more nodes than the "
+                                         "60000 training images of fashion-mnist"),
 ])
 def test_a_vv_config_refuses(tmp_path, capsys, extra, options, words):
     cfg = tmp_path / "vv.yaml"
@@ -359,6 +364,17 @@ def test_a_sweep_file_given_to_train_is_named_as_one(cohort, tmp_path, capsys):
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert err == (f"error: --config {sweep}: a sweep file (it lists `methods:`); run it with abps sweep "
                    f"--config {sweep}"), err
+
+
+@pytest.mark.parametrize("name", ["fedavg.yaml", "vv-fmnist.yaml"])
+def test_a_run_config_given_to_sweep_is_named_as_one(name, cohort, tmp_path, capsys):
+    run_cfg = Path(__file__).resolve().parents[1] / "configs" / name
+    err = _refused(["sweep", "--cohort", str(cohort), "--config", str(run_cfg), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    key = "method" if name == "fedavg.yaml" else "benchmark"
+    assert err == (f"error: {run_cfg}: a run config (it names `{key}:`, no `methods:`); run it with abps train "
+                   f"--config {run_cfg}"), err
+    assert not (tmp_path / "ml.db").exists()
 
 
 @pytest.mark.parametrize(("text", "words"), [

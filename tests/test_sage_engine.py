@@ -280,6 +280,21 @@ def test_stacked_adam_step_equals_per_client_torch_adam():
         torch.testing.assert_close(opt.m[c], fused[c].state[refs[c]]["exp_avg"])
 
 
+def test_a_batch_wider_than_every_shard_trains_as_that_shard():
+    """batch_size 10^6 (one step of each client's whole shard, padding weighing 0) gives the very
+    parameters of batch_size = the largest shard, without the padding's memory."""
+    x, y = _data(60)
+    index = torch.stack([torch.arange(30), torch.cat([torch.arange(30, 50), torch.zeros(10, dtype=torch.long)])])
+    n_train = torch.tensor([30, 20])
+    got = []
+    for batch in (30, 10**6):
+        model = StackedModel(TINY, 2, seed=0)
+        model.local_epoch(x, y, index, n_train, batch, torch.Generator().manual_seed(0))
+        got.append(model.params)
+    for name in got[0]:
+        assert torch.equal(got[0][name], got[1][name]), name
+
+
 def test_train_steps_rejects_a_plan_with_a_gap():
     x, y = _data(50)
     model = StackedModel(TINY, 2, seed=0)

@@ -56,6 +56,13 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     track = config.get("tracking")
     if track is not None and (not isinstance(track, dict) or not isinstance(track.get("enabled", True), bool)):
         raise InputError("vv config tracking: a mapping (enabled: true | false, uri, experiment)")
+    for section, known in (("tracking", ("enabled", "experiment", "uri")), ("data", ("name", "root"))):
+        sub = config.get(section)
+        if sub is not None and not isinstance(sub, dict):
+            raise InputError(f"vv config {section}: a mapping ({', '.join(known)})")
+        extra = sorted(set(sub or {}) - set(known), key=str)
+        if extra:  # a misspelt key would be ignored: refused
+            raise InputError(f"vv config {section}: unknown key {extra[0]!r} (known: {', '.join(known)})")
     base = dict(config.get("simulation") or {})
     if rounds is not None:
         if rounds < 1:
@@ -164,6 +171,11 @@ def cli_run(config: dict, rounds: int | None = None, seeds: list[int] | None = N
     seeds = list(seeds) if seeds else list(config.get("seeds") or [0])
     data_cfg = config.get("data") or {}
     data = load_idx_dataset(data_cfg.get("root", FASHION_MNIST_DIR), data_cfg.get("name", "fashion-mnist"))
+    for cell, _, cfg in runs:  # before any MLflow run: each node trains on images of its own
+        if cfg.n_nodes > len(data.y_train):
+            where = f" (grid cell {_cell_label(cell)})" if cell else ""
+            raise InputError(f"simulation.n_nodes {cfg.n_nodes}{where}: more nodes than the {len(data.y_train)} "
+                             f"training images of {data.name} (each node needs at least one)")
     track_cfg = config.get("tracking") or {}
     json_path = results_file(output or config.get("output") or f"runs/{name}")
     if config.get("threads"):

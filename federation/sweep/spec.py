@@ -149,7 +149,10 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     from pydantic import ValidationError
 
     doc = load_yaml(path)
-    if "engine" in doc:
+    if "methods" not in doc and ("method" in doc or "benchmark" in doc):  # a run config, not a sweep
+        raise InputError(f"{path}: a run config (it names `{'method' if 'method' in doc else 'benchmark'}:`, "
+                         f"no `methods:`); run it with abps train --config {path}")
+    if "engine" in doc and not isinstance(doc["engine"], dict):
         raise InputError(f"{path}: the sweep key `engine:` (local / ray) is now called `executor:`")
     try:
         spec = SweepSpec.model_validate(paths_from_file(doc, path, SWEEP_PATH_KEYS))
