@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
 import pytest
@@ -81,6 +83,19 @@ def test_missing_file_and_column_raise_input_error(frames, tmp_path):
     centers.write_parquet(tmp_path / "centers.parquet")
     with pytest.raises(InputError, match="spo2_max"):
         FederatedData.from_cohort(tmp_path)
+
+
+@pytest.mark.parametrize(("value", "words"), [(math.inf, "holds infinite values"),
+                                             (1e308, "holds values beyond float32's range (|x| > 3.4e38)")])
+def test_a_feature_past_float32_is_refused_naming_file_and_column(frames, tmp_path, value, words):
+    """1e308 is finite in the file's float64 but infinite as the engine's float32: refused like inf."""
+    cohort, centers = frames
+    cohort.with_columns(pl.when(pl.arange(0, pl.len()) == 0).then(value).otherwise(pl.col("heart_rate_mean"))
+                        .alias("heart_rate_mean")).write_parquet(tmp_path / "cohort.parquet")
+    centers.write_parquet(tmp_path / "centers.parquet")
+    with pytest.raises(InputError) as err:
+        FederatedData.from_cohort(tmp_path)
+    assert str(err.value) == f"{tmp_path}/cohort.parquet: column 'heart_rate_mean' {words}"
 
 
 def test_a_stay_listed_twice_is_refused_without_its_id(frames, tmp_path):

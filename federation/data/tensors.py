@@ -33,6 +33,10 @@ from federation.core.metrics import batched_auroc
 COHORT_COLUMNS_READ = ("center_id", "split", "label", *NUMERIC_FEATURES, *BINARY_FEATURES, *CATEGORICAL_FEATURES)
 
 
+#: the largest finite float32: the engine reads features and center metadata as float32
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def cohort_id(cohort_dir: str | Path) -> str:
     """SHA-256 (first 16 hex digits) of ``cohort.parquet`` then ``centers.parquet`` bytes.
 
@@ -84,14 +88,16 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
             raise InputError(f"{cohort_path}: column {col!r} must be numeric, got {dt}")
         if dt.is_float() and cohort[col].is_infinite().any():
             raise InputError(f"{cohort_path}: column {col!r} holds infinite values")
+        if dt.is_float() and (cohort[col].abs() > _FLOAT32_MAX).any():  # training reads float32
+            raise InputError(f"{cohort_path}: column {col!r} holds values beyond float32's range (|x| > 3.4e38)")
     trained = cohort.filter(pl.col("split") == "train")["center_id"].unique().implode()
     used = centers.filter(pl.col("center_id").is_in(trained))  # centers without train rows are dropped later
     for col in META_COLUMNS:
         dt = centers.schema[col]
         if not dt.is_numeric():
             raise InputError(f"{centers_path}: column {col!r} must be numeric, got {dt}")
-        if used[col].null_count() or (dt.is_float() and not used[col].is_finite().all()):
-            raise InputError(f"{centers_path}: column {col!r} must hold finite numbers")
+        if used[col].null_count() or (dt.is_float() and not (used[col].is_finite() & (used[col].abs() <= _FLOAT32_MAX)).all()):
+            raise InputError(f"{centers_path}: column {col!r} must hold finite numbers (within float32's range)")
     missing = set(cohort["center_id"].unique().to_list()) - set(centers["center_id"].to_list())
     if missing:
         raise InputError(f"{centers_path}: {len(missing)} center(s) of cohort.parquet have no row here")
