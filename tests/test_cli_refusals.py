@@ -386,6 +386,7 @@ def test_a_run_config_given_to_sweep_is_named_as_one(name, cohort, tmp_path, cap
     ("method: fedavg\nrounds: 7\nearly_stopping: {enabled: true, max_rounds: 2}\n",
      "cfg.yaml: rounds: 7 is not used while early_stopping is enabled (early_stopping.max_rounds 2 bounds the run)"),
     ("method: abps\nrounds: 2\nparams: {watch_centers: [NOPE]}\n", "params.watch_centers: unknown center_id 'NOPE'"),
+    ("method: fedavg\nrounds: 2\ndrift: {round: true, count: 1}\n", "cfg.yaml: key 'drift.round': a number, not true / false"),
 ])
 def test_a_run_config_that_would_be_ignored_or_end_in_a_traceback_is_refused(cohort, tmp_path, capsys, text, words):
     """A drift that never happens, a round count that early stopping replaces, a center the cohort

@@ -110,3 +110,22 @@ def test_a_cross_sweep_checks_every_data_set_before_a_cell_runs(sets: tuple[Path
     f.write_text(base + f"cohort: {clin}\ndatasets:\n  good: {clin}\n")  # one of the two would be ignored
     with pytest.raises(InputError, match="a cross sweep names its cohorts under `datasets:`; drop `cohort:`"):
         run_cross_sweep(f, tracking_uri=uri, progress=False)
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("{cohort: C, seeds: [-5]}", "datasets.a: seeds must be integers from 0 to 2^63 - 1"),
+    ("{cohort: C, seeds: [1, 1]}", "datasets.a: a seed is listed twice"),
+    ("{cohort: C, seeds: [true]}", "datasets.a: Input should be a valid integer"),
+    ("{cohort: C, rounds: true}", "datasets.a: Input should be a valid integer"),
+])
+def test_a_cross_data_set_checks_seeds_and_rounds_as_a_sweep_file(tmp_path: Path, entry: str, words: str) -> None:
+    from federation.sweep.cross import load_cross_sweep
+
+    f = tmp_path / "cross.yaml"
+    f.write_text("name: xb\nseeds: [1]\nmethods: [fedavg]\ndatasets:\n  a: " + entry + "\n")
+    with pytest.raises(InputError) as err:
+        load_cross_sweep(f)
+    assert str(err.value).startswith(f"{f}: {words}"), err.value
+    f.write_text("name: xb\nseeds: [1]\nmethods: [fedavg]\ndatasets:\n  1: C\n  '1': D\n")
+    with pytest.raises(InputError, match="datasets: the label '1' is given twice"):
+        load_cross_sweep(f)

@@ -154,7 +154,7 @@ class DataConfig(_Strict):
     small_center: Literal["warn", "refuse"] = "warn"
 
 
-class LabelFlipDrift(BaseModel):
+class LabelFlipDrift(NumbersNotFlags):
     """The ``drift:`` block of a run config: chosen centers flip their labels from a round on
     (semantics in :mod:`federation.data.drift_scenario`).
 

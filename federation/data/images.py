@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from etl.errors import InputError
-from federation.core.config import first_error, load_yaml
+from federation.core.config import NumbersNotFlags, first_error, load_yaml
 from federation.core.image_metrics import accuracy
 from federation.data.image_shards import load_image_dataset, make_shards, subsample
 from federation.data.tensors import FederatedData, SplitTensors
@@ -28,7 +28,7 @@ __all__ = ["IMAGES_FILE", "ImageSpec", "ImageFederation", "is_image_federation",
 IMAGES_FILE = "images.yaml"
 
 
-class ImageSpec(BaseModel):
+class ImageSpec(NumbersNotFlags):
     """``images.yaml``: which image clients form the federation (defaults: SAGE paper Sec. V-A).
 
     Attributes:

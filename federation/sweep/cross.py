@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from etl.errors import InputError
-from federation.core.config import first_error, from_folder, load_yaml, paths_from_file
+from federation.core.config import NumbersNotFlags, first_error, from_folder, load_yaml, paths_from_file
 from federation.data.load import load_federation
 from federation.run.tracking import METRIC_TAG, Tracker
 from federation.sweep.driver import run_sweep
-from federation.sweep.spec import SWEEP_PATH_KEYS, SweepSpec
+from federation.sweep.spec import SWEEP_PATH_KEYS, SweepSpec, check_seeds
 
 __all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_sweep", "cross_summary_line",
            "DATASET_TAG", "METRIC_TAG"]
@@ -22,13 +22,19 @@ __all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_swee
 DATASET_TAG = "abps.dataset"
 
 
-class CrossDataset(BaseModel):
-    """One column of the cross table: a cohort (clinical) or image-federation directory."""
+class CrossDataset(NumbersNotFlags):
+    """One column of the cross table: a cohort (clinical) or image-federation directory; its
+    rounds and seeds are checked as the sweep file's (no true / false for a number)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     cohort: str
-    rounds: int | None = Field(None, ge=1)
-    seeds: list[int] | None = Field(None, min_length=1)
+    rounds: StrictInt | None = Field(None, ge=1)
+    seeds: list[StrictInt] | None = Field(None, min_length=1)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int] | None) -> list[int] | None:
+        return check_seeds(v)
 
 
 def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDataset]]:
@@ -48,6 +54,8 @@ def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDatase
     base = Path(path).resolve().parent
     sets: dict[str, CrossDataset] = {}
     for label, v in raw.items():
+        if str(label) in sets:  # YAML keys 1 and "1" are one label here
+            raise InputError(f"{path}: datasets: the label {str(label)!r} is given twice")
         try:
             d = CrossDataset.model_validate({"cohort": v} if isinstance(v, str) else v)
         except ValidationError as exc:

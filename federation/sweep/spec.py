@@ -57,6 +57,17 @@ class Resources(_Strict):
     threads: int = Field(1, ge=1, le=MAX_THREADS)
 
 
+def check_seeds(v: list[int] | None) -> list[int] | None:
+    """A seed list as every sweep file takes it: distinct integers from 0 to 2^63 - 1 (ValueError)."""
+    if v is None:
+        return v
+    if len(set(v)) != len(v):
+        raise ValueError("a seed is listed twice")
+    if any(s < 0 or s > MAX_SEED for s in v):
+        raise ValueError("seeds must be integers from 0 to 2^63 - 1")
+    return v
+
+
 class SweepSpec(_Strict):
     """A sweep file (see ``configs/table1.yaml``).
 
@@ -106,11 +117,7 @@ class SweepSpec(_Strict):
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
-            raise ValueError("a seed is listed twice")
-        if any(s < 0 or s > MAX_SEED for s in v):
-            raise ValueError("seeds must be integers from 0 to 2^63 - 1")
-        return v
+        return check_seeds(v)
 
     @field_validator("experiment", "name")
     @classmethod
