@@ -387,6 +387,12 @@ def test_a_run_config_given_to_sweep_is_named_as_one(name, cohort, tmp_path, cap
      "cfg.yaml: rounds: 7 is not used while early_stopping is enabled (early_stopping.max_rounds 2 bounds the run)"),
     ("method: abps\nrounds: 2\nparams: {watch_centers: [NOPE]}\n", "params.watch_centers: unknown center_id 'NOPE'"),
     ("method: fedavg\nrounds: 2\ndrift: {round: true, count: 1}\n", "cfg.yaml: key 'drift.round': a number, not true / false"),
+    ("method: fedavg\nrounds: 2\nrealworld: {availability: {kind: always, rate: 0.3}}\n",
+     "availability.rate is used only with kind 'bernoulli', not 'always': drop it or change availability.kind"),
+    ("method: fedavg\nrounds: 2\nrealworld: {availability: {kind: bernoulli, rate: 0.5, trace: t.csv}}\n",
+     "availability.trace is used only with kind 'trace', not 'bernoulli'"),
+    ("method: fedavg\nrounds: 2\nrealworld: {deadline: {policy: none, seconds: 5}}\n",
+     "deadline.seconds is used only with policy 'fixed', not 'none': drop it or change deadline.policy"),
 ])
 def test_a_run_config_that_would_be_ignored_or_end_in_a_traceback_is_refused(cohort, tmp_path, capsys, text, words):
     """A drift that never happens, a round count that early stopping replaces, a center the cohort

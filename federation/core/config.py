@@ -204,6 +204,21 @@ class Spread(_Strict):
         return self
 
 
+def unused(model: BaseModel, section: str, switch: str, uses: dict[str, tuple[str, ...]]) -> None:
+    """Refuse a field of ``model`` set away from its default that its ``switch`` value does not use
+    (ValueError naming ``section.field``): ``availability: {kind: always, rate: 0.3}`` would run
+    every center every round and record a rate that did nothing. A default value is no choice (and
+    a dumped config, which lists every field, reads back). ``uses``: switch value -> fields it reads."""
+    value = getattr(model, switch)
+    every = {f for fs in uses.values() for f in fs}
+    fields = type(model).model_fields
+    idle = sorted(f for f in every - set(uses[value]) if getattr(model, f) != fields[f].get_default())
+    if idle:
+        users = [k for k, fs in uses.items() if idle[0] in fs]
+        raise ValueError(f"{section}.{idle[0]} is used only with {switch} {' or '.join(map(repr, users))}, "
+                         f"not {value!r}: drop it or change {section}.{switch}")
+
+
 class AvailabilityConfig(_Strict):
     """Which centers are up in a round (federation/run/availability.py; docs/realworld.md).
 
@@ -234,6 +249,9 @@ class AvailabilityConfig(_Strict):
 
     @model_validator(mode="after")
     def _complete(self) -> AvailabilityConfig:
+        unused(self, "availability", "kind", {"always": (), "bernoulli": ("rate", "seed"),
+                                              "daily": ("work_hours", "utc_offsets", "seed"),
+                                              "trace": ("trace", "trace_period_hours", "trace_unlisted")})
         if self.kind == "trace" and not self.trace:
             raise ValueError("availability.kind 'trace' needs availability.trace (a CSV path)")
         if not all(0.0 <= h <= 24.0 for h in self.work_hours):
@@ -270,6 +288,11 @@ class DeadlineConfig(_Strict):
     policy: Literal["none", "fixed", "over_selection"] = Field("none", description="none | fixed | over_selection (above)")
     seconds: float = Field(60.0, gt=0.0)
     keep_fraction: float = Field(0.8, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _used(self) -> DeadlineConfig:
+        unused(self, "deadline", "policy", {"none": (), "fixed": ("seconds",), "over_selection": ("keep_fraction",)})
+        return self
 
 
 class RealWorldConfig(_Strict):
