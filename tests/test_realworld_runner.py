@@ -205,3 +205,9 @@ def test_a_relative_trace_is_read_from_the_config_files_folder(tmp_path, monkeyp
     assert load_run_config(cfg)["realworld"]["availability"]["trace"] == "/abs/t.csv"
     cfg.write_text("rounds: 3\nrealworld: null\n")  # no trace key: the document as it is
     assert load_run_config(cfg) == {"rounds": 3, "realworld": None}
+    # every path key of a config file: the profiles CSV, SAGE's data_root, the gossip data.root
+    cfg.write_text("realworld: {profiles: {file: p.csv}}\ndata_root: fm\ndata: {root: mnist, name: x}\n")
+    doc = load_run_config(cfg)
+    study = tmp_path / "study"
+    assert (doc["realworld"]["profiles"]["file"], doc["data_root"], doc["data"]) == (
+        str(study / "p.csv"), str(study / "fm"), {"root": str(study / "mnist"), "name": "x"})

@@ -477,8 +477,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-#: run-config keys that hold a file path: a relative one is read from the config file's folder
-PATH_KEYS = (("realworld", "availability", "trace"),)
+#: run-config keys that hold a file or folder path: a relative one is read from the config file's
+#: folder (clinical: the availability trace and the profiles CSV; SAGE: ``data_root``; gossip:
+#: ``data.root``). Output paths are not among them: runs go under the folder ``abps`` runs in.
+PATH_KEYS = (("realworld", "availability", "trace"), ("realworld", "profiles", "file"), ("data_root",),
+             ("data", "root"))
 
 
 def from_folder(value: str | Path, base: str | Path) -> Path:
