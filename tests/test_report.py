@@ -269,3 +269,26 @@ def test_a_markdown_cell_holds_a_pipe_or_a_line_break_without_breaking_the_table
 
     text = md_table(["method", "AUROC"], [["a|b\nc", 0.5]])
     assert text.splitlines() == ["| method | AUROC |", "|---|---|", "| a\\|b c | 0.5 |"]
+
+
+def test_a_store_that_refuses_the_report_run_gets_no_report_files(store, tmp_path, monkeypatch):
+    """The report run starts before the files are built: a store that cannot be written (here:
+    its run start raises as a read-only SQLite file does) leaves no report folder behind."""
+    import contextlib
+
+    from federation.run.tracking import Tracker
+
+    uri, client, exp_id = store
+    _cell(client, exp_id, "fedavg", "fedavg", 1, 0.70, 100e6, t=2000, rel=1.0)
+
+    @contextlib.contextmanager
+    def refused(self, *args, **kwargs):
+        raise InputError("the store cannot be written (attempt to write a readonly database)")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(Tracker, "run", refused)
+    with pytest.raises(InputError, match="cannot be written"):
+        rp.write_report("hand", tmp_path / "rep", uri)
+    assert not (tmp_path / "rep").exists()
+    assert rp.write_report("hand", tmp_path / "rep", uri, log_to_mlflow=False)["sections"]
+    assert (tmp_path / "rep" / "report.md").is_file()

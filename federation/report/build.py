@@ -109,19 +109,26 @@ def write_report(experiment: str, out_dir: str | Path, tracking_uri: str | None 
     """
     check_report_folder(Path(out_dir), experiment, force)
     tracker = Tracker(tracking_uri, experiment, create=False)
-    with atomic_output_dir(out_dir) as tmp:
-        doc = build_report(tracker, experiment, Path(tmp))
-        # files of sections this report does not have (left by an earlier report in the same
-        # folder) are removed, so a folder never mixes two experiments' tables
-        stale = _ALL_REPORT_FILES - {p.name for p in Path(tmp).iterdir()}
-        for name in stale:
-            (Path(out_dir) / name).unlink(missing_ok=True)
-    if log_to_mlflow:
-        with tracker.run("report", tags={KIND_TAG: KIND_REPORT}) as rid:
-            for p in sorted(Path(out_dir).iterdir()):
-                if p.is_file() and p.name in _written(doc, Path(out_dir)):
-                    tracker.log_file(p)
-        doc["report_run_id"] = rid
+
+    def build() -> dict[str, Any]:
+        with atomic_output_dir(out_dir) as tmp:
+            doc = build_report(tracker, experiment, Path(tmp))
+            # files of sections this report does not have (left by an earlier report in the same
+            # folder) are removed, so a folder never mixes two experiments' tables
+            stale = _ALL_REPORT_FILES - {p.name for p in Path(tmp).iterdir()}
+            for name in stale:
+                (Path(out_dir) / name).unlink(missing_ok=True)
+        return doc
+
+    if not log_to_mlflow:
+        return build()
+    # the report run starts first: a store that refuses writes fails before any report file is written
+    with tracker.run("report", tags={KIND_TAG: KIND_REPORT}) as rid:
+        doc = build()
+        for p in sorted(Path(out_dir).iterdir()):
+            if p.is_file() and p.name in _written(doc, Path(out_dir)):
+                tracker.log_file(p)
+    doc["report_run_id"] = rid
     return doc
 
 
