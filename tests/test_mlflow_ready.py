@@ -80,9 +80,11 @@ def test_goal_named_everywhere_and_one_bandwidth_and_isolation(project: Path, ca
     assert set(rows) == {"abps [goal=diversity]", "abps-div", "fedavg"}
     for label, doc in docs.items():
         seed = doc["seeds"]["11"]
-        assert rows[label][3] == f"{seed['rel_bandwidth']:.2f}x"
+        # method, seed ids, rounds, AUROC, bandwidth, isolation
+        assert rows[label][2] == str(doc["config"]["rounds"])
+        assert rows[label][4] == f"{seed['rel_bandwidth']:.2f}x"
         rest = seed["method_summary"].get("rest_share_mean")
-        assert rows[label][4] == (f"{100 * rest:.1f} %" if rest is not None else "-")
+        assert rows[label][5] == (f"{100 * rest:.1f} %" if rest is not None else "-")
     assert "experiment icu5" in table and "mean over rounds" in table
 
     rep = write_report("icu5", project / "report", None, log_to_mlflow=False)
