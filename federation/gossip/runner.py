@@ -53,9 +53,6 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     threads = config.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
         raise InputError(f"vv config threads: an integer from 0 (torch's default) to {MAX_THREADS}, got {threads!r}")
-    track = config.get("tracking")
-    if track is not None and (not isinstance(track, dict) or not isinstance(track.get("enabled", True), bool)):
-        raise InputError("vv config tracking: a mapping (enabled: true | false, uri, experiment)")
     for section, known in (("tracking", ("enabled", "experiment", "uri")), ("data", ("name", "root"))):
         sub = config.get(section)
         if sub is not None and not isinstance(sub, dict):
@@ -63,6 +60,8 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
         extra = sorted(set(sub or {}) - set(known), key=str)
         if extra:  # a misspelt key would be ignored: refused
             raise InputError(f"vv config {section}: unknown key {extra[0]!r} (known: {', '.join(known)})")
+    if not isinstance((config.get("tracking") or {}).get("enabled", True), bool):
+        raise InputError("vv config tracking.enabled: true or false")
     base = dict(config.get("simulation") or {})
     if rounds is not None:
         if rounds < 1:

@@ -34,7 +34,8 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
     """Write every section into the folder ``out`` (already created); returns the report document."""
     client = tracker.client
     col = collect_runs(tracker)
-    doc: dict[str, Any] = {"experiment": experiment, "sections": {}, "notes": list(col.notes)}
+    # one list of notes: report.md's Notes section and report.json's "notes" (sections add theirs)
+    doc: dict[str, Any] = {"experiment": experiment, "sections": {}, "notes": col.notes}
     parts = [f"# Report: experiment `{experiment}`\n"]
     if col.cells:
         rows = table1(col.cells)
@@ -60,7 +61,6 @@ def build_report(tracker: Tracker, experiment: str, out: Path) -> dict[str, Any]
     if col.sage:
         t = sage_tables(client, col.sage)
         col.notes.extend(t["notes"])
-        doc["notes"].extend(t["notes"])
         parts.append("\n## SAGE Tables I-III\n")
         for fname, title, metrics, pct in (
                 ("sage_table1", "SAGE Table I: global accuracy / macro-F1", ("global_acc", "macro_f1"), False),
