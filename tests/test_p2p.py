@@ -335,3 +335,33 @@ def test_a_peer_waits_start_timeout_for_the_others_and_a_launch_names_the_users_
         taken.close()
     # the launch's own work folder (the peers' private keys among its files) went with the failure
     assert not list(tmp_path.glob(".abps-launch-*")) and not (tmp_path / "r.json").exists()
+
+
+def test_a_restarted_peer_asks_again_the_centers_its_rejoin_request_did_not_reach():
+    """The request goes out again, each second, to the centers whose send failed, and to no other;
+    the roster that answers it ends the wait."""
+    from types import SimpleNamespace
+
+    from federation.p2p.peer import _hellos
+
+    class Node:
+        def __init__(self) -> None:
+            self.sends: list[list[int]] = []
+
+        def send_many(self, peers, msg, timeout, wait_for_ready=True):
+            assert msg.kind == "join" and msg.sender == 1 and not wait_for_ready
+            self.sends.append(list(peers))
+            return [2] if len(self.sends) < 3 else []  # center 2 is unreachable twice
+
+        def take(self, kind):
+            if kind == "roster" and len(self.sends) == 3:
+                return {0: Message("roster", 4, 0, body={"hellos": [{"a": 0}, {"a": 1}, {"a": 2}]})}
+            return {}
+
+    node = Node()
+    spec = SimpleNamespace(rejoin=True, timeout=3.0, start_timeout=30.0)
+    t0 = time.monotonic()
+    hellos, msg = _hellos(spec, node, None, None, 1, 3)  # type: ignore[arg-type]
+    assert node.sends == [[0, 2], [2], [2]]
+    assert hellos == [{"a": 0}, {"a": 1}, {"a": 2}] and msg is not None and msg.round == 4
+    assert time.monotonic() - t0 >= 2.0  # one second between tries

@@ -313,9 +313,15 @@ def _hellos(spec: PeerSpec, node: Node, rows: Any, cfg: RunConfig, me: int, n: i
     restarted peer, those the coordinator sends with the roster of the round it rejoins."""
     others = [j for j in range(n) if j != me]
     if spec.rejoin:
-        node.send_many(others, Message("join", -1, me), spec.timeout, wait_for_ready=False)
+        # The request goes to every center (this peer does not know which one coordinates now). A
+        # send that failed (a peer still connecting, a loaded machine) is tried again each second:
+        # a request that reached the coordinator twice only puts this center in one more roster.
         deadline = time.monotonic() + spec.start_timeout
+        unsent, next_try = others, 0.0
         while time.monotonic() < deadline:
+            if unsent and time.monotonic() >= next_try:
+                unsent = node.send_many(unsent, Message("join", -1, me), spec.timeout, wait_for_ready=False)
+                next_try = time.monotonic() + 1.0
             got = node.take("roster")
             if got:
                 msg = next(iter(got.values()))
