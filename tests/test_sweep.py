@@ -134,6 +134,9 @@ def test_bad_sweep_files(tmp_path):
     p.write_text("methods: [fedavg]\nseeds: [1, 1]\n")
     with pytest.raises(InputError, match="seeds"):
         sw.load_sweep(p)
+    p.write_text("methods: [{method: fedavg, label: '  '}]\n")
+    with pytest.raises(InputError, match=r"invalid sweep field methods.0.label: an empty label"):
+        sw.load_sweep(p)
     p.write_text("methods: [fedavg]\nengine: ray\n")  # renamed
     with pytest.raises(InputError, match="`engine:` .* is now called `executor:`"):
         sw.load_sweep(p)
@@ -164,6 +167,15 @@ def test_a_sweep_file_reads_its_paths_from_its_own_folder(tmp_path, monkeypatch)
     with pytest.raises(InputError, match=r"entry 'abps': config abps.yaml not found at .*study/abps.yaml "
                                          r"\(a relative `config:` is read from the sweep file's folder\)"):
         sw.expand_cells(spec, base, "c")
+    # the run-config paths an entry's overrides or an option set are read from there too
+    (sub / "s.yaml").write_text("methods:\n- {method: fedavg, overrides: {realworld: {availability: "
+                                "{kind: trace, trace: t.csv}}}}\n- {method: abps, overrides: {realworld: "
+                                "{profiles: {file: /abs/p.csv}}}}\noptions: {realworld.availability.trace: "
+                                "[u.csv, ~/v.csv]}\nseeds: [1]\n")
+    spec, _ = sw.load_sweep(Path("..") / "study" / "s.yaml")
+    assert spec.methods[0].overrides["realworld"]["availability"] == {"kind": "trace", "trace": str(sub / "t.csv")}
+    assert spec.methods[1].overrides["realworld"]["profiles"]["file"] == "/abs/p.csv"
+    assert spec.options["realworld.availability.trace"] == [str(sub / "u.csv"), str(Path("~/v.csv").expanduser())]
 
 
 def test_a_finished_run_under_another_label_is_named_not_run_again(cohort, tmp_path, capsys):

@@ -9,11 +9,11 @@ from typing import Any
 from pydantic import ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from etl.errors import InputError
-from federation.core.config import NumbersNotFlags, first_error, from_folder, load_yaml, paths_from_file
+from federation.core.config import NumbersNotFlags, first_error, from_folder, load_yaml
 from federation.data.load import load_federation
 from federation.run.tracking import METRIC_TAG, Tracker
 from federation.sweep.driver import run_sweep
-from federation.sweep.spec import SWEEP_PATH_KEYS, SweepSpec, check_seeds
+from federation.sweep.spec import check_seeds, sweep_spec
 
 __all__ = ["CrossDataset", "load_cross_sweep", "is_cross_sweep", "run_cross_sweep", "cross_summary_line",
            "DATASET_TAG", "METRIC_TAG"]
@@ -61,15 +61,7 @@ def load_cross_sweep(path: str | Path) -> tuple[Any, Path, dict[str, CrossDatase
         except ValidationError as exc:
             raise InputError(f"{path}: datasets.{label}: {first_error(exc)[1]}") from None
         sets[str(label)] = d.model_copy(update={"cohort": str(from_folder(d.cohort, base))})
-    try:
-        spec = SweepSpec.model_validate(paths_from_file(doc, path, SWEEP_PATH_KEYS))  # the rest: an ordinary sweep file
-    except ValidationError as exc:
-        loc, msg = first_error(exc)
-        raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None
-    labels = [e.name for e in spec.methods]
-    if len(set(labels)) != len(labels):
-        raise InputError(f"{path}: methods: a label appears twice (give entries distinct `label:`)")
-    return spec, base, sets
+    return sweep_spec(doc, path), base, sets  # the rest: an ordinary sweep file
 
 
 def is_cross_sweep(path: str | Path) -> bool:

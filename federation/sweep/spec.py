@@ -9,10 +9,10 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from etl.errors import InputError
-from federation.core.config import NumbersNotFlags, first_error, load_yaml, paths_from_file
+from federation.core.config import PATH_KEYS, NumbersNotFlags, first_error, from_folder, load_yaml, paths_from_file
 from federation.core.limits import MAX_SEED, MAX_THREADS
 
-__all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep"]
+__all__ = ["MethodEntry", "Resources", "SweepSpec", "load_sweep", "sweep_spec"]
 
 
 class _Strict(NumbersNotFlags):
@@ -38,6 +38,13 @@ class MethodEntry(_Strict):
     config: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("label")
+    @classmethod
+    def _named(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("an empty label (leave the key out to use the method name)")
+        return v
 
     @property
     def name(self) -> str:
@@ -147,22 +154,51 @@ class SweepSpec(_Strict):
 SWEEP_PATH_KEYS = (("cohort",), ("checkpoints",))
 
 
+def run_paths_from_file(doc: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """``doc`` (a sweep file read from ``path``) with the run-config paths it sets
+    (:data:`federation.core.config.PATH_KEYS`: an entry's ``overrides:``, an ``options:`` key's
+    values) read from the file's folder, as a run config's own are. Nothing else changes; the
+    lists and mappings on the way are copied."""
+    out = dict(doc)
+    if isinstance(out.get("methods"), list):
+        out["methods"] = [{**e, "overrides": paths_from_file(e["overrides"], path, PATH_KEYS)}
+                          if isinstance(e, dict) and isinstance(e.get("overrides"), dict) else e
+                          for e in out["methods"]]
+    if isinstance(out.get("options"), dict):
+        base = Path(path).resolve().parent
+        dotted = {".".join(k) for k in PATH_KEYS}
+        out["options"] = {k: [str(from_folder(v, base)) if isinstance(v, str) and v.strip() else v for v in vals]
+                          if k in dotted and isinstance(vals, list) else vals
+                          for k, vals in out["options"].items()}
+    return out
+
+
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     """Read and validate a sweep YAML. Returns (spec, folder of the file).
 
     Raises:
         InputError: missing file, bad YAML, or an invalid field (the message names the field).
     """
-    from pydantic import ValidationError
-
     doc = load_yaml(path)
     if "methods" not in doc and ("method" in doc or "benchmark" in doc):  # a run config, not a sweep
         raise InputError(f"{path}: a run config (it names `{'method' if 'method' in doc else 'benchmark'}:`, "
                          f"no `methods:`); run it with abps train --config {path}")
     if "engine" in doc and not isinstance(doc["engine"], dict):
         raise InputError(f"{path}: the sweep key `engine:` (local / ray) is now called `executor:`")
+    return sweep_spec(doc, path), Path(path).resolve().parent
+
+
+def sweep_spec(doc: dict[str, Any], path: str | Path) -> SweepSpec:
+    """The validated :class:`SweepSpec` of ``doc`` read from the file ``path``: its paths read from
+    the file's folder (:data:`SWEEP_PATH_KEYS`, :func:`run_paths_from_file`), its labels distinct.
+
+    Raises:
+        InputError: an invalid field or a label given twice, naming the file and the field.
+    """
+    from pydantic import ValidationError
+
     try:
-        spec = SweepSpec.model_validate(paths_from_file(doc, path, SWEEP_PATH_KEYS))
+        spec = SweepSpec.model_validate(paths_from_file(run_paths_from_file(doc, path), path, SWEEP_PATH_KEYS))
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{path}: invalid sweep field {loc}: {msg}" if loc else f"{path}: {msg}") from None
@@ -170,4 +206,4 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise InputError(f"{path}: methods: label {dup[0]!r} appears twice (give entries distinct `label:`)")
-    return spec, Path(path).resolve().parent
+    return spec
