@@ -78,12 +78,21 @@ def _state_path() -> Path:
     return Path(os.environ.get("ABPS_STATE") or Path(".abps") / "state.json")
 
 
-def _read_state() -> dict:
+def _read_state() -> tuple[dict, str]:
+    """``(record, damage)``: the project's record (``{}`` when there is none) and, when the file is
+    there but unreadable, not JSON or not a mapping, a few words naming it (else ``""``); a damaged
+    record counts as none and the next ``abps etl`` writes it anew."""
+    path = _state_path()
     try:
-        doc = json.loads(_state_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:
+        why = "not JSON" if isinstance(exc, ValueError) else (exc.strerror or type(exc).__name__).lower()
+        return {}, f"the project record {path} is damaged ({why})"
+    if not isinstance(doc, dict):
+        return {}, f"the project record {path} is damaged (not a JSON mapping)"
+    return doc, ""
 
 
 def record_etl(out: Path, source: str) -> None:
@@ -91,7 +100,7 @@ def record_etl(out: Path, source: str) -> None:
     and print the command to run next."""
     import typer
 
-    doc = {**_read_state(), "cohort": str(Path(out).resolve()), "source": source}
+    doc = {**_read_state()[0], "cohort": str(Path(out).resolve()), "source": source}
     atomic_write_text(_state_path(), json.dumps(doc, indent=2) + "\n")
     typer.echo("next: abps train --goal diversity   (trains on this cohort, the project's default from now on)")
 
@@ -103,7 +112,7 @@ def _is_cohort(d: Path) -> bool:
 def recorded_cohort() -> Path | None:
     """The cohort folder of this project's most recent ``abps etl`` when it still holds a cohort,
     else ``./cohort`` when that does, else None."""
-    recorded = _read_state().get("cohort")
+    recorded = _read_state()[0].get("cohort")
     if isinstance(recorded, str) and _is_cohort(Path(recorded)):
         return Path(recorded)
     return Path("cohort") if _is_cohort(Path("cohort")) else None
@@ -116,12 +125,13 @@ def default_cohort() -> Path:
         InputError: neither holds ``cohort.parquet`` and ``centers.parquet`` (one line naming both
             ways to give a cohort).
     """
-    recorded = _read_state().get("cohort")
+    state, damage = _read_state()
+    recorded = state.get("cohort")
     if isinstance(recorded, str) and _is_cohort(Path(recorded)):
         return Path(recorded)
     if _is_cohort(Path("cohort")):
         return Path("cohort")
-    gone = f" (the recorded {recorded} is gone)" if recorded else ""
+    gone = f" ({damage})" if damage else f" (the recorded {recorded} is gone)" if recorded else ""
     raise InputError(f"no cohort{gone}: give --cohort DIR, or build one with `abps etl --mimic-dir DIR --out DIR` "
                      "(this project then uses it by default)")
 

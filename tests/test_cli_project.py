@@ -20,6 +20,7 @@ import duckdb
 import pytest
 
 from cli.project import default_cohort
+from etl.errors import InputError
 from etl.mimic import mimic_release
 from tests.cli_helpers import free_port as _free_port
 from tests.cli_helpers import run_main as _main
@@ -109,6 +110,14 @@ def test_default_cohort_order(project: Path) -> None:
     assert default_cohort() == other
     shutil.rmtree(other)  # a recorded cohort that is gone: back to ./cohort
     assert default_cohort() == Path("cohort")
+    shutil.rmtree(fake)
+    (project / ".abps" / "state.json").write_text('{"cohort": "/x"')  # cut short
+    with pytest.raises(InputError, match=r"^no cohort \(the project record .*state.json is damaged \(not JSON\)\): "
+                                         r"give --cohort DIR"):
+        default_cohort()
+    (project / ".abps" / "state.json").write_text("[1]")
+    with pytest.raises(InputError, match=r"state.json is damaged \(not a JSON mapping\)"):
+        default_cohort()
 
 
 def test_goal_flag_picks_the_goal_aware_preset_and_says_so(capsys) -> None:
