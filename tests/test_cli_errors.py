@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,13 @@ def test_seeds_yaml_and_sweep_address_errors(tiny_cohort, tmp_path):
                        "--address", "127.0.0.1:1"), "--address")
     one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
                        "--executor", "ray", "--address", "127.0.0.1:1"), "cannot reach")
+    with socket.socket() as silent:  # accepts connections and never answers: not a Ray cluster
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        one_line_error(run("sweep", "--config", str(sweep), "--cohort", str(tiny_cohort), "--tracking-uri", uri,
+                           "--executor", "ray", "--address", f"ray://127.0.0.1:{port}"),
+                       "is not a Ray cluster (no gRPC handshake within 5 s)")
     bad = tmp_path / "badcohort"
     bad.mkdir()
     (bad / "cohort.parquet").write_text("junk")

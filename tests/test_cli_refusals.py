@@ -173,6 +173,41 @@ def test_a_tracking_server_that_does_not_answer_is_named_at_once(command, tmp_pa
     assert not (tmp_path / "rep").exists()
 
 
+def test_a_tracking_server_that_accepts_and_never_answers_http_is_named(tmp_path, capsys, monkeypatch):
+    """A port that takes the connection and then says nothing, or says something that is not HTTP
+    (MLflow's client waited on it with retries for minutes)."""
+    import socket
+    import threading
+
+    from etl.errors import InputError
+    from federation.run.tracking import _check_server
+
+    with socket.socket() as silent, socket.socket() as other:
+        for s in (silent, other):
+            s.bind(("127.0.0.1", 0))
+            s.listen(4)
+
+        def not_http() -> None:
+            while True:
+                try:
+                    conn, _ = other.accept()
+                    conn.recv(1024)
+                    conn.sendall(b"SSH-2.0-OpenSSH\r\n")
+                    conn.close()
+                except OSError:  # the socket closed at the end of the test
+                    return
+
+        threading.Thread(target=not_http, daemon=True).start()
+        uri = f"http://127.0.0.1:{other.getsockname()[1]}"
+        monkeypatch.chdir(tmp_path)
+        err = _refused(["runs", "--experiment", "x", "--tracking-uri", uri], capsys)
+        assert err == f"error: MLflow tracking server {uri}: it accepts connections but sent no HTTP answer (BadStatusLine)"
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(InputError, match=r"^MLflow tracking server .*: it accepts connections but sent no answer "
+                                             r"within 0.5 s$"):
+            _check_server(uri, 0.5)
+
+
 _SAGE = ("benchmark: sage\nname: t\ndataset: cifar10\ndata_root: {root}\nn_clients: 3\ngraph: er\n"
          "selectors: [RG]\ntrain_samples: 120\ntest_samples: 30\n{extra}")
 

@@ -253,18 +253,40 @@ def _store_error(uri: str, exc: BaseException) -> InputError:
 
 
 def _check_server(uri: str, timeout_s: float = 10.0) -> None:
-    """InputError when the tracking server of ``uri`` does not accept a TCP connection."""
+    """InputError when the tracking server of ``uri`` does not accept a TCP connection, or accepts
+    one and sends no HTTP answer to ``GET <uri>/health`` within ``timeout_s`` (any status counts as
+    an answer: a server behind a login still answers)."""
+    import http.client
     import socket
+    import ssl
+    import urllib.error
+    import urllib.request
     from urllib.parse import urlsplit
 
     parts = urlsplit(uri)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
-            return
+            pass
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc) or exc.__class__.__name__
         raise InputError(f"MLflow tracking server {uri}: cannot connect ({why})") from None
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # it answers HTTP; MLflow's own requests say what it refuses
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLError):
+            return  # it answers TLS; MLflow verifies the certificate under its own settings
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            why = f"no answer within {timeout_s:g} s"
+        elif isinstance(reason, http.client.HTTPException):
+            why = f"no HTTP answer ({type(reason).__name__})"
+        else:
+            why = f"no HTTP answer ({getattr(reason, 'strerror', None) or type(reason).__name__})"
+        raise InputError(f"MLflow tracking server {uri}: it accepts connections but sent {why}") from None
 
 
 def _mlflow_schema(db: Path) -> bool:

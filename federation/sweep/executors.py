@@ -140,17 +140,29 @@ def run_pool(cells: list[Cell], cohort: str, threads: int, workers: int,
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast (InputError) when a ``host:port`` / ``ray://host:port`` Ray address does not
-    accept a TCP connection: ``ray.init`` itself retries an unreachable address forever."""
+    accept a TCP connection, or accepts one but does not answer as a gRPC server (Ray's GCS and
+    its client server both speak gRPC): ``ray.init`` itself retries an unreachable address forever
+    and hangs or ends in a traceback on a port that serves something else."""
+    import grpc
+
     target = address.split("://", 1)[-1]
     if target == "auto" or ":" not in target:
         return
     host, _, port = target.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
+            pass
     except (OSError, ValueError):
         raise InputError(f"--address {address}: cannot reach a Ray cluster there "
                          f"(no answer within {timeout_s:g} s)") from None
+    channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise InputError(f"--address {address}: the port answers but is not a Ray cluster "
+                         f"(no gRPC handshake within {timeout_s:g} s)") from None
+    finally:
+        channel.close()
 
 
 #: Ray's words for a local start that ran out of its fixed waits (the raylet registering, the GCS
@@ -186,7 +198,11 @@ def run_ray(cells: list[Cell], cohort: str, threads: int, workers: int, address:
     if not ray.is_initialized():
         if address:
             check_reachable(address)
-            ray.init(address=address, log_to_driver=False)
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:  # a gRPC server that is not Ray's
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise InputError(f"--address {address}: ray.init could not join a cluster there ({first})") from None
         else:
             start_local_ray(ray, workers)
         started = True
