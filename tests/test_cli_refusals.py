@@ -428,6 +428,13 @@ def test_a_run_config_given_to_sweep_is_named_as_one(name, cohort, tmp_path, cap
      "availability.trace is used only with kind 'trace', not 'bernoulli'"),
     ("method: fedavg\nrounds: 2\nrealworld: {deadline: {policy: none, seconds: 5}}\n",
      "deadline.seconds is used only with policy 'fixed', not 'none': drop it or change deadline.policy"),
+    ("method: abps\nrounds: 2\nrealworld: {deadline: {policy: fixed, seconds: 5}}\n",
+     "error: abps: realworld.deadline.policy 'fixed' is not used (a deadline cuts a server's round; this method "
+     "has no server); use policy none"),
+    ("method: local\nrounds: 2\nexchange: {head_layers: 1}\n",
+     "error: local: exchange.head_layers is not used (this method exchanges no model)"),
+    ("method: bnn-fl\nrounds: 2\nexchange: {server_momentum: 0.5}\n",
+     "error: bnn-fl: exchange.server_momentum is not supported (set it to 0)"),
 ])
 def test_a_run_config_that_would_be_ignored_or_end_in_a_traceback_is_refused(cohort, tmp_path, capsys, text, words):
     """A drift that never happens, a round count that early stopping replaces, a center the cohort

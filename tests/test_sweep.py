@@ -144,6 +144,11 @@ def test_bad_sweep_files(tmp_path):
         sw.expand_cells(_spec({"methods": ["nosuch"]}), tmp_path, "c")
     with pytest.raises(InputError, match="sweep entry 'fedavg' engine.lr=-1.*engine.lr"):
         sw.expand_cells(_spec({"methods": ["fedavg"], "options": {"engine.lr": [-1]}}), tmp_path, "c")
+    # a setting the entry's method would not apply names the entry (the server-based fedavg takes it)
+    with pytest.raises(InputError, match=r"^sweep entry 'abps' realworld.deadline.policy=fixed: abps: "
+                                         r"realworld.deadline.policy 'fixed' is not used"):
+        sw.expand_cells(_spec({"methods": ["fedavg", "abps"], "options": {"realworld.deadline.policy": ["fixed"]}}),
+                        tmp_path, "c")
 
 
 def test_a_sweep_file_reads_its_paths_from_its_own_folder(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from etl.errors import InputError
 from federation.core.config import NumbersNotFlags, RunConfig
 from federation.core.ledger import Ledger
 from federation.data.tensors import FederatedData
@@ -144,9 +145,39 @@ class Method(ABC, Generic[P]):
     #: expected seconds per round at n = 230 centers, 1 torch thread (docs/benchmarks.md "Table 1"); only
     #: the ratios matter: a sweep hands out its cells longest first (federation/sweep/schedule.py)
     seconds_per_round: ClassVar[float] = 0.55
+    #: the plan has a server (a star: ``server_links`` > 0 whenever it mixes); the real-world deadline
+    #: policy applies to such methods only (the round loop checks every plan against it)
+    has_server: ClassVar[bool] = False
+    #: the plan mixes models (a matrix W); the ``exchange:`` settings apply to such methods only
+    exchanges: ClassVar[bool] = True
 
     def __init__(self, params: P | None = None) -> None:
         self.p: P = params if params is not None else cast(P, self.Params())
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        """Refuse run-config settings this method would not apply (before any run starts): a
+        pooled encoding on a per-center method, a drift scenario on a pooled one, non-default
+        ``exchange:`` settings on a method that mixes nothing, a deadline policy on a method
+        without a server. A subclass adds its own refusals and calls this one.
+
+        Raises:
+            InputError: one line naming the method and the setting.
+        """
+        m = cfg.method
+        if cfg.data.preprocessing == "pooled" and not cls.pooled:
+            raise InputError(f"{m}: data.preprocessing 'pooled' fits statistics on the union of all "
+                             f"centers' rows; only the centralized reference may use it")
+        if cfg.drift is not None and cls.pooled:
+            raise InputError(f"{m}: the drift scenario needs per-center labels (not a pooled model)")
+        if not cls.exchanges:
+            given = sorted(cfg.exchange.model_dump(exclude_defaults=True))
+            if given:
+                raise InputError(f"{m}: exchange.{given[0]} is not used (this method exchanges no model); "
+                                 "leave the exchange: settings out")
+        if cfg.realworld is not None and cfg.realworld.deadline.policy != "none" and not cls.has_server:
+            raise InputError(f"{m}: realworld.deadline.policy {cfg.realworld.deadline.policy!r} is not used "
+                             "(a deadline cuts a server's round; this method has no server); use policy none")
 
     def make_engine(self, data: FederatedData, cfg: RunConfig, seed: int) -> Engine:
         """The stacked trainer of ``data`` (all centers, or the pooled union for a ``pooled``

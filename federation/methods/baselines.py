@@ -33,6 +33,7 @@ class LocalOnly(Method):
 
     name = "local"
     seconds_per_round = 0.50
+    exchanges = False
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         return RoundPlan(w=None)
@@ -52,6 +53,7 @@ class Centralized(Method):
     name = "centralized"
     seconds_per_round = 0.55
     pooled = True
+    exchanges = False
     default_config: ClassVar[dict[str, Any]] = {
         "data": {"preprocessing": "pooled"},
         "early_stopping": {"enabled": True, "patience": 10, "max_rounds": 100},
@@ -68,6 +70,7 @@ class FedAvg(Method):
     exchanged block; a star of n center-server edges carries a model each round."""
 
     name = "fedavg"
+    has_server = True
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:
         return RoundPlan(w=fedavg_matrix(ctx.n_train), server_links=ctx.n)
@@ -171,6 +174,7 @@ class FedDyn(Method):
 
     name = "feddyn"
     seconds_per_round = 1.00
+    has_server = True
     Params = FedDynParams
 
     def setup(self, ctx: Context) -> None:

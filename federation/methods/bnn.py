@@ -204,12 +204,13 @@ class BnnFL(Method):
     ``posterior_sigma`` (mean sigma over weights and centers).
 
     Raises:
-        InputError: (at setup) ``exchange.server_momentum`` > 0 or ``exchange.variance_correction``
-            (neither is defined for posterior moments).
+        InputError: (:meth:`check_config`, before a run starts) ``exchange.server_momentum`` > 0 or
+            ``exchange.variance_correction`` (neither is defined for posterior moments).
     """
 
     name = "bnn-fl"
     seconds_per_round = 2.40
+    has_server = True
     Params: ClassVar[type[BaseModel]] = BnnParams
     payloads_per_link = 2
 
@@ -217,11 +218,15 @@ class BnnFL(Method):
         p: BnnParams = self.p  # type: ignore[assignment]
         return StackedBayesEngine(data, cfg.engine, seed, p.prior_sigma, p.init_sigma)
 
-    def setup(self, ctx: Context) -> None:
-        if ctx.cfg.exchange.server_momentum > 0:
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        super().check_config(cfg)
+        if cfg.exchange.server_momentum > 0:
             raise InputError("bnn-fl: exchange.server_momentum is not supported (set it to 0)")
-        if ctx.cfg.exchange.variance_correction:
+        if cfg.exchange.variance_correction:
             raise InputError("bnn-fl: exchange.variance_correction is not supported (set it to false)")
+
+    def setup(self, ctx: Context) -> None:
         self.w = fedavg_matrix(ctx.n_train)
 
     def plan_round(self, ctx: Context, round_idx: int) -> RoundPlan:

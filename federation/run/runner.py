@@ -141,12 +141,8 @@ def run_one(
         :class:`RunResult`. Same cfg, data and seed -> identical result on CPU, resumed or not.
     """
     cls = get_method(cfg.method)
-    if cfg.data.preprocessing == "pooled" and not cls.pooled:
-        raise InputError(f"{cfg.method}: data.preprocessing 'pooled' fits statistics on the union of all "
-                         f"centers' rows; only the centralized reference may use it")
+    cls.check_config(cfg)
     data = data.with_preprocessing(cfg.data)  # the run's numeric encoding (no-op when already in use)
-    if cfg.drift is not None and cls.pooled:
-        raise InputError(f"{cfg.method}: the drift scenario needs per-center labels (not a pooled model)")
     method: Method = cls(cls.Params.model_validate(cfg.params))
     data = drifting_copy(data, cfg.drift)  # the drift scenario flips labels in a per-run copy
     engine = method.make_engine(data, cfg, seed)
@@ -193,6 +189,9 @@ def run_one(
         ctx.params = eval_params()
         ctx.pre_exchange = _clone(ctx.params)
         plan = method.plan_round(ctx, r)
+        if plan.w is not None and (not cls.exchanges or (plan.server_links > 0) != cls.has_server):
+            raise RuntimeError(f"{cfg.method}: its plan does not match its class (exchanges={cls.exchanges}, "
+                               f"has_server={cls.has_server}, server_links={plan.server_links})")
         plan = rw.plan(plan) if rw is not None else plan
         if plan.w is not None and not cls.pooled:
             if tuple(plan.w.shape) != (data.n_centers, data.n_centers):
@@ -320,17 +319,21 @@ def round_metrics(sv: Any, st: Any, rb: Any, ledger: Ledger) -> dict[str, float]
 
 
 def check_method_params(cfg: RunConfig) -> None:
-    """Validate ``cfg.params`` against the method's parameter model.
+    """Validate ``cfg.params`` against the method's parameter model, and the rest of ``cfg``
+    against what the method applies (:meth:`Method.check_config`).
 
     Raises:
-        InputError: one line naming the method, the first bad parameter and ``--param``.
+        InputError: one line naming the method, the first bad parameter and ``--param``, or the
+            setting the method would not use.
     """
+    cls = get_method(cfg.method)
     try:
-        get_method(cfg.method).Params(**cfg.params)
+        cls.Params(**cfg.params)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{cfg.method}: invalid parameter {loc or 'set'} (--param or the config's params:): "
                          f"{msg}") from None
+    cls.check_config(cfg)
 
 
 def early_stop_step(es: Any, best: tuple, tau: int, val_mean: float,

@@ -152,10 +152,14 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
                 # fully resolved: the method's parameters with their defaults filled in
                 full = cls.Params.model_validate(cfg.params).model_dump(mode="json")
                 cfg = cfg.model_copy(update={"params": full})
+                cls.check_config(cfg)
             except ValidationError as exc:
                 loc, msg = first_error(exc)
                 raise InputError(f"sweep entry {entry.name!r}{' ' + _option_suffix(opts) if opts else ''}: "
                                  + (f"invalid {loc}: {msg}" if loc else msg)) from None
+            except InputError as exc:
+                raise InputError(f"sweep entry {entry.name!r}{' ' + _option_suffix(opts) if opts else ''}: "
+                                 f"{exc}") from None
             # a row is named by the options that tell cells apart: one set for the whole sweep (an
             # evaluation rule, say) names no row, so Table 1 still finds the paper's rows
             shown = {k: v for k, v in opts.items() if k in varying}
