@@ -8,6 +8,7 @@ into one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -312,3 +313,25 @@ def _report(exc: Exception) -> None:
     if type(exc).__module__.startswith("mlflow"):
         print(f"error: MLflow: {_mlflow_line(exc)}", file=sys.stderr)
         sys.exit(2)
+    line = _path_error_line(exc)
+    if line is not None:
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
+
+
+#: errno values of a path the user gave or the machine's state, not of a fault in abps: named in
+#: one line (the file and the system's words) wherever a command meets them
+_PATH_ERRNOS = frozenset(getattr(errno, n) for n in ("ENAMETOOLONG", "ELOOP", "ENOTDIR", "EISDIR", "EACCES",
+                                                       "EPERM", "EROFS", "ENOSPC", "EDQUOT") if hasattr(errno, n))
+
+
+def _path_error_line(exc: BaseException) -> str | None:
+    """``FILE: reason`` for an error of a path (too long a name, a symbolic link loop, no
+    permission, a full or read-only disk), else None. pathlib reports a link loop it meets while
+    resolving as ``RuntimeError('Symlink loop from ...')``."""
+    if isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS:
+        where = exc.filename if exc.filename is not None else "a file"
+        return f"{where}: {(exc.strerror or os.strerror(exc.errno)).lower()}"
+    if type(exc) is RuntimeError and str(exc).startswith("Symlink loop from "):
+        return f"{str(exc).removeprefix('Symlink loop from ').strip(chr(39))}: a loop of symbolic links"
+    return None

@@ -685,3 +685,26 @@ def test_etl_rebuilds_its_own_cohort_and_replaces_another_only_with_force(source
     main([*argv, other, value, "--force"])
     assert json.loads((tmp_path / "c" / "cohort_report.json").read_text())["options"][other[2:].replace("-", "_")] \
         == json.loads(now.replace("'", '"'))
+
+
+@pytest.mark.parametrize("kind", ["loop", "long"])
+@pytest.mark.parametrize("command", [
+    ["synth", "fedprox", "--centers", "2", "--out", "{p}"],
+    ["train", "--method", "fedavg", "--rounds", "1", "--no-progress", "--tracking-uri", "none",
+     "--cohort", "{cohort}", "--output", "{p}/r.json"],
+    ["train", "--method", "fedavg", "--rounds", "1", "--no-progress", "--tracking-uri", "none", "--cohort", "{p}"],
+    ["sweep", "--config", "{p}"],
+])
+def test_a_path_that_is_a_link_loop_or_too_long_a_name_is_named_in_one_line(command, kind, cohort, tmp_path, capsys,
+                                                                            monkeypatch):
+    """Whichever command meets it first (pathlib's resolve, open, mkdir, a stat): one line naming
+    the path and the system's reason, exit 2, never a traceback."""
+    monkeypatch.chdir(tmp_path)
+    if kind == "loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        p, words = "a", ("a loop of symbolic links", "too many levels of symbolic links", "a loop of them")
+    else:
+        p, words = "x" * 300, ("file name too long",)
+    err = _refused([arg.format(p=p, cohort=cohort) for arg in command], capsys)
+    assert any(w in err for w in words) and p in err, err

@@ -457,7 +457,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         raise InputError(f"{p}: a folder, not a config file")
     if not p.is_file():
-        raise InputError(f"{p}: config file not found")
+        raise InputError(f"{p}: config file not found" + (" (a symbolic link to nothing, or a loop of them)"
+                                                           if p.is_symlink() else ""))
     try:
         doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except _DuplicateKey as exc:
