@@ -19,6 +19,7 @@ def _config(method: str, config: Path | None, rounds: int | None, params: list[s
     from cli.train_cmd import _parse_params
     from federation.core.config import build_config, deep_merge, load_run_config
     from federation.methods import get_method
+    from federation.methods.registry import given_params
     from federation.run.runner import check_method_params
 
     cls = get_method(method)
@@ -27,7 +28,7 @@ def _config(method: str, config: Path | None, rounds: int | None, params: list[s
         file_cfg = deep_merge(file_cfg or {"method": method}, {"params": _parse_params(params)})
     cfg = build_config(method, cls.default_config, file_cfg, rounds)
     check_method_params(cfg)
-    return cfg
+    return cfg.model_copy(update={"params": given_params(cfg.method, cfg.params)})
 
 
 @app.command("peer")

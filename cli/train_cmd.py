@@ -156,7 +156,7 @@ def train(
     if method is None:
         raise InputError("--method is required (or --goal, or a --config naming `method:`)")
     from federation.methods import get_method
-    from federation.methods.registry import run_label
+    from federation.methods.registry import given_params, run_label
     from federation.run.runner import run_training
     from federation.run.tracking import experiment_name
 
@@ -179,6 +179,7 @@ def train(
         file_cfg = dict(file_cfg or {"method": method})
         file_cfg["params"] = {**(file_cfg.get("params") or {}), **_parse_params(param)}
     cfg = build_config(method, cls.default_config, file_cfg, rounds)
+    cfg = cfg.model_copy(update={"params": given_params(cfg.method, cfg.params)})  # kappa 2 and 2.0: one run
     label = run_label(cfg.method, cfg.params)
     if resume and output is None:
         output = project.latest_checkpointed_output(experiment, label)

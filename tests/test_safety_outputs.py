@@ -448,6 +448,14 @@ def test_a_kappa_1_run_is_not_labelled_kappa_3(cohort, tmp_path, capsys):
     assert cell.label == "abps [kappa=1]"
     code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
     assert code == 0 and "kappa=3" not in out and "abps [kappa=1]" in out
+    # kappa 1.0 in a config file is the same configuration: the same row, the same config hash
+    (tmp_path / "k.yaml").write_text("method: abps\nparams: {kappa: 1.0}\n")
+    assert cli(capsys, "train", "--config", str(tmp_path / "k.yaml"), "--cohort", str(cohort), "--seeds", "1",
+               "--rounds", "1", "--tracking-uri", uri, "--no-progress", "--output", str(tmp_path / "r2.json"))[0] == 0
+    docs = [json.loads((tmp_path / f).read_text()) for f in ("r.json", "r2.json")]
+    assert docs[0]["config"]["params"] == docs[1]["config"]["params"] == {"kappa": 1}
+    code, out, _ = cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0 and out.count("abps [kappa=1]") == 1 and "kappa=1.0" not in out
 
 
 def test_cohort_identity_and_manifest_check_read_the_files_once(tmp_path, monkeypatch):

@@ -129,6 +129,19 @@ def run_label(method: str, params: Mapping[str, object] | None = None) -> str:
     return f"{method} [{', '.join(differ)}]" if differ else method
 
 
+def given_params(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters ``params`` sets, each as the method's parameter model reads it (``kappa: 2``
+    and ``kappa: 2.0`` are one value, as in a sweep cell's resolved config), so that one
+    configuration has one label and one config hash. Unchanged when they do not validate (the
+    run's own check names the bad one)."""
+    try:
+        cls = get_method(method)
+        read = cls.Params(**params).model_dump(mode="json")
+    except Exception:  # noqa: BLE001 - refused with its own message by check_method_params
+        return dict(params)
+    return {k: read.get(k, v) for k, v in params.items()}
+
+
 def _text(value: object) -> str:
     """A parameter value as compared in :func:`run_label`: MLflow's text of it, lower case
     (``True`` and ``"true"``, ``None`` and ``"none"`` are one value)."""
