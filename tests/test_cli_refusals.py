@@ -131,12 +131,19 @@ def test_a_sweep_without_a_cohort_uses_the_projects_as_train_does(cohort, tmp_pa
     ("options: {{rounds: [2, 3]}}", "sweep s: options.rounds varies what --rounds (1) sets for every cell"),
     ("options: {{rounds: [0]}}", "sweep s: options.rounds varies what --rounds (1) sets for every cell"),
     ("methods: [{{method: fedavg, overrides: {{rounds: -1}}}}]", "sweep entry 'fedavg': overrides.rounds is replaced by"),
+    ("methods: [{{method: fedavg, overrides: {{early_stopping: {{enabled: true, max_rounds: 7}}}}}}]",
+     "sweep entry 'fedavg': overrides.early_stopping.max_rounds is replaced by --rounds (1); give one of them"),
+    ("options: {{early_stopping: [{{enabled: true, max_rounds: 7}}]}}",
+     "sweep s: options.early_stopping.max_rounds varies what --rounds (1) sets for every cell"),
+    ("methods: [{{method: abps, params: {{kappa: 2}}, overrides: {{params: {{kappa: 3}}}}}}]",
+     "sweep entry 'abps': overrides.params and params: both set method parameters; give them in params:"),
     ("options: {{engine.lr: [0.01, 0.010]}}", "sweep s: row 'fedavg[engine.lr=0.01]' twice with seed 1: the same run"),
     ("methods: [fedavg, {{method: fedavg, label: again}}]", "sweep s: rows 'fedavg' and 'again' with seed 1: the same run"),
     ("options: {{method: [fedprox]}}", "sweep s: options.method: the methods are the entries of `methods:`"),
     ("methods: [{{method: fedavg, overrides: {{method: fedprox}}}}]",
      "sweep entry 'fedavg': overrides.method: give the entry's `method:` instead"),
     ("methods: [{{method: fedavg, config: .}}]", "entry 'fedavg': config . is a folder, not a run config file at"),
+    ("resources: {{num_cpus: 7}}", "resources.num_cpus 7 applies to --executor ray only"),
 ])
 def test_a_sweep_file_refuses(cohort, tmp_path, capsys, line, words):
     """Before any cell trains: a flag where a number goes, an empty experiment name (it fell back

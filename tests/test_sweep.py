@@ -181,6 +181,12 @@ def test_a_sweep_file_reads_its_paths_from_its_own_folder(tmp_path, monkeypatch)
     assert spec.methods[0].overrides["realworld"]["availability"] == {"kind": "trace", "trace": str(sub / "t.csv")}
     assert spec.methods[1].overrides["realworld"]["profiles"]["file"] == "/abs/p.csv"
     assert spec.options["realworld.availability.trace"] == [str(sub / "u.csv"), str(Path("~/v.csv").expanduser())]
+    (sub / "s.yaml").write_text("methods: [fedavg]\noptions: {realworld: [{availability: {kind: trace, trace: t.csv}, "
+                                "round_period_s: 60}], realworld.profiles: [{file: p.csv}]}\nseeds: [1]\n")
+    spec, _ = sw.load_sweep(Path("..") / "study" / "s.yaml")
+    assert spec.options["realworld"] == [{"availability": {"kind": "trace", "trace": str(sub / "t.csv")},
+                                          "round_period_s": 60}]
+    assert spec.options["realworld.profiles"] == [{"file": str(sub / "p.csv")}]
 
 
 def test_a_finished_run_under_another_label_is_named_not_run_again(cohort, tmp_path, capsys):

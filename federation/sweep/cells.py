@@ -111,15 +111,23 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
     for entry in spec.methods:
         if "method" in (entry.overrides or {}):
             raise InputError(f"sweep entry {entry.name!r}: overrides.method: give the entry's `method:` instead")
+        if "params" in (entry.overrides or {}) and entry.params:  # params: is merged last and would win unseen
+            raise InputError(f"sweep entry {entry.name!r}: overrides.params and params: both set method parameters; "
+                             "give them in params:")
     if rounds is not None:  # it sets every cell's rounds: a per-cell value would be replaced unseen
+        stopping = spec.options.get("early_stopping") or []
         for k in ("rounds", "early_stopping.max_rounds"):
-            if k in spec.options:
+            if k in spec.options or (k != "rounds" and any(isinstance(v, dict) and "max_rounds" in v for v in stopping)):
                 raise InputError(f"sweep {spec.name}: options.{k} varies what {where} ({rounds}) sets for every "
                                  "cell; give one of them")
         for entry in spec.methods:
-            if "rounds" in (entry.overrides or {}):
-                raise InputError(f"sweep entry {entry.name!r}: overrides.rounds is replaced by {where} ({rounds}); "
-                                 "give one of them")
+            given = entry.overrides or {}
+            es = given.get("early_stopping")
+            for k, there in (("rounds", "rounds" in given), ("early_stopping.max_rounds",
+                                                            isinstance(es, dict) and "max_rounds" in es)):
+                if there:
+                    raise InputError(f"sweep entry {entry.name!r}: overrides.{k} is replaced by {where} ({rounds}); "
+                                     "give one of them")
     combos = [dict(zip(keys, vals)) for vals in itertools.product(*(spec.options[k] for k in keys))]
     varying = {k for k in keys if len(spec.options[k]) > 1}
     cells: list[Cell] = []

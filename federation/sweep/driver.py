@@ -17,7 +17,7 @@ from federation.sweep.cells import Cell, checkpoint_file, expand_cells, sweep_ha
 from federation.sweep.executors import Event, check_reachable, run_pool, run_ray, run_serial
 from federation.sweep.log import CellLog, cell_params, finished_labels, interrupted_runs, open_parent, stale_runs
 from federation.sweep.schedule import longest_first
-from federation.sweep.spec import SweepSpec
+from federation.sweep.spec import Resources, SweepSpec
 
 __all__ = ["SweepOutcome", "run_sweep"]
 
@@ -140,6 +140,9 @@ def run_sweep(spec: SweepSpec, base_dir: str | Path, cohort_dir: str | Path, *, 
     address = address or spec.address
     if address and executor != "ray":
         raise InputError("--address applies to --executor ray only")
+    if executor != "ray" and spec.resources.num_cpus != Resources().num_cpus:
+        raise InputError(f"resources.num_cpus {spec.resources.num_cpus:g} applies to --executor ray only (a local "
+                         "cell is one process with resources.threads threads); drop it or run with --executor ray")
     if address:
         check_reachable(address)  # before any MLflow run is opened
     cohort_dir = str(Path(cohort_dir).resolve())

@@ -165,12 +165,22 @@ def run_paths_from_file(doc: dict[str, Any], path: str | Path) -> dict[str, Any]
                           if isinstance(e, dict) and isinstance(e.get("overrides"), dict) else e
                           for e in out["methods"]]
     if isinstance(out.get("options"), dict):
-        base = Path(path).resolve().parent
-        dotted = {".".join(k) for k in PATH_KEYS}
-        out["options"] = {k: [str(from_folder(v, base)) if isinstance(v, str) and v.strip() else v for v in vals]
-                          if k in dotted and isinstance(vals, list) else vals
-                          for k, vals in out["options"].items()}
+        out["options"] = {k: _option_paths(k, vals, path) for k, vals in out["options"].items()}
     return out
+
+
+def _option_paths(key: str, values: Any, path: str | Path) -> Any:
+    """The values of option ``key`` with the run-config paths they hold read from the folder of
+    ``path``: a path itself (``realworld.availability.trace: [a.csv]``) or inside a whole section
+    (``realworld: [{availability: {trace: a.csv}}]``)."""
+    parts = tuple(key.split("."))
+    below = [k[len(parts):] for k in PATH_KEYS if k[:len(parts)] == parts]
+    if not below or not isinstance(values, list):
+        return values
+    if () in below:
+        base = Path(path).resolve().parent
+        return [str(from_folder(v, base)) if isinstance(v, str) and v.strip() else v for v in values]
+    return [paths_from_file(v, path, tuple(below)) if isinstance(v, dict) else v for v in values]
 
 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path]:
