@@ -435,6 +435,15 @@ def test_a_run_config_given_to_sweep_is_named_as_one(name, cohort, tmp_path, cap
      "availability.trace is used only with kind 'trace', not 'bernoulli'"),
     ("method: fedavg\nrounds: 2\nrealworld: {deadline: {policy: none, seconds: 5}}\n",
      "deadline.seconds is used only with policy 'fixed', not 'none': drop it or change deadline.policy"),
+    ("method: fedavg\nrounds: 2\ndata: {preprocessing: per-center, shrinkage_rows: 10}\n",
+     "data.shrinkage_rows is used only with preprocessing 'shrinkage', not 'per-center': drop it or change "
+     "data.preprocessing"),
+    ("method: fedavg\nrounds: 2\ndata: {preprocessing: federated, small_center: refuse}\n",
+     "data.small_center is used only with preprocessing 'auto' or 'per-center', not 'federated'"),
+    ("method: fedavg\nrounds: 2\nrealworld: {profiles: {seed: 5}}\n",
+     "profiles.seed draws the spreads (low < high); none is given, so it is not used"),
+    ("method: fedavg\nrounds: 2\nrealworld: {availability: {kind: daily, utc_offsets: utc, seed: 9}, "
+     "round_period_s: 3600}\n", "availability.seed draws the utc_offsets 'spread' only"),
     ("method: abps\nrounds: 2\nrealworld: {deadline: {policy: fixed, seconds: 5}}\n",
      "error: abps: realworld.deadline.policy 'fixed' is not used (a deadline cuts a server's round; this method "
      "has no server); use policy none"),

@@ -153,6 +153,15 @@ class DataConfig(_Strict):
     histogram_bins: int = Field(256, ge=8, le=65536)
     small_center: Literal["warn", "refuse"] = "warn"
 
+    @model_validator(mode="after")
+    def _used(self) -> DataConfig:
+        # auto resolves to per-center or federated on the cohort, so it reads what either reads
+        unused(self, "data", "preprocessing", {
+            "auto": ("min_center_rows", "small_center", "histogram_bins"),
+            "per-center": ("min_center_rows", "small_center"), "federated": ("histogram_bins",),
+            "shrinkage": ("shrinkage_rows", "histogram_bins"), "pooled": ()})
+        return self
+
 
 class LabelFlipDrift(NumbersNotFlags):
     """The ``drift:`` block of a run config: chosen centers flip their labels from a round on
@@ -252,6 +261,9 @@ class AvailabilityConfig(_Strict):
         unused(self, "availability", "kind", {"always": (), "bernoulli": ("rate", "seed"),
                                               "daily": ("work_hours", "utc_offsets", "seed"),
                                               "trace": ("trace", "trace_period_hours", "trace_unlisted")})
+        if self.kind == "daily" and self.utc_offsets != "spread" and self.seed != 0:
+            raise ValueError("availability.seed draws the utc_offsets 'spread' only; with given offsets it is "
+                             "not used: drop it")
         if self.kind == "trace" and not self.trace:
             raise ValueError("availability.kind 'trace' needs availability.trace (a CSV path)")
         if not all(0.0 <= h <= 24.0 for h in self.work_hours):
@@ -274,6 +286,14 @@ class ProfilesConfig(_Strict):
     latency_s: Spread | None = None
     file: str | None = None
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _seed_used(self) -> ProfilesConfig:
+        spreads = (self.rows_per_s, self.uplink, self.downlink, self.latency_s)
+        if self.seed != 0 and not any(sp is not None and sp.low < sp.high for sp in spreads):
+            raise ValueError("profiles.seed draws the spreads (low < high); none is given, so it is not used: "
+                             "drop it")
+        return self
 
 
 class DeadlineConfig(_Strict):
