@@ -27,6 +27,10 @@ __all__ = ["SelectionParams", "AbpsParams", "AbpsMethod", "RandomPartnersMethod"
 _META_BYTES_PER_VALUE = 4  # metadata vectors travel as float32
 
 
+#: parameters read only by the goal-aware filter (eq. 3, :func:`abps.goal_filter.candidate_mask`)
+_FILTER_SETTINGS = ("keep_fraction", "tau_mode", "candidacy", "metadata", "normalize_metadata")
+
+
 class SelectionParams(MetadataDpParams):
     """Partner-selection settings shared by ABPS and the ``random-partners`` ablation (config ``params:``).
 
@@ -78,6 +82,13 @@ class SelectionParams(MetadataDpParams):
             raise ValueError(f"{dp[0]} applies only when metadata is released, i.e. with a goal "
                              "(--goal, or the presets abps-hom | abps-div | abps-align); without a goal "
                              "no metadata leaves a center")
+        # the goal-aware filter's settings: without a goal every peer is a candidate (eq. 3 is not applied)
+        fields = type(self).model_fields
+        unused = [k for k in _FILTER_SETTINGS if getattr(self, k) != fields[k].default]
+        if unused and self.goal is None:
+            raise ValueError(f"{unused[0]} is a setting of the goal-aware filter, which runs only with a goal "
+                             "(--goal, or the presets abps-hom | abps-div | abps-align); without a goal every "
+                             "peer is a candidate")
         return self
 
     @property

@@ -41,6 +41,10 @@ def _refused(argv: list[str], capsys) -> str:
     (["--method", "abps", "--param", "kappa=true"],
      "abps: invalid parameter kappa (--param or the config's params:): a number, not true / false"),
     (["--method", "fedprox", "--param", "mu=false"], "fedprox: invalid parameter mu"),
+    (["--method", "abps", "--param", "tau_mode=global"],
+     "abps: invalid parameter set (--param or the config's params:): tau_mode is a setting of the goal-aware "
+     "filter, which runs only with a goal"),
+    (["--method", "random-partners", "--param", "metadata=full"], "metadata is a setting of the goal-aware filter"),
 ])
 def test_train_refuses(cohort, tmp_path, capsys, extra, words):
     err = _refused(["train", "--cohort", str(cohort), "--rounds", "1", "--no-progress",
