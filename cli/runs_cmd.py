@@ -40,15 +40,22 @@ def ui(
 
     experiment_name(experiment, "")  # an empty --experiment is refused before a server starts
     uri = tracking_uri or default_tracking_uri()
-    if uri.startswith(("http://", "https://")):
-        typer.echo(f"MLflow UI: {compare_url(uri.rstrip('/'), uri, experiment)}")
-        return 0
+    served = uri.startswith(("http://", "https://"))
+    if served:  # the server's own UI: nothing starts here, so the options of a local one do nothing
+        for opt, given, default in (("--port", port, 5000), ("--host", host, "127.0.0.1")):
+            if given != default:
+                raise InputError(f"{opt} applies to a UI started here; the tracking URI {uri} is an MLflow "
+                                 "server, whose UI is already served: drop it")
     named = experiment_source(experiment)
-    if named is not None:  # a named experiment that the store lacks is refused, as abps runs does
+    if named is not None or served:  # a named experiment that the store lacks is refused, as abps runs does
         from federation.run.store_read import experiment_or_error, open_store
 
-        with open_store(uri) as store:
-            experiment_or_error(store, default_experiment(experiment, uri, store), named)
+        with open_store(uri) as store:  # a server that does not answer is named here
+            if named is not None:
+                experiment_or_error(store, default_experiment(experiment, uri, store), named)
+    if served:
+        typer.echo(f"MLflow UI: {compare_url(uri.rstrip('/'), uri, experiment)}")
+        return 0
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     _check_port_free(host, port)
     base = f"http://{shown}:{port}"

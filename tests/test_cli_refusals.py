@@ -497,6 +497,20 @@ def test_ui_names_a_bad_host_or_an_unknown_experiment_before_a_server_starts(tmp
     assert words in err, err
 
 
+def test_ui_on_an_mlflow_server_refuses_the_local_uis_options_and_names_a_server_that_is_down(capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for opt, value in (("--port", "7777"), ("--host", "0.0.0.0")):
+        err = _refused(["ui", "--tracking-uri", uri, opt, value], capsys)
+        assert err == (f"error: {opt} applies to a UI started here; the tracking URI {uri} is an MLflow server, "
+                       "whose UI is already served: drop it")
+    err = _refused(["ui", "--tracking-uri", uri, "--experiment", "x"], capsys)
+    assert err.startswith(f"error: MLflow tracking server {uri}: cannot connect ("), err
+
+
 def test_an_empty_tracking_uri_is_refused(cohort, tmp_path, capsys):
     err = _refused(["train", "--cohort", str(cohort), "--method", "fedavg", "--rounds", "1", "--tracking-uri", " ",
                     "--output", str(tmp_path / "r.json")], capsys)
