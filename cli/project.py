@@ -54,10 +54,6 @@ def tracking_uri_option() -> Any:
     return typer.Option(None, "--tracking-uri", callback=_non_empty_uri, help=TRACKING_URI_HELP)
 
 
-#: the URI schemes of the MLflow stores and servers a tracking URI may name
-TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks",
-                    "databricks-uc", "uc")
-
 
 def _non_empty_uri(value: str | None) -> str | None:
     """An empty ``--tracking-uri`` is refused, not taken for the default store; so is a scheme
@@ -65,11 +61,9 @@ def _non_empty_uri(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise InputError("--tracking-uri: an empty URI (leave the option out for MLFLOW_TRACKING_URI or this "
                          "project's store)")
-    scheme = value.split("://", 1)[0].split("+", 1)[0].lower() if value and "://" in value else None
-    if scheme is not None and scheme not in TRACKING_SCHEMES:
-        raise InputError(f"--tracking-uri {value}: no MLflow store has the scheme {scheme!r} "
-                         "(e.g. sqlite:///mlflow/mlflow.db or http://HOST:5000)")
-    return value
+    from federation.run.tracking import check_uri_scheme
+
+    return check_uri_scheme(value, "--tracking-uri") if value else value
 
 
 def _state_path() -> Path:
@@ -101,7 +95,11 @@ def record_etl(out: Path, source: str) -> None:
     import typer
 
     doc = {**_read_state()[0], "cohort": str(Path(out).resolve()), "source": source}
-    atomic_write_text(_state_path(), json.dumps(doc, indent=2) + "\n")
+    try:
+        atomic_write_text(_state_path(), json.dumps(doc, indent=2) + "\n")
+    except InputError as exc:  # the cohort is built; only the record of it failed
+        raise InputError(f"the cohort is in {out}, but the project record could not be written "
+                         f"({'ABPS_STATE: ' if os.environ.get('ABPS_STATE') else ''}{exc})") from None
     typer.echo("next: abps train --goal diversity   (trains on this cohort, the project's default from now on)")
 
 

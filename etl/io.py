@@ -352,6 +352,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, exclusive: boo
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where a folder of the path goes
+        raise InputError(f"cannot write {path}: a part of its folder is a file") from None
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

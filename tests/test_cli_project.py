@@ -223,3 +223,20 @@ def test_a_run_without_a_seed_uses_the_same_seed_in_train_and_launch() -> None:
     assert launch_seed.default == DEFAULT_SEED == 11
     (train_seeds,) = [p for p in cmds[("train",)].params if "--seeds" in getattr(p, "opts", ())]
     assert "(default: 11;" in train_seeds.help  # and the first-hour test reads seed "11" from a default run
+
+
+def test_a_project_record_that_cannot_be_written_is_named_as_such(tmp_path: Path, monkeypatch) -> None:
+    """The cohort is built by then: the message says where it is and names ABPS_STATE, not an
+    option of another command."""
+    from cli.project import record_etl
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("ABPS_STATE", str(tmp_path / "afile" / "state.json"))
+    with pytest.raises(InputError, match=r"^the cohort is in .*c, but the project record could not be written "
+                                         r"\(ABPS_STATE: cannot write .*afile/state.json: a part of its folder is a "
+                                         r"file\)$"):
+        record_etl(tmp_path / "c", "eicu")
+    monkeypatch.setenv("ABPS_STATE", str(tmp_path))
+    with pytest.raises(InputError, match=r"ABPS_STATE: cannot write .*: Is a directory"):
+        record_etl(tmp_path / "c", "eicu")
+    assert (tmp_path / "afile").read_text() == "x"

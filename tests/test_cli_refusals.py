@@ -511,6 +511,15 @@ def test_ui_on_an_mlflow_server_refuses_the_local_uis_options_and_names_a_server
     assert err.startswith(f"error: MLflow tracking server {uri}: cannot connect ("), err
 
 
+@pytest.mark.parametrize("command", [["runs"], ["report", "--out", "rep"]])
+def test_a_tracking_uri_of_no_store_in_the_environment_is_named(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://x")
+    err = _refused(command, capsys)
+    assert err == ("error: MLFLOW_TRACKING_URI foo://x: no MLflow store has the scheme 'foo' (e.g. "
+                   "sqlite:///mlflow/mlflow.db or http://HOST:5000)")
+
+
 def test_an_empty_tracking_uri_is_refused(cohort, tmp_path, capsys):
     err = _refused(["train", "--cohort", str(cohort), "--method", "fedavg", "--rounds", "1", "--tracking-uri", " ",
                     "--output", str(tmp_path / "r.json")], capsys)

@@ -72,6 +72,22 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 HEADLINE = {"AUROC": "final_auroc_mean", "Bandwidth": "rel_bandwidth", "Isolation": "rest_share_mean"}
 
 
+#: URI schemes of the MLflow tracking stores (a URI without ``://`` is a local path)
+TRACKING_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks",
+                    "databricks-uc", "uc")
+
+
+def check_uri_scheme(uri: str, named_by: str) -> str:
+    """``uri`` when its scheme names an MLflow tracking store (:data:`TRACKING_SCHEMES`);
+    InputError naming ``named_by`` (the option or environment variable) otherwise: MLflow's own
+    message speaks of its model registry."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else None
+    if scheme is not None and scheme not in TRACKING_SCHEMES:
+        raise InputError(f"{named_by} {uri}: no MLflow store has the scheme {scheme!r} "
+                         "(e.g. sqlite:///mlflow/mlflow.db or http://HOST:5000)")
+    return uri
+
+
 def default_tracking_uri(make_folder: bool = True) -> str:
     """The ``MLFLOW_TRACKING_URI`` environment variable when set (MLflow's convention, e.g. a shared
     tracking server), else the project's store ``sqlite:///mlflow/mlflow.db`` (relative to the
@@ -79,7 +95,7 @@ def default_tracking_uri(make_folder: bool = True) -> str:
     folder is reported by :func:`open_client`, naming the store; a reader passes False)."""
     env = os.environ.get(URI_ENV, "").strip()
     if env:
-        return env
+        return check_uri_scheme(env, URI_ENV)
     if make_folder:
         with contextlib.suppress(OSError):
             Path("mlflow").mkdir(exist_ok=True)
