@@ -511,6 +511,21 @@ def test_ui_on_an_mlflow_server_refuses_the_local_uis_options_and_names_a_server
     assert err.startswith(f"error: MLflow tracking server {uri}: cannot connect ("), err
 
 
+def test_a_deleted_experiment_is_named_before_a_run_starts(cohort, tmp_path, capsys):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/ml.db"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("gone")
+    client.delete_experiment(exp)
+    capsys.readouterr()  # MLflow's own lines on making the store
+    err = _refused(["train", "--cohort", str(cohort), "--method", "fedavg", "--rounds", "1", "--no-progress",
+                    "--experiment", "gone", "--tracking-uri", uri, "--output", str(tmp_path / "r.json")], capsys)
+    assert err == (f"error: MLflow experiment 'gone' is deleted in {uri}: restore it (mlflow experiments restore "
+                   f"--experiment-id {exp}) or give another --experiment")
+    assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.parametrize("command", [["runs"], ["report", "--out", "rep"]])
 def test_a_tracking_uri_of_no_store_in_the_environment_is_named(command, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -422,6 +422,9 @@ class Tracker:
             raise _store_error(self.uri, exc) from None
         if exp is None and not create:
             raise InputError(f"--experiment {experiment!r}: no such MLflow experiment in {self.uri}")
+        if exp is not None and exp.lifecycle_stage == "deleted":  # MLflow refuses runs in it, naming only its id
+            raise InputError(f"MLflow experiment {experiment!r} is deleted in {self.uri}: restore it (mlflow "
+                             f"experiments restore --experiment-id {exp.experiment_id}) or give another --experiment")
         if exp is None:
             with store_lock(self.uri):
                 exp = self.client.get_experiment_by_name(experiment)  # another process may have made it
