@@ -97,7 +97,7 @@ def _shards(root: Path, splits: tuple[str, ...] | None) -> tuple[dict[str, int],
     """
     spl = locate(root, "metadata", "subject_splits", ("subject_id", "split"), {"subject_id": "BIGINT"})
     _check_text(spl, "split")
-    with contextlib.closing(connect()) as con, duckdb_errors([spl]):
+    with contextlib.closing(connect()) as con, duckdb_errors([spl], {"subject_id": "BIGINT"}):
         rows = con.execute(f"SELECT split, count(DISTINCT subject_id) FROM {spl.scan_sql(_SCAN_TYPES)} "
                            "WHERE split IS NOT NULL GROUP BY split ORDER BY split").fetchall()
     listed = {str(s): int(n) for s, n in rows}

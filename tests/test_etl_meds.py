@@ -207,6 +207,15 @@ def test_wrong_column_type_names_file_and_column(meds_demo_dir, tmp_path):
     _refused(src, tmp_path / "o", r"data/tuning/0\.parquet: column 'time' is stored as BIGINT")
 
 
+def test_split_subject_ids_that_are_not_integers_name_the_file_and_column(meds_demo_dir, tmp_path):
+    src = _copy(meds_demo_dir, tmp_path / "m")
+    duckdb.execute(f"COPY (SELECT 'a' || subject_id::VARCHAR AS subject_id, split FROM "
+                   f"'{meds_demo_dir / 'metadata' / 'subject_splits.parquet'}' WHERE split = 'tuning') "
+                   f"TO '{src / 'metadata' / 'subject_splits.parquet'}'")
+    _refused(src, tmp_path / "o", r"metadata/subject_splits\.parquet: column 'subject_id' holds values that are not "
+                                  r"BIGINT \(ConversionException\)$")
+
+
 def test_no_icu_events(meds_demo_dir, tmp_path):
     src = _copy(meds_demo_dir, tmp_path / "m", "SELECT * FROM shard WHERE NOT starts_with(code, 'ICU_')")
     _refused(src, tmp_path / "o", r"data/\{tuning\}/\*\.parquet: no ICU events")
