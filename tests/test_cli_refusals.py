@@ -95,6 +95,40 @@ def test_a_vv_config_refuses(tmp_path, capsys, extra, options, words):
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "ml.db").exists()
 
 
+_PLAIN_ARM = "arms: [{name: plain, averaging: plain}]"
+
+
+@pytest.mark.parametrize(("edit", "extra", "options", "words"), [
+    (("degree: 2", "degree: 3, topology: star"), "", [],
+     "vv config arm plain: simulation.degree is used only with topology 'regular', not 'star': drop it or change "
+     "simulation.topology"),
+    (("lr: 0.01", "lr: 0.01, alpha: 0.05"), "", [],
+     "vv config arm plain: simulation.alpha is used only with partition 'dirichlet', not 'iid': drop it or change "
+     "simulation.partition"),
+    (("lr: 0.01", "lr: 0.01, transfer_check: evaluation"), "", [],
+     "vv config arm plain: simulation.transfer_check is used only with transfer_threshold set, not None: drop it or "
+     "change simulation.transfer_threshold"),
+    (("", ""), "grid: {ticks: [4, 5]}\n", ["--rounds", "2"],
+     "--rounds 2: grid.ticks [4, 5] sets the ticks of every run; drop --rounds or grid.ticks"),
+    ((_PLAIN_ARM, "arms: [{name: plain, averaging: plain, ticks: 6}]"), "grid: {ticks: [4, 5]}\n", [],
+     "vv config arm plain: ticks is varied by grid.ticks [4, 5]: drop it from the arm or from the grid"),
+    ((_PLAIN_ARM, "arms: [{name: plain, averaging: plain, ticks: 6}]"), "", ["--rounds", "2"],
+     "--rounds 2: arm plain sets its own ticks; drop --rounds or the arm's ticks"),
+    (("", ""), "tracking: {enabled: false, uri: 'sqlite:///x.db'}\n", [],
+     "vv config tracking.uri: tracking is off (tracking.enabled: false); drop tracking.uri or turn tracking on"),
+])
+def test_a_vv_setting_that_would_not_be_applied_is_refused(tmp_path, capsys, edit, extra, options, words):
+    """A key the run would not read (degree on a star, alpha of an iid partition, --rounds under a
+    grid of ticks, an arm's value of a key the grid varies) is refused, naming it."""
+    cfg = tmp_path / "vv.yaml"
+    text = _VV.format(extra=extra)
+    assert edit[0] in text
+    cfg.write_text(text.replace(*edit) if edit[0] else text)
+    err = _refused(["train", "--config", str(cfg), "--output", str(tmp_path / "r.json"), *options], capsys)
+    assert err == f"error: {cfg}: {words}"
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_a_sweep_refuses_a_seed_past_64_bits(cohort, tmp_path, capsys):
     spec = tmp_path / "s.yaml"
     spec.write_text("name: s\nseeds: [9223372036854775808]\nrounds: 1\nmethods: [fedavg]\nexecutor: local\nworkers: 1\n")

@@ -16,6 +16,10 @@ def tiny_data(tiny_images: ImageDataset) -> ImageDataset:
 
 def _cfg(**kw) -> GossipConfig:
     base = dict(n_nodes=6, degree=2, ticks=40, eval_every=20, test_subset=50, batch_size=4, own_subset=8)
+    if kw.get("topology") == "star":       # the star reads no degree
+        del base["degree"]
+    if kw.get("transfer_threshold") is None:  # own_subset is read by the transfer-learning rule only
+        del base["own_subset"]
     return GossipConfig(**{**base, **kw})
 
 
@@ -79,6 +83,43 @@ def test_expand_runs_grid_and_errors():
         expand_runs({"benchmark": "vv", "simulation": {"beta": 2.0}})
     with pytest.raises(InputError, match="degree|Regular"):
         expand_runs({"benchmark": "vv", "simulation": {"n_nodes": 5, "degree": 3}})
+
+
+def test_a_field_the_chosen_setting_does_not_read_is_refused_unless_at_its_default():
+    with pytest.raises(ValueError, match=r"simulation\.degree is used only with topology 'regular', not 'star'"):
+        GossipConfig(topology="star", degree=3)
+    with pytest.raises(ValueError, match=r"simulation\.alpha is used only with partition 'dirichlet', not 'iid'"):
+        GossipConfig(partition="iid", alpha=0.05)
+    with pytest.raises(ValueError, match=r"simulation\.own_subset is used only with transfer_threshold set, not None"):
+        GossipConfig(own_subset=8)
+    # at the default (as a dumped config lists it) or read by the setting: taken
+    assert GossipConfig(topology="star", degree=8, alpha=0.5).degree == 8
+    assert GossipConfig(partition="dirichlet", alpha=0.05, transfer_threshold="target", own_subset=8).alpha == 0.05
+
+
+def test_expand_runs_applies_a_simulation_field_where_a_grid_cell_reads_it():
+    cfg = {"benchmark": "vv", "simulation": {"n_nodes": 8, "degree": 2, "alpha": 0.1},
+           "grid": {"partition": ["iid", "dirichlet"]}, "arms": [{"name": "a"}]}
+    assert [(c.partition, c.alpha) for _, _, c in expand_runs(cfg)] == [("iid", 0.5), ("dirichlet", 0.1)]
+    cfg["grid"] = {"interval_ratio": [1, 2]}                   # no run reads it: refused
+    with pytest.raises(InputError, match=r"^vv config arm a \(grid cell interval_ratio=1\): simulation\.alpha is used"):
+        expand_runs(cfg)
+    arms = [{"name": "star", "topology": "star"}, {"name": "regular"}]
+    with pytest.raises(InputError, match="arm star: simulation.degree is used only with topology 'regular'"):
+        expand_runs({"benchmark": "vv", "simulation": {"n_nodes": 8}, "arms": [{"name": "star", "topology": "star",
+                                                                                 "degree": 2}]})
+    assert [c.degree for _, _, c in expand_runs({"benchmark": "vv", "simulation": {"n_nodes": 8, "degree": 2},
+                                                "arms": arms})] == [8, 2]
+
+
+def test_rounds_and_arms_do_not_silently_override_the_grid():
+    with pytest.raises(InputError, match=r"^--rounds 2: grid.ticks \[4, 5\] sets the ticks of every run"):
+        expand_runs({"benchmark": "vv", "grid": {"ticks": [4, 5]}}, rounds=2)
+    assert [c.ticks for _, _, c in expand_runs({"benchmark": "vv", "grid": {"ticks": [4, 5]}})] == [4, 4, 5, 5]
+    with pytest.raises(InputError, match=r"^vv config arm a: ticks is varied by grid.ticks \[4, 5\]"):
+        expand_runs({"benchmark": "vv", "grid": {"ticks": [4, 5]}, "arms": [{"name": "a", "ticks": 6}]})
+    with pytest.raises(InputError, match=r"^--rounds 3: arm a sets its own ticks"):
+        expand_runs({"benchmark": "vv", "arms": [{"name": "a", "ticks": 6}]}, rounds=3)
 
 
 def test_simulation_rejects_wrong_image_shape():

@@ -97,7 +97,8 @@ def test_a_gossip_simulation_resumes_from_a_checkpoint_exactly(extra: dict):
 
     torch.set_num_threads(1)
     data = load_idx_dataset(FASHION_MNIST_DIR, "fashion-mnist")
-    cfg = GossipConfig(**{"n_nodes": 6, "degree": 2, "ticks": 30, "eval_every": 10, "test_subset": 40, "own_subset": 8,
+    own = {"own_subset": 8} if "transfer_threshold" in extra else {}  # read by the transfer rule only
+    cfg = GossipConfig(**{"n_nodes": 6, "degree": 2, "ticks": 30, "eval_every": 10, "test_subset": 40, **own,
                           "batch_size": 8, "t_acquisition": 3, **extra})
 
     def figures(r):

@@ -213,19 +213,37 @@ class Spread(_Strict):
         return self
 
 
-def unused(model: BaseModel, section: str, switch: str, uses: dict[str, tuple[str, ...]]) -> None:
+_SWITCH = object()
+
+
+def unused(model: BaseModel, section: str, switch: str, uses: dict[Any, tuple[str, ...]], value: Any = _SWITCH,
+           shown: Callable[[Any], str] = repr) -> None:
     """Refuse a field of ``model`` set away from its default that its ``switch`` value does not use
     (ValueError naming ``section.field``): ``availability: {kind: always, rate: 0.3}`` would run
     every center every round and record a rate that did nothing. A default value is no choice (and
-    a dumped config, which lists every field, reads back). ``uses``: switch value -> fields it reads."""
-    value = getattr(model, switch)
+    a dumped config, which lists every field, reads back). ``uses``: switch value -> fields it reads.
+
+    Args:
+        section: the fields' section in the config file (``""``: top level).
+        value: what selects the fields when it is not the field ``switch`` itself: a key of ``uses``
+            derived from it (whether a threshold is set), or a list of keys that run side by side (the
+            selectors a SAGE run compares): a field is used when any of them reads it.
+        shown: how the message writes a key of ``uses`` (``str`` for a derived key such as ``set``).
+    """
+    if value is _SWITCH:
+        value = getattr(model, switch)
+    keys = list(value) if isinstance(value, (list, tuple)) else [value]
     every = {f for fs in uses.values() for f in fs}
+    read = {f for k in keys for f in uses.get(k, ())}
     fields = type(model).model_fields
-    idle = sorted(f for f in every - set(uses[value]) if getattr(model, f) != fields[f].get_default())
+    idle = sorted(f for f in every - read
+                  if getattr(model, f) != fields[f].get_default(call_default_factory=True))
     if idle:
+        where = f"{section}." if section else ""
         users = [k for k, fs in uses.items() if idle[0] in fs]
-        raise ValueError(f"{section}.{idle[0]} is used only with {switch} {' or '.join(map(repr, users))}, "
-                         f"not {value!r}: drop it or change {section}.{switch}")
+        now = f"[{', '.join(map(shown, keys))}]" if isinstance(value, (list, tuple)) else shown(value)
+        raise ValueError(f"{where}{idle[0]} is used only with {switch} {' or '.join(map(shown, users))}, "
+                         f"not {now}: drop it or change {where}{switch}")
 
 
 class AvailabilityConfig(_Strict):

@@ -17,7 +17,7 @@ from etl.errors import InputError
 from etl.images import FASHION_MNIST_DIR, load_idx_dataset
 from federation.core.config import CheckpointConfig, first_error
 from federation.core.limits import MAX_THREADS
-from federation.gossip.simulation import GossipConfig, GossipResult, simulate
+from federation.gossip.simulation import GossipConfig, GossipResult, idle_fields, simulate
 from federation.run.checkpoint import UnitCheckpoints, benchmark_stamp, data_id, logged_steps
 from federation.run.progress import RoundProgress
 from federation.run.results import results_file, write_results
@@ -37,12 +37,15 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
 
     Args:
         config: the parsed YAML mapping.
-        rounds: optional override of ``simulation.ticks`` for every run.
+        rounds: optional override of ``simulation.ticks`` for every run (refused when the grid
+            or an arm sets ``ticks``).
     Returns:
-        list of (grid cell overrides, arm name, validated GossipConfig), grid-major order.
+        list of (grid cell overrides, arm name, validated GossipConfig), grid-major order. A
+        ``simulation:`` field that the run's topology / partition / transfer_threshold does not read
+        is left out of that run when another run reads it.
     Raises:
-        InputError: wrong benchmark, unknown section, bad grid/arm entry or invalid option (the
-            message names the option).
+        InputError: wrong benchmark, unknown section, bad grid/arm entry (an arm that sets a key the
+            grid varies), invalid option or one no run reads (the message names the option).
     """
     if config.get("benchmark") != "vv":
         raise InputError(f"vv config: benchmark must be 'vv', got {config.get('benchmark')!r}")
@@ -60,13 +63,13 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
         extra = sorted(set(sub or {}) - set(known), key=str)
         if extra:  # a misspelt key would be ignored: refused
             raise InputError(f"vv config {section}: unknown key {extra[0]!r} (known: {', '.join(known)})")
-    if not isinstance((config.get("tracking") or {}).get("enabled", True), bool):
+    tracking = config.get("tracking") or {}
+    if not isinstance(tracking.get("enabled", True), bool):
         raise InputError("vv config tracking.enabled: true or false")
+    if not tracking.get("enabled", True) and tracking.get("uri") is not None:
+        raise InputError("vv config tracking.uri: tracking is off (tracking.enabled: false); "
+                         "drop tracking.uri or turn tracking on")
     base = dict(config.get("simulation") or {})
-    if rounds is not None:
-        if rounds < 1:
-            raise InputError(f"vv config: rounds (ticks) must be >= 1, got {rounds}")
-        base["ticks"] = int(rounds)
     grid = config.get("grid") or {}
     if not isinstance(grid, dict) or any(not isinstance(v, list) or not v for v in grid.values()):
         raise InputError("vv config: grid must map option names to non-empty lists")
@@ -77,19 +80,46 @@ def expand_runs(config: dict, rounds: int | None = None) -> list[tuple[dict, str
     names = [a.get("name") if isinstance(a, dict) else None for a in arms]
     if any(not n for n in names) or len(set(names)) != len(names):
         raise InputError("vv config: every arm needs a unique name")
+    for arm in arms:  # the grid's values are the cells' labels: an arm that set one would run another
+        varied = sorted(set(arm) & set(grid), key=str)
+        if varied:
+            raise InputError(f"vv config arm {arm['name']}: {varied[0]} is varied by grid.{varied[0]} "
+                             f"{grid[varied[0]]}: drop it from the arm or from the grid")
+    if rounds is not None:
+        if rounds < 1:
+            raise InputError(f"vv config: rounds (ticks) must be >= 1, got {rounds}")
+        if "ticks" in grid:
+            raise InputError(f"--rounds {rounds}: grid.ticks {grid['ticks']} sets the ticks of every run; "
+                             "drop --rounds or grid.ticks")
+        fixed = next((a["name"] for a in arms if "ticks" in a), None)
+        if fixed is not None:
+            raise InputError(f"--rounds {rounds}: arm {fixed} sets its own ticks; drop --rounds or the arm's ticks")
+        base["ticks"] = int(rounds)
     keys = list(grid)
-    out = []
+    plan = []
     for values in itertools.product(*(grid[k] for k in keys)):
         cell = dict(zip(keys, values))
         for arm in arms:
             merged = {**base, **cell, **{k: v for k, v in arm.items() if k != "name"}}
             if isinstance(merged.get("t_acquisition"), list):
                 merged["t_acquisition"] = tuple(merged["t_acquisition"])
-            try:
-                cfg = GossipConfig(**merged)
-            except ValidationError as exc:
-                raise _config_error(exc, f"arm {arm['name']}") from None
-            out.append((cell, arm["name"], cfg))
+            plan.append((cell, arm, merged))
+    # a simulation: field that some runs read and others do not (alpha over a grid of iid and
+    # dirichlet partitions) is applied where it is read; one that no run reads is refused below
+    idle = [idle_fields(merged) & (set(base) - set(cell) - set(arm)) for cell, arm, merged in plan]
+    for key in set().union(*idle):
+        if not all(key in i for i in idle):
+            for (_, _, merged), i in zip(plan, idle):
+                if key in i:
+                    del merged[key]
+    out = []
+    for cell, arm, merged in plan:
+        try:
+            cfg = GossipConfig(**merged)
+        except ValidationError as exc:
+            where = f"arm {arm['name']}" + (f" (grid cell {_cell_label(cell)})" if cell else "")
+            raise _config_error(exc, where) from None
+        out.append((cell, arm["name"], cfg))
     return out
 
 

@@ -19,7 +19,7 @@ from etl.errors import InputError
 from etl.images import ImageDataset
 from etl.partition import dirichlet_partition, iid_partition
 from federation.core import graphs
-from federation.core.config import NumbersNotFlags
+from federation.core.config import NumbersNotFlags, unused
 from federation.core.loop import EvalSchedule, drive
 from federation.core.variance import correct_flat, flat_layer_variance
 from federation.gossip.metrics import plateau_delay, reaching_times, weight_difference
@@ -38,12 +38,38 @@ from federation.gossip.model import (
 #: Sec. III-C3 threshold (0.8) over the paper's reaching target (0.9 on MNIST).
 TL_THRESHOLD_RATIO = 0.8 / 0.9
 
+#: the :class:`GossipConfig` fields that only some settings of a switch read: switch -> setting ->
+#: fields. A field that the chosen setting does not read is refused unless it is at its default.
+#: ``transfer_threshold``'s settings are ``set`` (a number or ``target``) and ``None`` (:func:`switch_setting`).
+SWITCHED: dict[str, dict[object, tuple[str, ...]]] = {
+    "topology": {"regular": ("degree",), "star": ()},
+    "partition": {"iid": (), "dirichlet": ("alpha",)},
+    "transfer_threshold": {"set": ("transfer_check", "own_subset"), "None": ()},
+}
+
+
+def switch_setting(switch: str, value: object) -> object:
+    """The key of :data:`SWITCHED` ``[switch]`` that ``value`` selects."""
+    if switch == "transfer_threshold":
+        return "None" if value is None else "set"
+    return value
+
+
+def idle_fields(values: dict) -> set[str]:
+    """The fields that the switches in ``values`` (GossipConfig keyword arguments; a switch left out
+    is at its default) leave unread."""
+    out: set[str] = set()
+    for switch, uses in SWITCHED.items():
+        setting = switch_setting(switch, values.get(switch, GossipConfig.model_fields[switch].get_default()))
+        out |= {f for fs in uses.values() for f in fs} - set(uses.get(setting, ()))
+    return out
+
 
 class GossipConfig(NumbersNotFlags):
     """One gossip-learning simulation (defaults: the paper's baseline network, Sec. III-A).
 
     Attributes:
-        n_nodes: N. degree: k of Regular(N, k) (ignored for the star).
+        n_nodes: N. degree: k of Regular(N, k) (``topology: regular`` only).
         topology: "regular" (networkx.random_regular_graph, seeded) or "star" (hub = node 0).
         ticks: simulated ticks.
         t_acquisition: fixed interval (int, 10) or ``[lo, hi]`` uniform (1..19, asynchronous).
@@ -59,9 +85,12 @@ class GossipConfig(NumbersNotFlags):
             ``"evaluation"`` (only at evaluation ticks, the earlier reading).
         batch_size: samples per acquisition (64).
         lr, momentum, weight_decay, lr_gamma, lr_power: SGD and Caffe "inv" policy.
-        partition: "iid" or "dirichlet"; alpha: Dirichlet concentration (0.5).
+        partition: "iid" or "dirichlet"; alpha: Dirichlet concentration (0.5; ``dirichlet`` only).
         eval_every: E, ticks between evaluations; test_subset: test images per evaluation;
-        own_subset: own-data samples per node for the transfer-learning rule.
+        own_subset: own-data samples per node for the transfer-learning rule (with a
+            ``transfer_threshold`` only, as ``transfer_check``).
+        A field that the chosen topology, partition or transfer_threshold does not read
+        (:data:`SWITCHED`) is refused unless it is at its default.
         target_accuracy: reaching target (0.9 is the paper's on MNIST; 0.7 default for
             Fashion-MNIST, docs/gossip.md). most_fraction: share of nodes that counts as "most".
         plateau_smooth: moving-average width for eq. (2) on the noisy mean accuracy.
@@ -136,6 +165,9 @@ class GossipConfig(NumbersNotFlags):
 
     @model_validator(mode="after")
     def _check_graph(self):
+        for switch, uses in SWITCHED.items():
+            unused(self, "simulation", switch, uses, switch_setting(switch, getattr(self, switch)),
+                   shown=str if switch == "transfer_threshold" else repr)
         if self.topology == "regular" and (self.degree >= self.n_nodes or (self.n_nodes * self.degree) % 2):
             raise ValueError(f"Regular(N={self.n_nodes}, k={self.degree}) needs k < N and N*k even")
         if self.server and self.topology != "star":
