@@ -45,6 +45,8 @@ def _refused(argv: list[str], capsys) -> str:
      "abps: invalid parameter set (--param or the config's params:): tau_mode is a setting of the goal-aware "
      "filter, which runs only with a goal"),
     (["--method", "random-partners", "--param", "metadata=full"], "metadata is a setting of the goal-aware filter"),
+    (["--method", "sage", "--param", "er_p=0.5"], "sage: invalid parameter set (--param or the config's params:): "
+     "params.er_p is used only with graph 'er', not 'complete': drop it or change params.graph"),
 ])
 def test_train_refuses(cohort, tmp_path, capsys, extra, words):
     err = _refused(["train", "--cohort", str(cohort), "--rounds", "1", "--no-progress",
@@ -275,6 +277,30 @@ def test_a_sage_config_refuses(tmp_path, capsys, extra, words):
     err = _refused(["train", "--config", str(cfg), "--output", str(tmp_path / "r.json"),
                     "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
     assert words in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(("edit", "extra", "words"), [
+    (("graph: er", "graph: ba"), "er_p: 0.9\n", "er_p is used only with graph 'er', not 'ba': drop it or change graph"),
+    (("", ""), "ba_m: 2\n", "ba_m is used only with graph 'ba', not 'er': drop it or change graph"),
+    (("", ""), "pens: {top_m: 3}\n", "pens is used only with selectors 'pens', not ['rg']: drop it or change selectors"),
+    (("", ""), "pfeddst: {c: 2.0}\n",
+     "pfeddst is used only with selectors 'pfeddst', not ['rg']: drop it or change selectors"),
+    (("[RG]", "[RG, AQ-128]"), "delta: 0.2\n", "delta is used only with selectors 'sage_nf' or 'vanilla_sage' or "
+     "'sage_os', not ['rg', 'aq128']: drop it or change selectors"),
+    (("[RG]", "[Vanilla SAGE]"), "stage_cost: cumulative\n",
+     "stage_cost is used only with selectors 'sage_os', not ['vanilla_sage']: drop it or change selectors"),
+    (("[RG]", "[LOCAL, PENS]"), "alpha_mix: 0.3\n", "alpha_mix is used only with selectors 'rg' or 'aq128' or "
+     "'sage_nf' or 'vanilla_sage' or 'sage_os', not ['local', 'pens']: drop it or change selectors"),
+])
+def test_a_sage_setting_that_no_graph_or_selector_reads_is_refused(tmp_path, capsys, edit, extra, words):
+    cfg = tmp_path / "sage.yaml"
+    text = _SAGE.format(root=tmp_path / "cifar", extra=extra)
+    assert edit[0] in text
+    cfg.write_text(text.replace(*edit) if edit[0] else text)
+    err = _refused(["train", "--config", str(cfg), "--output", str(tmp_path / "r.json"),
+                    "--tracking-uri", f"sqlite:///{tmp_path}/ml.db"], capsys)
+    assert err == f"error: {cfg}: sage config: {words}"
     assert not (tmp_path / "r.json").exists()
 
 

@@ -13,10 +13,10 @@ from typing import Any, ClassVar, Literal
 
 import networkx as nx
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import Tensor
 
-from federation.core.config import NumbersNotFlags
+from federation.core.config import NumbersNotFlags, unused
 from federation.core.graphs import neighbour_table
 from federation.core.seeding import mix_seed
 from federation.data.image_shards import make_graph
@@ -24,7 +24,15 @@ from federation.methods.base import Context, Method, RoundPlan
 from federation.methods.probe import draw_anchors, empty_table, probe
 from federation.methods.registry import canonical_selector, get_selector, register
 from federation.methods.sage_rule import truncate_schedule
-from federation.methods.selectors import Decision, SageConfig, Selector, exchange_adjacency, increasing_schedule
+from federation.methods.selectors import (
+    GRAPH_SETTINGS,
+    Decision,
+    SageConfig,
+    Selector,
+    exchange_adjacency,
+    increasing_schedule,
+    selector_reads,
+)
 
 __all__ = ["SageStep", "SageRound", "SageSelectorParams", "SageSelectorMethod"]
 
@@ -106,6 +114,8 @@ class SageSelectorParams(NumbersNotFlags):
         stage_cost: ``increment`` (eq. (22)) or ``cumulative``.
         alpha_mix: a of eq. (2).
         pens, pfeddst: those selectors' options.
+        A setting that the graph or the selector does not read (as :class:`SageConfig`) is refused
+        unless at its default.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -131,6 +141,12 @@ class SageSelectorParams(NumbersNotFlags):
     @classmethod
     def _increasing(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         return increasing_schedule(v)
+
+    @model_validator(mode="after")
+    def _read(self) -> SageSelectorParams:
+        unused(self, "params", "graph", {"complete": (), **GRAPH_SETTINGS})
+        unused(self, "params", "selector", selector_reads())
+        return self
 
 
 @register(display_name="SAGE selector", family="decentralized")

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import Tensor
 
 import federation.methods.sage_rule as sage
 from etl.errors import InputError
-from federation.core.config import CheckpointConfig, NumbersNotFlags, first_error
+from federation.core.config import CheckpointConfig, NumbersNotFlags, first_error, unused
 from federation.methods.probe import ProbeTable
 from federation.methods.registry import SELECTORS, canonical_selector, register_selector
 
@@ -335,7 +335,9 @@ class Selector(ABC):
     accepted spellings, lower case), ``with_ce`` / ``own``
     (the probe also returns cross-entropies / the receiver's own CE), ``anchor_rule`` (one of
     the four budget-matched anchor selectors of Sec. V: certificate and stop statistics),
-    ``evidence`` (spends anchor evidence: budget accounting, eq. (28)).
+    ``evidence`` (spends anchor evidence: budget accounting, eq. (28)), ``reads`` (the
+    per-selector settings of :class:`SageConfig` it reads, among :data:`SELECTOR_SETTINGS`: a
+    setting that no selector of a run reads is refused unless at its default).
 
     Args (constructor):
         cfg: the :class:`SageConfig` (delta, lambda_cost, alpha_mix,
@@ -354,6 +356,7 @@ class Selector(ABC):
     own: bool = False
     anchor_rule: bool = False
     evidence: bool = False
+    reads: tuple[str, ...] = ("alpha_mix",)  # the eq. (2) mix of :meth:`mix`
 
     def __init__(self, cfg, cand: Tensor, cand_valid: Tensor, degree: Tensor, n_train: Tensor,
                  generator: torch.Generator):
@@ -383,7 +386,7 @@ class Selector(ABC):
 class Local(Selector):
     """LOCAL: no peer exchange."""
 
-    name, display = "local", "LOCAL"
+    name, display, reads = "local", "LOCAL", ()
 
     def decide(self, round_idx, table, own_ce, model):
         return decide_local(self.cand.shape[0])
@@ -403,7 +406,7 @@ class RandomGossip(Selector):
 class Pens(Selector):
     """PENS (Onoszko et al. 2021): CE-ranked discovery, then random merges within the kept set."""
 
-    name, display, with_ce, evidence = "pens", "PENS", True, True
+    name, display, with_ce, evidence, reads = "pens", "PENS", True, True, ("pens",)
 
     def __init__(self, cfg, cand, cand_valid, degree, n_train, generator):
         super().__init__(cfg, cand, cand_valid, degree, n_train, generator)
@@ -424,7 +427,7 @@ class Pens(Selector):
 class Pfeddst(Selector):
     """PFedDST (Fan et al. 2025): loss disparity, header distance and recency score, top-k merge."""
 
-    name, display, with_ce, own, evidence = "pfeddst", "PFedDST", True, True, True
+    name, display, with_ce, own, evidence, reads = "pfeddst", "PFedDST", True, True, True, ("pfeddst",)
 
     def __init__(self, cfg, cand, cand_valid, degree, n_train, generator):
         super().__init__(cfg, cand, cand_valid, degree, n_train, generator)
@@ -446,6 +449,7 @@ class _AnchorRule(Selector):
     """The budget-matched anchor selectors of Sec. V (one peer; :func:`decide_anchor`)."""
 
     anchor_rule = evidence = True
+    reads = ("alpha_mix", "delta")           # the radius (7) of the certificates
 
     def needs_probe(self, round_idx):
         return True
@@ -460,6 +464,7 @@ class Aq128(_AnchorRule):
     """AQ-128: the empirical best peer at the largest feasible stage (fixed full budget)."""
 
     name, display = "aq128", "AQ-128"
+    reads = ("alpha_mix",)                   # no certificate: delta changes nothing
 
 
 @register_selector
@@ -481,6 +486,7 @@ class SageOs(_AnchorRule):
     """SAGE-OS, Algorithm 1: certificate (20), cost stop (24), RG at the last stage."""
 
     name, display, aliases = "sage_os", "SAGE-OS", ("os",)
+    reads = ("alpha_mix", "delta", "lambda_cost", "stage_cost")  # + the cost stop (24)
 
 
 def exchange_adjacency(peers: Tensor) -> Tensor:
@@ -527,8 +533,24 @@ class PfeddstOptions(NumbersNotFlags):
     c: float = 1.0
 
 
+#: the :class:`SageConfig` settings that only some selectors read (each selector's ``reads``)
+SELECTOR_SETTINGS = ("alpha_mix", "delta", "lambda_cost", "stage_cost", "pens", "pfeddst")
+#: the graph settings each SAGE graph reads
+GRAPH_SETTINGS: dict[str, tuple[str, ...]] = {"er": ("er_p",), "ba": ("ba_m",)}
+
+
+def selector_reads() -> dict[str, tuple[str, ...]]:
+    """Registered selector -> the :data:`SELECTOR_SETTINGS` it reads."""
+    return {name: tuple(f for f in cls.reads if f in SELECTOR_SETTINGS) for name, cls in SELECTORS.items()}
+
+
 class SageConfig(NumbersNotFlags):
     """A SAGE benchmark configuration (configs/sage-*.yaml; defaults = the paper's Sec. V).
+
+    ``er_p`` is read by ``graph: er`` only, ``ba_m`` by ``ba`` only; ``alpha_mix`` by the
+    one-peer selectors (RG and the anchor rules), ``delta`` by SAGE-NF, Vanilla SAGE and SAGE-OS,
+    ``lambda_cost`` and ``stage_cost`` by SAGE-OS, ``pens`` / ``pfeddst`` by that selector. A
+    setting that the graph or none of the listed selectors reads is refused unless at its default.
 
     Raises (via :func:`parse_config`): InputError naming the offending option.
     """
@@ -577,6 +599,12 @@ class SageConfig(NumbersNotFlags):
     @classmethod
     def _schedule(cls, v: list[int]) -> list[int]:
         return increasing_schedule(v)
+
+    @model_validator(mode="after")
+    def _read(self) -> SageConfig:
+        unused(self, "", "graph", GRAPH_SETTINGS)
+        unused(self, "", "selectors", selector_reads(), list(self.selectors))
+        return self
 
 
 def parse_config(config: dict[str, Any], rounds: int | None = None,
