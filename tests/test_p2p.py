@@ -129,6 +129,20 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
         f.write_text(text)
         with pytest.raises(InputError, match=needle):
             read_peers_file(f, ids)
+    # one port of one machine under two host names: every peer listens on 0.0.0.0:port
+    for text, needle in (("a 127.0.0.1:7101\nb localhost:7101\n",
+                          "line 2: address localhost:7101 is the port of line 1's 127.0.0.1:7101 on the same machine"),
+                         ("a 127.0.0.2:7101\nb 127.0.0.1:7101\n",
+                          "line 2: address 127.0.0.1:7101 is the port of line 1's 127.0.0.2:7101 on the same machine")):
+        f.write_text(text)
+        with pytest.raises(InputError, match=needle) as exc:
+            read_peers_file(f, ids)
+        assert str(exc.value).startswith(f"--peers {f}, line 2: ") and "\n" not in str(exc.value)
+    # other machines, other ports, or a host that does not resolve (its peer names it) are accepted
+    for text in ("a 10.0.0.1:7101\nb 10.0.0.2:7101\n", "a localhost:7101\nb 127.0.0.1:7102\n",
+                 "a nosuchhost.invalid:7101\nb localhost:7101\n"):
+        f.write_text(text)
+        assert [e.address for e in read_peers_file(f, ids)] == text.replace("a ", "").replace("b ", "").split()
     f.write_bytes(b"a h:1\n\xff\xfe\n")
     with pytest.raises(InputError, match=r"peers.txt: not UTF-8 text \(byte 6\)"):
         read_peers_file(f, ids)
@@ -137,6 +151,28 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
     assert read_peers_file(f, ids)[0].prefix == ("nosuchcommand-xyz", "--flag")
     with pytest.raises(InputError, match="line 1: command 'nosuchcommand-xyz' of the prefix is not found on PATH"):
         read_peers_file(f, ids, starts=True)
+
+
+def test_a_peers_file_resolves_each_host_that_shares_a_port_once(tmp_path: Path, monkeypatch):
+    import socket
+
+    import federation.p2p.launch as lm
+
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kw):
+        asked.append(host)
+        return real(host, *args, **kw)
+
+    monkeypatch.setattr(lm.socket, "getaddrinfo", getaddrinfo)
+    f = tmp_path / "peers.txt"
+    f.write_text("a localhost:7001\nb localhost:7002\nc 127.0.0.1:7003\n")  # no port shared: nothing resolved
+    read_peers_file(f, ["a", "b", "c"])
+    assert asked == []
+    f.write_text("a 10.0.0.1:7001\nb 10.0.0.2:7001\nc 10.0.0.1:7002\nd 10.0.0.2:7002\n")
+    read_peers_file(f, ["a", "b", "c", "d"])
+    assert sorted(asked) == ["10.0.0.1", "10.0.0.2"]
 
 
 @pytest.mark.parametrize("method", ["fedavg", "abps", "abps-x"])  # abps-x: bf16 wire, momentum, metadata, early stop

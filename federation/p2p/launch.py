@@ -118,7 +118,53 @@ def read_peers_file(path: str | Path, center_ids: list[str], starts: bool = Fals
     missing = [c for c in center_ids if c not in got]
     if missing:
         raise InputError(f"--peers {path}: no line for center_id {missing[0]!r} (every center of the cohort takes part)")
+    _refuse_shared_ports(path, where)
     return [got[c] for c in center_ids]
+
+
+def _host_addresses(host: str) -> frozenset[str]:
+    """The addresses ``host`` resolves to, every loopback address as ``"loopback"`` (one machine);
+    empty when it does not resolve (the peer that listens or dials there says so)."""
+    import ipaddress
+
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return frozenset()
+    out = set()
+    for *_, sockaddr in infos:
+        a = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+            a = a.ipv4_mapped
+        out.add("loopback" if a.is_loopback else str(a))
+    return frozenset(out)
+
+
+def _refuse_shared_ports(path: str | Path, where: dict[tuple[str, int], int]) -> None:
+    """Refuse two lines whose port is equal and whose hosts resolve to a common address: every peer
+    listens on ``0.0.0.0:port``, so the two would take one port of one machine. Only hosts that
+    share a port with another host name are resolved, each once.
+
+    Raises:
+        InputError: naming the file and both lines.
+    """
+    by_port: dict[int, list[tuple[int, str]]] = {}
+    for (host, port), no in where.items():
+        by_port.setdefault(port, []).append((no, host))
+    resolved: dict[str, frozenset[str]] = {}
+    for port, lines in sorted(by_port.items()):
+        if len(lines) < 2:
+            continue
+        lines.sort()
+        for k, (no, host) in enumerate(lines):
+            if host not in resolved:
+                resolved[host] = _host_addresses(host)
+            mine = resolved[host]
+            for first, other in lines[:k]:
+                if mine & resolved[other]:
+                    raise InputError(f"--peers {path}, line {no}: address {host}:{port} is the port of line "
+                                     f"{first}'s {other}:{port} on the same machine (each center listens on its "
+                                     "own port)")
 
 
 def _free_ports(k: int) -> list[int]:
