@@ -11,6 +11,7 @@ import typer
 from cli import project
 from cli.app import app
 from etl.errors import InputError
+from etl.io import check_writable
 from federation.method_catalog import P2P_METHODS
 
 
@@ -40,6 +41,7 @@ def peer(
     seed: int = typer.Option(..., "--seed", callback=project.seed_value, help="run seed (the same on every peer)"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE",
                                help="this peer's result JSON"),
+    force: bool = project.force_option(),
     certs: Path | None = typer.Option(None, "--certs", help="folder with ca.pem and center-<i>.pem / .key "
                                       "(made by abps launch)"),
     insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC without certificates (a test network only)"),
@@ -77,6 +79,8 @@ def peer(
     project.check_apart({"--output": output, "--capture": capture, "--checkpoint": checkpoint},
                         {"a file of the cohort folder": cohort, "the run config": config, "the peers file": peers,
                          "a certificate file": certs})
+    check_writable(output, "--output")
+    project.check_output(output, force)
     if capture is not None and capture.is_dir():
         raise InputError(f"--capture {capture}: is a directory (give a file)")
     if capture is not None and not rejoin and capture.exists() and capture.stat().st_size:
@@ -114,6 +118,7 @@ def launch(
     seed: int = typer.Option(project.DEFAULT_SEED, "--seed", callback=project.seed_value,
                              help="run seed (as abps train's --seeds)"),
     output: Path = typer.Option(..., "--output", parser=project.file_path, metavar="FILE", help="results.json path"),
+    force: bool = project.force_option(),
     local: int | None = typer.Option(None, "--local", min=1, help="start N peers on this host, one per center"),
     peers: Path | None = typer.Option(None, "--peers", help="peers file: 'center_id host:port [command prefix]' "
                                       "per center (prefix e.g. 'ssh site-b' or 'ip netns exec site-b')"),
@@ -140,6 +145,8 @@ def launch(
     cfg = _config(method, config, rounds, param)
     project.check_apart({"--output": output}, {"a file of the cohort folder": cohort, "the run config": config,
                                               "the peers file": peers}, tracking_uri)
+    check_writable(output, "--output")
+    project.check_output(output, force)  # before any peer starts
     exp = experiment_name(experiment, cohort.resolve().name)
     doc = run_launch(cfg, cohort, seed, output, local=local, peers_file=peers,
                      method_args={"rounds": rounds, "config": config.resolve() if config else None,

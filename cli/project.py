@@ -172,6 +172,11 @@ def latest_checkpointed_output(experiment: str, method: str) -> Path:
     return newest.with_name("results.json")
 
 
+def force_option() -> Any:
+    """The ``--force`` option of a command that writes one results file (``--output``)."""
+    return typer.Option(False, "--force", help="replace an existing --output file")
+
+
 def check_output(path: Path, force: bool) -> None:
     """Refuse to replace an existing results file unless ``force``.
 

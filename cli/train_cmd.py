@@ -71,7 +71,7 @@ def train(
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="override rounds (max rounds with early stopping)"),
     output: Path | None = typer.Option(
         None, "--output", parser=project.file_path, metavar="FILE", help="results.json path (default: results.json in a new folder named <method>-<UTC time> under runs/<experiment>/)"),
-    force: bool = typer.Option(False, "--force", help="replace an existing --output file"),
+    force: bool = project.force_option(),
     resume: bool = typer.Option(
         False, "--resume", help="go on from the last checkpointed round of a stopped run (same options; its "
         "<output>.ckpt; without --output the newest checkpoint of this method under runs/<experiment>/)"),

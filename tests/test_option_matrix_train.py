@@ -99,6 +99,10 @@ def _existing_output(scratch: Path) -> None:
     (scratch / "r.json").write_text('{"earlier": true}\n')
 
 
+def _existing_peer_output(scratch: Path) -> None:
+    (scratch / "p.json").write_text('{"earlier": true}\n')
+
+
 def _other_report(scratch: Path) -> None:
     (scratch / "rep").mkdir()
     (scratch / "rep" / "report.json").write_text('{"experiment": "other", "sections": {}}\n')
@@ -184,6 +188,7 @@ KINDS = [
          {"method": lambda i: Probe(["--method", "abps"]),
           "cohort": lambda i: Probe(["--cohort", str(i["root"] / "p2b")]),
           "output": lambda i: Probe(["--output", "r2.json"]),
+          "force": lambda i: Probe(["--force"], setup=_existing_output),
           "peers": lambda i: Probe(["--peers", str(i["root"] / "peers.txt")]),
           "config": lambda i: Probe(["--config", str(i["root"] / "lr-avg.yaml")]),
           "param": lambda i: Probe(["--param", "mu=0.5"]),
@@ -202,6 +207,7 @@ KINDS = [
           "peers": lambda i: Probe(["--peers", str(i["root"] / "peers2.txt")]),
           "method": lambda i: Probe(["--method", "abps"]),
           "output": lambda i: Probe(["--output", "p2.json"]),
+          "force": lambda i: Probe(["--force"], setup=_existing_peer_output),
           "certs": lambda i: Probe(["--certs", "nosuch"]),
           "config": lambda i: Probe(["--config", str(i["root"] / "lr-avg.yaml")]),
           "param": lambda i: Probe(["--param", "mu=0.5"]),

@@ -401,3 +401,50 @@ def test_a_restarted_peer_asks_again_the_centers_its_rejoin_request_did_not_reac
     assert node.sends == [[0, 2], [2], [2]]
     assert hellos == [{"a": 0}, {"a": 1}, {"a": 2}] and msg is not None and msg.round == 4
     assert time.monotonic() - t0 >= 2.0  # one second between tries
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The one error line of an in-process ``abps ARGV`` that exits 2."""
+    from cli.app import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def no_peer_starts(monkeypatch):
+    """A launch that would start a peer process fails the test."""
+    import federation.p2p.launch as lm
+
+    def start(self, i, argv, log):
+        raise AssertionError(f"peer {i} was started")
+
+    monkeypatch.setattr(lm._Group, "start", start)
+
+
+def test_launch_and_peer_refuse_an_existing_output_before_any_peer_starts(cohort: Path, tmp_path: Path, capsys,
+                                                                          no_peer_starts):
+    out = tmp_path / "l1" / "results.json"
+    out.parent.mkdir()
+    out.write_text("an unrelated file\n")
+    launch_argv = ["launch", "--local", "3", "--method", "fedavg", "--cohort", str(cohort), "--rounds", "2",
+                   "--output", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"]
+    assert _refused(launch_argv, capsys) == f"error: {out} exists; give --force to replace it, or another --output"
+    assert out.read_text() == "an unrelated file\n" and sorted(p.name for p in out.parent.iterdir()) == ["results.json"]
+    assert not (tmp_path / "m.db").exists()
+    # with --force it goes on to start the peers (here: the stand-in that refuses to)
+    with pytest.raises(AssertionError, match="peer 0 was started"):
+        from cli.app import main
+
+        main([*launch_argv, "--force"])
+    assert out.read_text() == "an unrelated file\n"
+    ids = center_list(cohort)
+    peers = tmp_path / "peers.txt"
+    peers.write_text("".join(f"{c} 127.0.0.1:{7100 + i}\n" for i, c in enumerate(ids)))
+    err = _refused(["peer", "--cohort", str(cohort), "--center", ids[0], "--peers", str(peers), "--method", "fedavg",
+                    "--seed", "1", "--insecure", "--output", str(out)], capsys)
+    assert err == f"error: {out} exists; give --force to replace it, or another --output"
+    assert out.read_text() == "an unrelated file\n"

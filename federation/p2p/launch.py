@@ -245,7 +245,8 @@ def peer_argv(entry_index: int, entries: list[PeerEntry], cohort: Path, method: 
     """The ``abps peer`` command line of center ``entry_index`` (after its prefix, if any)."""
     argv = [sys.executable, "-m", "cli", "peer", "--cohort", str(cohort), "--center", entries[entry_index].center_id,
             "--peers", str(peers_file), "--method", method, "--seed", str(seed), "--output", str(output),
-            "--timeout", f"{timeout:g}", "--start-timeout", f"{start_timeout:g}"]
+            "--timeout", f"{timeout:g}", "--start-timeout", f"{start_timeout:g}",
+            "--force"]  # the result file is the launch's own (a kept --workdir holds an earlier one)
     if rounds is not None:
         argv += ["--rounds", str(rounds)]
     if config is not None:
