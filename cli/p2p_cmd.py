@@ -3,6 +3,7 @@ peers, gather results.json and the MLflow run). How-to: docs/p2p.md."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from cli.app import app
 from etl.errors import InputError
 from etl.io import check_writable
 from federation.method_catalog import P2P_METHODS
+
+
+def _quiet_grpc() -> None:
+    """Silence gRPC's own C-core log lines (e.g. a port it cannot bind) in this process and the peers
+    it starts: the command reports such a failure in its own one line. Set before grpc is first
+    imported; a GRPC_VERBOSITY / GRPC_TRACE the user set is kept."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    os.environ.setdefault("GRPC_TRACE", "")
 
 
 def _config(method: str, config: Path | None, rounds: int | None, params: list[str] | None):
@@ -66,6 +75,7 @@ def peer(
                                       "at most --start-timeout seconds)"),
 ) -> None:
     """Run one center of a peer-to-peer federation (its own rows, model and method state)."""
+    _quiet_grpc()
     from federation.p2p.launch import read_peers_file
     from federation.p2p.local import center_list
     from federation.p2p.peer import PeerSpec, run_peer
@@ -139,6 +149,7 @@ def launch(
                                           "folder name)"),
 ) -> None:
     """Start a peer-to-peer federation (one process per center), wait, write results.json, log MLflow."""
+    _quiet_grpc()
     from federation.p2p.launch import launch as run_launch
     from federation.run.tracking import experiment_name
 

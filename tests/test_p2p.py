@@ -448,3 +448,30 @@ def test_launch_and_peer_refuse_an_existing_output_before_any_peer_starts(cohort
                     "--seed", "1", "--insecure", "--output", str(out)], capsys)
     assert err == f"error: {out} exists; give --force to replace it, or another --output"
     assert out.read_text() == "an unrelated file\n"
+
+
+def test_a_port_a_peer_cannot_take_is_one_error_line_without_grpcs_own_log(cohort: Path, tmp_path: Path):
+    import socket
+
+    ids = center_list(cohort)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    peers = tmp_path / "peers.txt"
+    peers.write_text("".join(f"{c} 127.0.0.1:{port + 1 + i if i else port}\n" for i, c in enumerate(ids)))
+    argv = [sys.executable, "-m", "cli", "peer", "--cohort", str(cohort), "--center", ids[0], "--peers", str(peers),
+            "--method", "fedavg", "--seed", "1", "--insecure", "--output", str(tmp_path / "p.json"), "--rounds", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    try:
+        quiet = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        # the user can still ask for gRPC's log
+        loud = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**env, "GRPC_VERBOSITY": "ERROR"})
+    finally:
+        taken.close()
+    assert quiet.returncode == 2
+    assert quiet.stderr == f"error: --peers {peers}: cannot listen on 0.0.0.0:{port}\n"
+    assert loud.returncode == 2 and "Failed to add port" in loud.stderr
+    assert loud.stderr.splitlines()[-1] == quiet.stderr.strip()
+    assert not (tmp_path / "p.json").exists()
