@@ -302,15 +302,18 @@ def seed_value(value: int | None) -> int | None:
     return value
 
 
+#: the longest wait ``--timeout`` / ``--start-timeout`` take (one day; gRPC refuses far larger deadlines)
+MAX_WAIT_SECONDS = 86400.0
+
+
 def seconds_value(ctx: typer.Context, param: typer.CallbackParam, value: float) -> float:
-    """A wait in seconds (``--timeout``, ``--start-timeout``): a finite number from 0.1 on. A typer
-    ``callback``, so the bound stays out of the help's type column.
+    """A wait in seconds (``--timeout``, ``--start-timeout``): a number from 0.1 to
+    :data:`MAX_WAIT_SECONDS`. A typer ``callback``, so the bounds stay out of the help's type column.
 
     Raises:
-        InputError: a value below 0.1 s, or not finite; names the option.
+        InputError: a value below 0.1 s or above the bound, or not a number; names the option.
     """
-    import math
-
-    if not (0.1 <= value and math.isfinite(value)):
-        raise InputError(f"{param.opts[0]} must be a number of seconds from 0.1 on, got {value:g}")
+    if not (0.1 <= value <= MAX_WAIT_SECONDS):  # NaN fails both comparisons
+        raise InputError(f"{param.opts[0]} must be a number of seconds from 0.1 to {MAX_WAIT_SECONDS:g}, "
+                         f"got {value:g}")
     return value

@@ -475,3 +475,19 @@ def test_a_port_a_peer_cannot_take_is_one_error_line_without_grpcs_own_log(cohor
     assert loud.returncode == 2 and "Failed to add port" in loud.stderr
     assert loud.stderr.splitlines()[-1] == quiet.stderr.strip()
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(("option", "value"), [("--timeout", "1e10"), ("--start-timeout", "86401"),
+                                               ("--timeout", "inf"), ("--start-timeout", "0.05")])
+@pytest.mark.parametrize("command", ["launch", "peer"])
+def test_a_wait_beyond_a_day_or_below_a_tenth_of_a_second_is_refused_naming_the_option(
+        command: str, option: str, value: str, cohort: Path, tmp_path: Path, capsys, no_peer_starts):
+    ids = center_list(cohort)
+    peers = tmp_path / "peers.txt"
+    peers.write_text("".join(f"{c} 127.0.0.1:{7100 + i}\n" for i, c in enumerate(ids)))
+    where = ["--local", "3"] if command == "launch" else ["--center", ids[0], "--peers", str(peers), "--seed", "1",
+                                                          "--insecure"]
+    err = _refused([command, *where, "--method", "fedavg", "--cohort", str(cohort), "--output", str(tmp_path / "r.json"),
+                    option, value], capsys)
+    assert err == f"error: {option} must be a number of seconds from 0.1 to 86400, got {float(value):g}"
+    assert not (tmp_path / "r.json").exists()
