@@ -491,3 +491,19 @@ def test_a_wait_beyond_a_day_or_below_a_tenth_of_a_second_is_refused_naming_the_
                     option, value], capsys)
     assert err == f"error: {option} must be a number of seconds from 0.1 to 86400, got {float(value):g}"
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_center_listed_twice_in_centers_parquet_is_refused_before_any_peer_starts_as_train_refuses_it(
+        tmp_path: Path, capsys, no_peer_starts):
+    c = write_fedprox_cohort(tmp_path / "dup", n_centers=4, seed=1, mean_size=60.0)
+    centers = pl.read_parquet(c / "centers.parquet")
+    pl.concat([centers, centers.head(1)]).write_parquet(c / "centers.parquet")
+    for manifest in c.glob("*manifest*.json"):  # a folder mixed by hand: no manifest to compare with
+        manifest.unlink()
+    common = ["--method", "fedavg", "--cohort", str(c), "--rounds", "1", "--tracking-uri",
+              f"sqlite:///{tmp_path / 'm.db'}"]
+    train = _refused(["train", *common, "--output", str(tmp_path / "t.json"), "--no-progress"], capsys)
+    assert train == f"error: {c / 'centers.parquet'}: column 'center_id' is not unique"
+    assert _refused(["launch", "--local", "5", *common, "--output", str(tmp_path / "r.json")], capsys) == train
+    assert _refused(["launch", "--local", "4", *common, "--output", str(tmp_path / "r.json")], capsys) == train
+    assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".abps-launch-*"))

@@ -64,6 +64,17 @@ def _check_split(cohort: pl.DataFrame, source: str | Path) -> None:
         raise InputError(f"{source}: column 'split' holds {n_bad} row(s) with a value other than train / val / test")
 
 
+def check_unique_centers(center_ids: list[str], centers_path: Path) -> None:
+    """Refuse a centers.parquet that lists a center_id twice (``abps train`` and ``abps launch`` /
+    ``abps peer`` alike, before any work).
+
+    Raises:
+        InputError: naming the file and the column.
+    """
+    if len(set(center_ids)) != len(center_ids):
+        raise InputError(f"{centers_path}: column 'center_id' is not unique")
+
+
 def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path, centers_path: Path) -> None:
     """Validate the contract's value domains; raise InputError naming the file and column.
 
@@ -101,8 +112,7 @@ def _check_types(cohort: pl.DataFrame, centers: pl.DataFrame, cohort_path: Path,
     missing = set(cohort["center_id"].unique().to_list()) - set(centers["center_id"].to_list())
     if missing:
         raise InputError(f"{centers_path}: {len(missing)} center(s) of cohort.parquet have no row here")
-    if centers["center_id"].n_unique() != centers.height:
-        raise InputError(f"{centers_path}: column 'center_id' is not unique")
+    check_unique_centers(centers["center_id"].to_list(), centers_path)
     if empty := sorted(set(centers["center_id"].to_list()) - set(cohort["center_id"].unique().to_list())):
         raise InputError(f"{centers_path}: center {empty[0]!r} has no row in {cohort_path.name}"
                          f"{f' (and {len(empty) - 1} more)' if len(empty) > 1 else ''}")
@@ -713,5 +723,5 @@ def encode_numeric(raw: torch.Tensor, mask: torch.Tensor, med: np.ndarray, mu: n
     return torch.from_numpy(x.astype(np.float32))
 
 
-__all__ = ["FederatedData", "SplitTensors", "encode_numeric", "federation_aggregates", "histogram_median",
-           "numeric_statistics", "resolve_preprocessing"]
+__all__ = ["FederatedData", "SplitTensors", "check_unique_centers", "encode_numeric", "federation_aggregates",
+           "histogram_median", "numeric_statistics", "resolve_preprocessing"]

@@ -21,6 +21,7 @@ from federation.data.tensors import (
     COHORT_COLUMNS_READ,
     FederatedData,
     SplitTensors,
+    check_unique_centers,
     federation_aggregates,
     histogram_median,
     imputed_moments,
@@ -46,7 +47,7 @@ def center_list(cohort_dir: str | Path) -> list[str]:
     """center_id column of ``centers.parquet`` in file order (the federation's center order).
 
     Raises:
-        InputError: the file is missing or has no center_id column.
+        InputError: the file is missing, has no center_id column, or lists a center twice.
     """
     p = Path(cohort_dir) / "centers.parquet"
     if not p.is_file():
@@ -55,6 +56,7 @@ def center_list(cohort_dir: str | Path) -> list[str]:
         ids = pl.read_parquet(p, columns=["center_id"])["center_id"].cast(pl.Utf8).to_list()
     except Exception as exc:  # noqa: BLE001 - polars / arrow errors on a bad file
         raise InputError(f"{p}: no readable center_id column ({exc.__class__.__name__})") from None
+    check_unique_centers(ids, p)  # one peer per center: refused before any peer starts
     return ids
 
 
