@@ -8,6 +8,7 @@ register with :func:`register_selector`, in the SAGE paper's table order.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, TypeVar, overload
@@ -136,10 +137,12 @@ def given_params(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     run's own check names the bad one)."""
     try:
         cls = get_method(method)
-        read = cls.Params(**params).model_dump(mode="json")
+        read = cls.Params(**params).model_dump()
     except Exception:  # noqa: BLE001 - refused with its own message by check_method_params
         return dict(params)
-    return {k: read.get(k, v) for k, v in params.items()}
+    # an infinite float keeps its given spelling ("inf"): JSON has no infinity
+    return {k: v if isinstance(read.get(k), float) and not math.isfinite(read[k]) else read.get(k, v)
+            for k, v in params.items()}
 
 
 def _text(value: object) -> str:
