@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from cli.runs_cmd import stop_process_tree
 
@@ -28,6 +29,20 @@ def run_main(args: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+def refused(argv: list[str], capsys: Any) -> str:
+    """The one error line of an in-process ``abps ARGV`` that must exit 2 (asserted: one line
+    starting ``error:``, no traceback)."""
+    import pytest
+
+    from cli.app import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
 
 
 # `abps` in a fresh interpreter; right after its ABPS_KILL_AFTER-th round checkpoint of a run under

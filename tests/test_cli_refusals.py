@@ -12,6 +12,7 @@ import pytest
 
 from cli.app import main
 from cli.project import MAX_SEED
+from tests.cli_helpers import refused as _refused
 
 
 @pytest.fixture(scope="module")
@@ -19,14 +20,6 @@ def cohort(tmp_path_factory) -> Path:
     from federation.data.synthetic import write_fedprox_cohort
 
     return write_fedprox_cohort(tmp_path_factory.mktemp("refuse") / "c", n_centers=3, seed=1, mean_size=40.0)
-
-
-def _refused(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    return err
 
 
 @pytest.mark.parametrize(("extra", "words"), [

@@ -29,6 +29,7 @@ from federation.p2p.local import announce, build_local, center_list, read_own_ro
 from federation.p2p.wire import Message, MessageError, decode, encode
 from federation.run import checkpoint
 from federation.run.runner import run_one
+from tests.cli_helpers import refused as _refused
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -401,17 +402,6 @@ def test_a_restarted_peer_asks_again_the_centers_its_rejoin_request_did_not_reac
     assert node.sends == [[0, 2], [2], [2]]
     assert hellos == [{"a": 0}, {"a": 1}, {"a": 2}] and msg is not None and msg.round == 4
     assert time.monotonic() - t0 >= 2.0  # one second between tries
-
-
-def _refused(argv: list[str], capsys) -> str:
-    """The one error line of an in-process ``abps ARGV`` that exits 2."""
-    from cli.app import main
-
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    return err
 
 
 @pytest.fixture
