@@ -187,6 +187,12 @@ def test_a_sweep_file_reads_its_paths_from_its_own_folder(tmp_path, monkeypatch)
     assert spec.options["realworld"] == [{"availability": {"kind": "trace", "trace": str(sub / "t.csv")},
                                           "round_period_s": 60}]
     assert spec.options["realworld.profiles"] == [{"file": str(sub / "p.csv")}]
+    with pytest.raises(InputError, match=r"^sweep entry 'fedavg' realworld=.*: realworld.availability.trace "
+                                         r".*study/t.csv: file not found$"):
+        sw.expand_cells(spec, sub, "c")  # before any cell runs
+    (sub / "t.csv").write_text("center,start,end\n")
+    with pytest.raises(InputError, match=r"realworld.profiles.file .*study/p.csv: file not found$"):
+        sw.expand_cells(spec, sub, "c")
 
 
 def test_a_finished_run_under_another_label_is_named_not_run_again(cohort, tmp_path, capsys):

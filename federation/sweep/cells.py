@@ -161,6 +161,11 @@ def expand_cells(spec: SweepSpec, base_dir: str | Path, cohort: str, rounds: int
                 full = cls.Params.model_validate(cfg.params).model_dump(mode="json")
                 cfg = cfg.model_copy(update={"params": full})
                 cls.check_config(cfg)
+                rw = cfg.realworld
+                for key, f in (("availability.trace", rw.availability.trace if rw else None),
+                               ("profiles.file", rw.profiles.file if rw else None)):
+                    if f and not Path(f).is_file():  # found before any cell runs, not by each cell
+                        raise InputError(f"realworld.{key} {f}: file not found")
             except ValidationError as exc:
                 loc, msg = first_error(exc)
                 raise InputError(f"sweep entry {entry.name!r}{' ' + _option_suffix(opts) if opts else ''}: "
