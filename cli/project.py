@@ -54,7 +54,6 @@ def tracking_uri_option() -> Any:
     return typer.Option(None, "--tracking-uri", callback=_non_empty_uri, help=TRACKING_URI_HELP)
 
 
-
 def _non_empty_uri(value: str | None) -> str | None:
     """An empty ``--tracking-uri`` is refused, not taken for the default store; so is a scheme
     that names no MLflow store (MLflow's own message speaks of its model registry)."""

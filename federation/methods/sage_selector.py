@@ -144,7 +144,7 @@ class SageSelectorParams(NumbersNotFlags):
 
     @model_validator(mode="after")
     def _read(self) -> SageSelectorParams:
-        unused(self, "params", "graph", {"complete": (), **GRAPH_SETTINGS})
+        unused(self, "params", "graph", GRAPH_SETTINGS)
         unused(self, "params", "selector", selector_reads())
         return self
 
