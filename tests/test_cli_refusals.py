@@ -276,15 +276,15 @@ def test_a_sage_config_refuses(tmp_path, capsys, extra, words):
 @pytest.mark.parametrize(("edit", "extra", "words"), [
     (("graph: er", "graph: ba"), "er_p: 0.9\n", "er_p is used only with graph 'er', not 'ba': drop it or change graph"),
     (("", ""), "ba_m: 2\n", "ba_m is used only with graph 'ba', not 'er': drop it or change graph"),
-    (("", ""), "pens: {top_m: 3}\n", "pens is used only with selectors 'pens', not ['rg']: drop it or change selectors"),
+    (("", ""), "pens: {top_m: 3}\n", "pens is used only with selectors 'PENS', not ['RG']: drop it or change selectors"),
     (("", ""), "pfeddst: {c: 2.0}\n",
-     "pfeddst is used only with selectors 'pfeddst', not ['rg']: drop it or change selectors"),
-    (("[RG]", "[RG, AQ-128]"), "delta: 0.2\n", "delta is used only with selectors 'sage_nf' or 'vanilla_sage' or "
-     "'sage_os', not ['rg', 'aq128']: drop it or change selectors"),
+     "pfeddst is used only with selectors 'PFedDST', not ['RG']: drop it or change selectors"),
+    (("[RG]", "[RG, AQ-128]"), "delta: 0.2\n", "delta is used only with selectors 'SAGE-NF' or 'Vanilla SAGE' or "
+     "'SAGE-OS', not ['RG', 'AQ-128']: drop it or change selectors"),
     (("[RG]", "[Vanilla SAGE]"), "stage_cost: cumulative\n",
-     "stage_cost is used only with selectors 'sage_os', not ['vanilla_sage']: drop it or change selectors"),
-    (("[RG]", "[LOCAL, PENS]"), "alpha_mix: 0.3\n", "alpha_mix is used only with selectors 'rg' or 'aq128' or "
-     "'sage_nf' or 'vanilla_sage' or 'sage_os', not ['local', 'pens']: drop it or change selectors"),
+     "stage_cost is used only with selectors 'SAGE-OS', not ['Vanilla SAGE']: drop it or change selectors"),
+    (("[RG]", "[LOCAL, PENS]"), "alpha_mix: 0.3\n", "alpha_mix is used only with selectors 'RG' or 'AQ-128' or "
+     "'SAGE-NF' or 'Vanilla SAGE' or 'SAGE-OS', not ['LOCAL', 'PENS']: drop it or change selectors"),
 ])
 def test_a_sage_setting_that_no_graph_or_selector_reads_is_refused(tmp_path, capsys, edit, extra, words):
     cfg = tmp_path / "sage.yaml"

@@ -199,8 +199,8 @@ def test_a_setting_is_taken_where_a_listed_selector_or_the_graph_reads_it():
     assert (cfg.ba_m, cfg.pens.top_m, cfg.alpha_mix) == (2, 3, 0.3)   # er_p at its default: no choice
     assert parse_config({"benchmark": "sage", "selectors": ["SAGE-OS"], "delta": 0.2, "lambda_cost": 0.01,
                          "stage_cost": "cumulative"}).stage_cost == "cumulative"
-    with pytest.raises(InputError, match=r"^sage config: lambda_cost is used only with selectors 'sage_os', "
-                                         r"not \['sage_nf'\]: drop it or change selectors$"):
+    with pytest.raises(InputError, match=r"^sage config: lambda_cost is used only with selectors 'SAGE-OS', "
+                                         r"not \['SAGE-NF'\]: drop it or change selectors$"):
         parse_config({"benchmark": "sage", "selectors": ["SAGE-NF"], "delta": 0.2, "lambda_cost": 0.01})
 
 
@@ -210,8 +210,8 @@ def test_the_runtime_sage_method_refuses_a_setting_its_graph_or_selector_does_no
     assert SageSelectorParams(selector="pens", graph="er", er_p=0.5, pens={"top_m": 3}).er_p == 0.5
     for params, words in [({"er_p": 0.5}, "params.er_p is used only with graph 'er', not 'complete'"),
                           ({"selector": "rg", "pens": {"top_m": 3}},
-                           "params.pens is used only with selector 'pens', not 'rg': drop it or change params.selector"),
-                          ({"selector": "aq128", "delta": 0.2}, "params.delta is used only with selector 'sage_nf'")]:
+                           "params.pens is used only with selector 'PENS', not 'RG': drop it or change params.selector"),
+                          ({"selector": "aq128", "delta": 0.2}, "params.delta is used only with selector 'SAGE-NF'")]:
         with pytest.raises(ValueError, match=re.escape(words)):
             SageSelectorParams(**params)
 

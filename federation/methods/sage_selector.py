@@ -32,6 +32,7 @@ from federation.methods.selectors import (
     exchange_adjacency,
     increasing_schedule,
     selector_reads,
+    shown_selector,
 )
 
 __all__ = ["SageStep", "SageRound", "SageSelectorParams", "SageSelectorMethod"]
@@ -145,7 +146,7 @@ class SageSelectorParams(NumbersNotFlags):
     @model_validator(mode="after")
     def _read(self) -> SageSelectorParams:
         unused(self, "params", "graph", GRAPH_SETTINGS)
-        unused(self, "params", "selector", selector_reads())
+        unused(self, "params", "selector", selector_reads(), shown=shown_selector)
         return self
 
 

@@ -544,6 +544,12 @@ def selector_reads() -> dict[str, tuple[str, ...]]:
     return {name: tuple(f for f in cls.reads if f in SELECTOR_SETTINGS) for name, cls in SELECTORS.items()}
 
 
+def shown_selector(name: str) -> str:
+    """A selector as messages write it: its table label as the config spells it (``'Vanilla SAGE'``)."""
+    cls = SELECTORS.get(name)
+    return repr(cls.display if cls is not None else name)
+
+
 class SageConfig(NumbersNotFlags):
     """A SAGE benchmark configuration (configs/sage-*.yaml; defaults = the paper's Sec. V).
 
@@ -603,7 +609,7 @@ class SageConfig(NumbersNotFlags):
     @model_validator(mode="after")
     def _read(self) -> SageConfig:
         unused(self, "", "graph", GRAPH_SETTINGS)
-        unused(self, "", "selectors", selector_reads(), list(self.selectors))
+        unused(self, "", "selectors", selector_reads(), list(self.selectors), shown=shown_selector)
         return self
 
 
