@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,8 +131,19 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
         f.write_text(text)
         with pytest.raises(InputError, match=needle):
             read_peers_file(f, ids)
-    # one port of one machine under two host names: every peer listens on 0.0.0.0:port
-    for text, needle in (("a 127.0.0.1:7101\nb localhost:7101\n",
+    # one port of one machine under two host names: every peer listens on 0.0.0.0:port, so this
+    # machine's own addresses (0.0.0.0, its LAN address where it has a route) are loopback's too
+    here = [("a 0.0.0.0:7101\nb 127.0.0.1:7101\n",
+             "line 2: address 127.0.0.1:7101 is the port of line 1's 0.0.0.0:7101 on the same machine")]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("198.51.100.1", 9))  # UDP: picks the routed source address, sends nothing
+            lan = probe.getsockname()[0]
+        here.append((f"a localhost:7101\nb {lan}:7101\n",
+                     f"line 2: address {lan}:7101 is the port of line 1's localhost:7101 on the same machine"))
+    except OSError:  # no route: the machine has no address but loopback
+        pass
+    for text, needle in (*here, ("a 127.0.0.1:7101\nb localhost:7101\n",
                           "line 2: address localhost:7101 is the port of line 1's 127.0.0.1:7101 on the same machine"),
                          ("a 127.0.0.2:7101\nb 127.0.0.1:7101\n",
                           "line 2: address 127.0.0.1:7101 is the port of line 1's 127.0.0.2:7101 on the same machine")):
@@ -141,6 +153,7 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
         assert str(exc.value).startswith(f"--peers {f}, line 2: ") and "\n" not in str(exc.value)
     # other machines, other ports, or a host that does not resolve (its peer names it) are accepted
     for text in ("a 10.0.0.1:7101\nb 10.0.0.2:7101\n", "a localhost:7101\nb 127.0.0.1:7102\n",
+                 "a 198.51.100.7:7101\nb 127.0.0.1:7101\n",
                  "a nosuchhost.invalid:7101\nb localhost:7101\n"):
         f.write_text(text)
         assert [e.address for e in read_peers_file(f, ids)] == text.replace("a ", "").replace("b ", "").split()
@@ -155,8 +168,6 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
 
 
 def test_a_peers_file_resolves_each_host_that_shares_a_port_once(tmp_path: Path, monkeypatch):
-    import socket
-
     import federation.p2p.launch as lm
 
     asked: list[str] = []
@@ -336,8 +347,6 @@ def test_a_killed_peer_counts_as_unavailable_and_a_restarted_one_rejoins(policy:
 
 def test_a_peer_waits_start_timeout_for_the_others_and_a_launch_names_the_users_peers_file(cohort: Path,
                                                                                              tmp_path: Path):
-    import socket
-
     ids = center_list(cohort)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -441,8 +450,6 @@ def test_launch_and_peer_refuse_an_existing_output_before_any_peer_starts(cohort
 
 
 def test_a_port_a_peer_cannot_take_is_one_error_line_without_grpcs_own_log(cohort: Path, tmp_path: Path):
-    import socket
-
     ids = center_list(cohort)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -122,9 +122,20 @@ def read_peers_file(path: str | Path, center_ids: list[str], starts: bool = Fals
     return [got[c] for c in center_ids]
 
 
+def _this_machine(address: str) -> bool:
+    """Whether an IPv4 ``address`` is one of this machine's own (a socket binds to it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
 def _host_addresses(host: str) -> frozenset[str]:
-    """The addresses ``host`` resolves to, every loopback address as ``"loopback"`` (one machine);
-    empty when it does not resolve (the peer that listens or dials there says so)."""
+    """The addresses ``host`` resolves to, each loopback address and each of this machine's own
+    addresses (its LAN address, ``0.0.0.0``) as ``"this machine"``, where every peer listens on
+    ``0.0.0.0``; empty when it does not resolve (the peer that listens or dials there says so)."""
     import ipaddress
 
     try:
@@ -136,7 +147,8 @@ def _host_addresses(host: str) -> frozenset[str]:
         a = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
             a = a.ipv4_mapped
-        out.add("loopback" if a.is_loopback else str(a))
+        here = a.is_loopback or a.is_unspecified or (a.version == 4 and _this_machine(str(a)))
+        out.add("this machine" if here else str(a))
     return frozenset(out)
 
 
