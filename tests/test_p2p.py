@@ -167,6 +167,15 @@ def test_a_peers_file_is_read_in_the_cohorts_order_and_bad_lines_are_named(tmp_p
         read_peers_file(f, ids, starts=True)
 
 
+def test_the_launcher_starts_here_the_peers_whose_host_is_this_machine():
+    from federation.p2p.launch import on_this_machine
+
+    # loopback by name or address, and 0.0.0.0, are this machine; a TEST-NET address and a name
+    # that does not resolve are not (their peers are printed to be started by hand)
+    assert [on_this_machine(h) for h in ("127.0.0.1", "localhost", "127.0.0.2", "0.0.0.0")] == [True] * 4
+    assert [on_this_machine(h) for h in ("198.51.100.7", "nosuchhost.invalid")] == [False, False]
+
+
 def test_a_peers_file_resolves_each_host_that_shares_a_port_once(tmp_path: Path, monkeypatch):
     import federation.p2p.launch as lm
 

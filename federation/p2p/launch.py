@@ -47,9 +47,10 @@ from federation.run.tracking import (
     Tracker,
 )
 
-__all__ = ["PeerEntry", "read_peers_file", "local_peers", "launch", "wire_report", "LOCAL_HOSTS"]
+__all__ = ["PeerEntry", "read_peers_file", "local_peers", "launch", "wire_report", "on_this_machine"]
 
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+#: how :func:`_host_addresses` writes every address of this machine (where every peer listens on 0.0.0.0)
+THIS_MACHINE = "this machine"
 #: how often ``--on-failure restart`` restarts one peer
 RESTARTS = 3
 
@@ -134,7 +135,7 @@ def _this_machine(address: str) -> bool:
 
 def _host_addresses(host: str) -> frozenset[str]:
     """The addresses ``host`` resolves to, each loopback address and each of this machine's own
-    addresses (its LAN address, ``0.0.0.0``) as ``"this machine"``, where every peer listens on
+    addresses (its LAN address, ``0.0.0.0``) as :data:`THIS_MACHINE`, where every peer listens on
     ``0.0.0.0``; empty when it does not resolve (the peer that listens or dials there says so)."""
     import ipaddress
 
@@ -148,8 +149,14 @@ def _host_addresses(host: str) -> frozenset[str]:
         if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
             a = a.ipv4_mapped
         here = a.is_loopback or a.is_unspecified or (a.version == 4 and _this_machine(str(a)))
-        out.add("this machine" if here else str(a))
+        out.add(THIS_MACHINE if here else str(a))
     return frozenset(out)
+
+
+def on_this_machine(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine: a loopback address, ``0.0.0.0`` or one
+    of its own addresses. The launcher starts a peer without a command prefix here only then."""
+    return THIS_MACHINE in _host_addresses(host)
 
 
 def _refuse_shared_ports(path: str | Path, where: dict[tuple[str, int], int]) -> None:
@@ -416,7 +423,7 @@ def _launch_in(cfg: RunConfig, cohort: Path, seed: int, out: Path, ids: list[str
 
     try:
         for i, e in enumerate(entries):
-            if e.prefix or e.host in LOCAL_HOSTS:
+            if e.prefix or on_this_machine(e.host):
                 group.start(i, argv_of(i), wd / f"peer-{i}.log")
             else:
                 manual.append(shlex.join(argv_of(i)))
